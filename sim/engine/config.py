@@ -1,0 +1,247 @@
+"""Engine configuration: the knobs kvtune searches, typed, with bounds and cross-field checks.
+
+Mirrors vLLM's own config classes (vllm/config.py, SchedulerConfig/CacheConfig, 0.8.5.post1 for V0 and
+0.33.0 for V1): one field per ``vllm serve`` flag, plus kvtune's own admission policies.  ``None`` means
+"the flavor's default", resolved by :meth:`EngineConfig.resolve`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sim.errors import ConfigError
+
+Flavor = Literal["vllm-v1", "vllm-v0"]
+FLAVORS = ("vllm-v1", "vllm-v0")
+
+#: Knobs that exist in only one flavor: setting them on the other is an error naming the key.
+V1_ONLY = frozenset({"watermark", "scheduler_reserve_full_isl", "long_prefill_token_threshold", "kv_offloading_size_gb"})
+V0_ONLY = frozenset({"preemption_mode", "swap_space_gb", "enable_chunked_prefill"})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine configuration.  Each field: meaning, bounds, vLLM flag."""
+
+    flavor: Flavor = "vllm-v1"
+    #: ``--max-num-seqs``: most sequences running at once. [1, 4096]. vLLM default 256.
+    max_num_seqs: int = 256
+    #: ``--max-num-batched-tokens``: token budget per step. [16, 1_048_576]. Default: V1 8192; V0 2048 with
+    #: chunked prefill, else max(max_model_len, 2048).
+    max_num_batched_tokens: int | None = None
+    #: ``--gpu-memory-utilization``: share of GPU memory vLLM may use. (0, 1]. Default V1 0.92, V0 0.90.
+    gpu_memory_utilization: float | None = None
+    #: ``--block-size``: tokens per KV block. One of 8, 16, 32, 64, 128.
+    block_size: int = 16
+    #: ``--kv-cache-dtype``: ``auto`` (the model dtype, bf16) or ``fp8`` (half the bytes per token).
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    #: ``--quantization``: ``none`` (bf16 weights) or ``fp8`` (fp8 weights and fp8 tensor cores).
+    quantization: Literal["none", "fp8"] = "none"
+    #: ``--tensor-parallel-size``: 1, 2, 4 or 8.
+    tensor_parallel_size: int = 1
+    #: ``--max-model-len``: longest sequence; default the model's own. [16, model max].
+    max_model_len: int | None = None
+    #: ``--scheduling-policy``: fcfs or priority (V1; kvtune's V0 supports fcfs only).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    #: ``--enable-prefix-caching``: default on for V1, off for V0 (V0 prefix caching is not simulated).
+    enable_prefix_caching: bool | None = None
+    # ---- V1 only --------------------------------------------------------------------------------------
+    #: ``--watermark``: share of blocks kept free when admitting while something runs. [0, 0.5]. Default 0.
+    watermark: float | None = None
+    #: ``scheduler_reserve_full_isl``: admit only if the whole input fits. Default on.
+    scheduler_reserve_full_isl: bool | None = None
+    #: ``--long-prefill-token-threshold``: cap on one request's tokens per step; 0 = off. [0, 1_048_576].
+    long_prefill_token_threshold: int | None = None
+    #: ``--kv-offloading-size`` (GiB, ``--kv-offloading-backend native``): CPU KV tier; 0 = off. [0, 4096].
+    kv_offloading_size_gb: float | None = None
+    # ---- V0 only --------------------------------------------------------------------------------------
+    #: ``--preemption-mode``: recompute or swap. Default recompute (single-sequence requests).
+    preemption_mode: Literal["recompute", "swap"] | None = None
+    #: ``--swap-space`` (GiB of CPU swap for swap preemption). [0, 4096]. Default 4.
+    swap_space_gb: float | None = None
+    #: ``--enable-chunked-prefill`` (V0). Default off.
+    enable_chunked_prefill: bool | None = None
+    # ---- kvtune's own policies (no vLLM flag; exported as recommendations) ----------------------------
+    #: Share of GPU blocks only already-running sequences may grow into. [0, 0.9].
+    reserved_kv_fraction: float = 0.0
+    #: ``greedy`` (vLLM's admission) or ``predicted`` (admit only if prompt + predicted output fits).
+    admission_policy: Literal["greedy", "predicted"] = "greedy"
+    #: Quantile of the class's output length used by predicted admission. [0.5, 1.0).
+    admission_quantile: float = 0.9
+    #: Share of GPU blocks that must stay free after a predicted admission. [0, 0.5].
+    admission_headroom: float = 0.0
+    # ---- simulation-only ------------------------------------------------------------------------------
+    #: Fix the number of GPU blocks instead of deriving it from memory (vLLM's ``num_gpu_blocks_override``).
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    # ------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, knobs: dict[str, Any], where: str = "engine") -> "EngineConfig":
+        """Build from a mapping of knob name -> value; unknown names are errors that suggest the closest."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in knobs:
+            if key not in names:
+                close = difflib.get_close_matches(key, sorted(names), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{where}.{key}", f"unknown engine knob{hint}")
+        coerced = {key: _coerce(key, value, where) for key, value in knobs.items()}
+        return cls(**coerced)
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    def explicit_knobs(self) -> dict[str, Any]:
+        """Fields that differ from the dataclass defaults (what the user set)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = value
+        return out
+
+    @property
+    def is_v1(self) -> bool:
+        return self.flavor == "vllm-v1"
+
+    def resolve(self, model_max_len: int) -> "EngineConfig":
+        """Fill every ``None`` with the flavor's default for a model whose max length is ``model_max_len``."""
+        max_model_len = self.max_model_len or model_max_len
+        if max_model_len > model_max_len:
+            raise ConfigError("max_model_len", f"{max_model_len} exceeds the model's maximum {model_max_len}")
+        if self.is_v1:
+            resolved = dataclasses.replace(
+                self,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=self.max_num_batched_tokens or 8192,
+                gpu_memory_utilization=self.gpu_memory_utilization or 0.92,
+                enable_prefix_caching=True if self.enable_prefix_caching is None else self.enable_prefix_caching,
+                watermark=0.0 if self.watermark is None else self.watermark,
+                scheduler_reserve_full_isl=True if self.scheduler_reserve_full_isl is None else self.scheduler_reserve_full_isl,
+                long_prefill_token_threshold=self.long_prefill_token_threshold or 0,
+                kv_offloading_size_gb=self.kv_offloading_size_gb or 0.0,
+            )
+        else:
+            chunked = bool(self.enable_chunked_prefill)
+            default_budget = 2048 if chunked else max(max_model_len, 2048)
+            resolved = dataclasses.replace(
+                self,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=self.max_num_batched_tokens or default_budget,
+                gpu_memory_utilization=self.gpu_memory_utilization or 0.90,
+                enable_prefix_caching=False,
+                enable_chunked_prefill=chunked,
+                preemption_mode=self.preemption_mode or "recompute",
+                swap_space_gb=4.0 if self.swap_space_gb is None else self.swap_space_gb,
+            )
+            # vLLM 0.8.5 config.py (SchedulerConfig._verify_args): without chunked prefill the budget must
+            # hold a whole max-length prompt.
+            if not chunked and resolved.max_num_batched_tokens < max_model_len:
+                raise ConfigError(
+                    "max_num_batched_tokens",
+                    f"{resolved.max_num_batched_tokens} is smaller than max_model_len {max_model_len}; "
+                    "V0 without chunked prefill needs it at least as large (enable_chunked_prefill=true or raise it)",
+                )
+        if resolved.max_num_batched_tokens < resolved.max_num_seqs and resolved.flavor == "vllm-v0":
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"{resolved.max_num_batched_tokens} is smaller than max_num_seqs {resolved.max_num_seqs} (vLLM refuses this)",
+            )
+        return resolved
+
+    # ------------------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ConfigError("flavor", f"must be one of {FLAVORS}, got {self.flavor!r}")
+        _int_range("max_num_seqs", self.max_num_seqs, 1, 4096)
+        if self.max_num_batched_tokens is not None:
+            _int_range("max_num_batched_tokens", self.max_num_batched_tokens, 16, 1_048_576)
+        if self.gpu_memory_utilization is not None:
+            _float_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.05, 1.0)
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ConfigError("block_size", f"must be one of 8, 16, 32, 64, 128, got {self.block_size!r}")
+        _choice("kv_cache_dtype", self.kv_cache_dtype, ("auto", "fp8"))
+        _choice("quantization", self.quantization, ("none", "fp8"))
+        _choice("tensor_parallel_size", self.tensor_parallel_size, (1, 2, 4, 8))
+        if self.max_model_len is not None:
+            _int_range("max_model_len", self.max_model_len, 16, 10_000_000)
+        _choice("scheduling_policy", self.scheduling_policy, ("fcfs", "priority"))
+        if self.watermark is not None:
+            _float_range("watermark", self.watermark, 0.0, 0.5)
+        if self.long_prefill_token_threshold is not None:
+            _int_range("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, 1_048_576)
+        if self.kv_offloading_size_gb is not None:
+            _float_range("kv_offloading_size_gb", self.kv_offloading_size_gb, 0.0, 4096.0)
+        if self.preemption_mode is not None:
+            _choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        if self.swap_space_gb is not None:
+            _float_range("swap_space_gb", self.swap_space_gb, 0.0, 4096.0)
+        _float_range("reserved_kv_fraction", self.reserved_kv_fraction, 0.0, 0.9)
+        _choice("admission_policy", self.admission_policy, ("greedy", "predicted"))
+        _float_range("admission_quantile", self.admission_quantile, 0.5, 0.999)
+        _float_range("admission_headroom", self.admission_headroom, 0.0, 0.5)
+        if self.num_gpu_blocks_override is not None:
+            _int_range("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
+        # Cross-field: knobs the flavor does not have.
+        other_only = V0_ONLY if self.is_v1 else V1_ONLY
+        for name in sorted(other_only):
+            if getattr(self, name) is not None:
+                raise ConfigError(name, f"is not a knob of {self.flavor} (it exists only in the other flavor)")
+        if not self.is_v1 and self.scheduling_policy != "fcfs":
+            raise ConfigError("scheduling_policy", "kvtune's vllm-v0 flavor simulates fcfs only")
+        if not self.is_v1 and self.enable_prefix_caching:
+            raise ConfigError("enable_prefix_caching", "prefix caching is simulated for vllm-v1 only")
+
+
+def _int_range(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(name, f"must be in [{low}, {high}], got {value}")
+
+
+def _float_range(name: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(name, f"must be a number, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(name, f"must be in [{low}, {high}], got {value}")
+
+
+def _choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {list(choices)}, got {value!r}")
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """Turn ``--set key=value`` strings (and YAML scalars) into the field's type."""
+    kind = _FIELD_TYPES[key]
+    if not isinstance(value, str):
+        if "float" in kind and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+    text = value.strip()
+    if text.lower() in ("none", "null", "default"):
+        return None
+    try:
+        if kind.startswith("bool"):
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{where}.{key}", f"cannot read {value!r} as {kind}") from None
+    return text

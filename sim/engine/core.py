@@ -1,0 +1,146 @@
+"""The engine core: one step = ``schedule()``, the latency model, ``update_from_output()``.
+
+It also batches runs of identical decode steps: when a step is pure decode of every running request and
+nothing can be admitted until a request finishes, the next steps differ only in context length until a
+request finishes, a block boundary exhausts the free blocks, or the clock reaches the next arrival or client
+deadline.  Those steps are computed at once (numpy), so simulation work grows with events, not tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine.config import EngineConfig
+from sim.engine.request import Request
+from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
+from sim.engine.scheduler_v0 import V0Scheduler
+from sim.engine.scheduler_v1 import V1Scheduler
+from sim.latency import LatencyModel
+
+#: Most decode steps batched in one computation (bounds the numpy arrays).
+MAX_RUN_STEPS = 4096
+
+STEP_COLUMNS = (
+    "step", "num_steps", "start_s", "duration_s", "num_running", "num_waiting", "num_swapped",
+    "prefill_tokens_new", "prefill_tokens_recompute", "decode_tokens", "kv_blocks_used", "kv_blocks_total",
+    "swap_out_blocks", "swap_in_blocks", "preempted",
+)
+
+
+@dataclass
+class StepResult:
+    """What a step did: its duration and how many identical iterations it stands for."""
+
+    output: SchedulerOutput
+    duration_s: float
+    num_steps: int
+
+
+def make_scheduler(
+    config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int, predicted_output: dict[str, int] | None = None
+) -> BaseScheduler:
+    usable = num_gpu_blocks - 1 if config.is_v1 else num_gpu_blocks  # V1 block 0 is the null block
+    cls = V1Scheduler if config.is_v1 else V0Scheduler
+    return cls(config, usable, num_cpu_blocks, predicted_output)
+
+
+class EngineCore:
+    """Steps a scheduler under a latency model and records the step table."""
+
+    def __init__(self, scheduler: BaseScheduler, latency: LatencyModel, record_steps: bool = True):
+        self.scheduler = scheduler
+        self.latency = latency
+        self.record_steps = record_steps
+        self.step_rows: list[tuple] = []
+        self.num_iterations = 0
+        self._pending: StepResult | None = None
+        self._pending_start = 0.0
+
+    def begin_step(self, now: float, next_event_s: float) -> StepResult | None:
+        """Schedule a step (or a run of identical decode steps ending before ``next_event_s``).
+
+        Returns ``None`` when nothing can be scheduled.  The caller advances the clock by ``duration_s`` and
+        then calls :meth:`end_step`.
+        """
+        out = self.scheduler.schedule(now)
+        if not out.scheduled:
+            if out.preempted or out.swap_out_blocks:
+                # Everything was preempted: the step still took the swap time and counts as a step.
+                result = StepResult(out, self.latency.step_time(out.shape), 1)
+                self._pending, self._pending_start = result, now
+                return result
+            return None
+        shape = out.shape
+        shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
+        shape.swap_copies = out.swap_copies
+        if out.steady_decode:
+            result = self._decode_run(out, now, next_event_s)
+        else:
+            result = StepResult(out, self.latency.step_time(shape), 1)
+        self._pending, self._pending_start = result, now
+        return result
+
+    def end_step(self, now: float) -> None:
+        """Apply the pending step's output at time ``now`` (its end)."""
+        result = self._pending
+        assert result is not None, "end_step without begin_step"
+        self._pending = None
+        out = result.output
+        scheduler = self.scheduler
+        if self.record_steps:
+            pool = scheduler.pool
+            k = result.num_steps
+            self.step_rows.append((
+                self.num_iterations, k, self._pending_start, result.duration_s, len(scheduler.running),
+                len(scheduler.waiting), scheduler.num_swapped(), out.prefill_tokens_new,
+                out.prefill_tokens_recompute, out.decode_tokens * k, pool.num_used, pool.num_blocks,
+                out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
+            ))
+        self.num_iterations += result.num_steps
+        scheduler.update_from_output(out, now, result.num_steps)
+
+    # ------------------------------------------------------------------------------------------------
+    def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:
+        """How many identical decode steps, starting with ``out``, can run before anything changes."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        batch = len(running)
+        block_size = scheduler.block_size
+        # Steps until the first request finishes (this step included).
+        k_finish = min(r.max_output - r.num_output_tokens for r in running)
+        limit = min(k_finish, MAX_RUN_STEPS)
+        first = float(self.latency.step_time(out.shape))
+        if limit <= 1:
+            return StepResult(out, first, 1)
+        if next_event_s < math.inf:
+            # Step durations only grow along a run, so this many steps reach the event at most.
+            reach = int((next_event_s - now) / first) + 1 if first > 0 else limit
+            limit = max(1, min(limit, reach))
+            if limit <= 1:
+                return StepResult(out, first, 1)
+        tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
+        # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, every block_size.
+        first_cross = (-tokens) % block_size + 1
+        per_residue = np.bincount(first_cross % block_size, minlength=block_size)
+        steps = np.arange(1, limit)
+        demand = np.cumsum(per_residue[steps % block_size])
+        free = scheduler.pool.num_free
+        over = np.searchsorted(demand, free, side="right")  # first j (1-based index into steps) exceeding
+        k_blocks = int(over) + 1 if over < len(steps) else limit
+        limit = min(limit, k_blocks)
+        durations = self.latency.decode_run_times(batch, int(tokens.sum()), limit)
+        if next_event_s < math.inf:
+            starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+            k_time = int(np.searchsorted(starts, next_event_s, side="left"))
+            limit = max(1, min(limit, k_time))
+        if limit <= 1:
+            return StepResult(out, first, 1)
+        extra_blocks = int(demand[limit - 2])
+        scheduler.pool.allocate(extra_blocks)
+        return StepResult(out, float(durations[:limit].sum()), limit)
+
+
+__all__ = ["EngineCore", "StepResult", "STEP_COLUMNS", "make_scheduler", "Request"]

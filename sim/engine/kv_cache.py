@@ -1,0 +1,139 @@
+"""Paged KV memory, counted per request rather than per block so that work grows with events, not tokens.
+
+GPU pool (vllm/v1/core/block_pool.py, 0.33.0): blocks are *used* (held by a running request), *cached* (free,
+but still holding a finished or preempted request's full blocks, evictable in LRU order) or *empty*.
+``free = empty + cached``; allocation takes empty blocks first, then evicts the least recently freed cached
+blocks.  vLLM frees a request's blocks in reverse order, so eviction eats a request's tail blocks first and
+its leading blocks (the ones a resumed request re-hits) survive longest.  Deviation: vLLM keeps empty and
+cached blocks in one queue; the only empty blocks freed after start-up are partial tail blocks, which
+kvtune reuses before older cached blocks.
+
+CPU tier (V1 ``--kv-offloading-size``): an LRU store of requests' full blocks with its own capacity.
+Swap space (V0 ``--swap-space``): a plain counter; swap-out fails when it is exhausted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class LruBlockStore:
+    """Per-request counts of leading full blocks, evicted least-recently-stored first, tail blocks first."""
+
+    __slots__ = ("entries", "num_blocks")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, int] = OrderedDict()
+        self.num_blocks = 0
+
+    def put(self, key: int, num_blocks: int) -> None:
+        """Store ``num_blocks`` leading blocks of ``key`` as the most recent entry (replacing an older one)."""
+        old = self.entries.pop(key, 0)
+        self.num_blocks -= old
+        if num_blocks > 0:
+            self.entries[key] = num_blocks
+            self.num_blocks += num_blocks
+
+    def count(self, key: int) -> int:
+        return self.entries.get(key, 0)
+
+    def take(self, key: int, num_blocks: int) -> int:
+        """Remove up to ``num_blocks`` leading blocks of ``key``; returns how many were there."""
+        have = self.entries.get(key, 0)
+        taken = min(have, num_blocks)
+        if taken == have:
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = have - taken
+        self.num_blocks -= taken
+        return taken
+
+    def evict(self, num_blocks: int) -> None:
+        """Drop ``num_blocks`` blocks, oldest entries first."""
+        entries = self.entries
+        while num_blocks > 0:
+            key, have = next(iter(entries.items()))
+            if have <= num_blocks:
+                del entries[key]
+                num_blocks -= have
+                self.num_blocks -= have
+            else:
+                entries[key] = have - num_blocks
+                self.num_blocks -= num_blocks
+                num_blocks = 0
+
+
+class GpuBlockPool:
+    """The GPU's usable KV blocks: ``num_used + num_cached + num_empty == num_blocks`` at all times."""
+
+    __slots__ = ("num_blocks", "num_used", "num_empty", "cache", "enable_caching")
+
+    def __init__(self, num_blocks: int, enable_caching: bool):
+        self.num_blocks = num_blocks
+        self.num_used = 0
+        self.num_empty = num_blocks
+        self.cache = LruBlockStore()
+        self.enable_caching = enable_caching
+
+    @property
+    def num_cached(self) -> int:
+        return self.cache.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.num_empty + self.cache.num_blocks
+
+    def allocate(self, num_blocks: int) -> None:
+        """Hand out ``num_blocks`` free blocks; the caller has checked they are there."""
+        if num_blocks <= 0:
+            return
+        from_empty = min(num_blocks, self.num_empty)
+        self.num_empty -= from_empty
+        rest = num_blocks - from_empty
+        if rest:
+            self.cache.evict(rest)
+        self.num_used += num_blocks
+
+    def release(self, key: int, num_blocks: int, num_full_blocks: int) -> None:
+        """A request gives back its blocks; with caching its ``num_full_blocks`` leading ones stay cached."""
+        self.num_used -= num_blocks
+        cached = min(num_full_blocks, num_blocks) if self.enable_caching else 0
+        if cached:
+            self.cache.put(key, cached)
+        self.num_empty += num_blocks - cached
+
+    def cached_prefix(self, key: int) -> int:
+        return self.cache.count(key) if self.enable_caching else 0
+
+    def reuse_cached(self, key: int, num_blocks: int) -> int:
+        """A resumed request re-hits its own surviving cached blocks: they become used again."""
+        hit = self.cache.take(key, num_blocks)
+        self.num_used += hit
+        return hit
+
+
+class CpuBlockTier:
+    """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks."""
+
+    __slots__ = ("capacity", "store")
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.store = LruBlockStore()
+
+    def offload(self, key: int, num_full_blocks: int) -> int:
+        """Keep ``num_full_blocks`` leading blocks of ``key`` on the CPU; returns blocks newly copied."""
+        if self.capacity <= 0 or num_full_blocks <= 0:
+            return 0
+        num_full_blocks = min(num_full_blocks, self.capacity)
+        have = self.store.count(key)
+        new = max(0, num_full_blocks - have)
+        overflow = self.store.num_blocks - have + num_full_blocks - self.capacity
+        self.store.put(key, 0)
+        if overflow > 0:
+            self.store.evict(overflow)
+        self.store.put(key, num_full_blocks)
+        return new
+
+    def cached_prefix(self, key: int) -> int:
+        return self.store.count(key)

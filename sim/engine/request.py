@@ -1,0 +1,97 @@
+"""A request's live state inside the engine, with the per-request accounting the request table reports."""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+
+class Status(str, Enum):
+    """Final statuses of DESIGN section 3, plus the live ones."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    UNFINISHED = "unfinished"
+
+
+FINAL_STATUSES = (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED, Status.UNFINISHED)
+
+
+class Request:
+    """Token and block state of one request (vllm/v1/request.py ``Request``, reduced to what scheduling needs).
+
+    ``num_tokens`` = prompt + generated; ``num_computed_tokens`` = tokens whose KV is in the cache;
+    ``high_water`` = most tokens ever computed, so that re-prefilling below it counts as recompute.
+    """
+
+    __slots__ = (
+        "index", "request_id", "class_name", "arrival_s", "prompt_tokens", "output_tokens_target",
+        "max_output", "priority", "predicted_output", "timeout_at", "cancel_at",
+        "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
+        "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
+        "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
+        "prefix_hit_tokens", "processed_tokens",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        request_id: int,
+        class_name: str,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens_target: int,
+        max_model_len: int,
+        priority: int = 0,
+        predicted_output: int = 0,
+        timeout_at: float = math.inf,
+        cancel_at: float = math.inf,
+    ):
+        self.index = index
+        self.request_id = request_id
+        self.class_name = class_name
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens_target = output_tokens_target
+        # vLLM stops a sequence at max_model_len (finish reason "length").
+        self.max_output = max(0, min(output_tokens_target, max_model_len - prompt_tokens))
+        self.priority = priority
+        self.predicted_output = predicted_output
+        self.timeout_at = timeout_at
+        self.cancel_at = cancel_at
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.high_water = 0
+        self.blocks = 0
+        self.status = Status.WAITING
+        self.first_scheduled_s = math.nan
+        self.first_token_s = math.nan
+        self.end_s = math.nan
+        self.num_preemptions = 0
+        self.recomputed_tokens = 0
+        self.preempted_at = math.nan
+        self.resume_wait_s = 0.0
+        self.swapped_out_blocks = 0
+        self.swapped_in_blocks = 0
+        self.kv_blocks_peak = 0
+        self.prefix_hit_tokens = 0
+        self.processed_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def deadline(self) -> float:
+        return self.timeout_at if self.timeout_at <= self.cancel_at else self.cancel_at
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.blocks})"
+        )

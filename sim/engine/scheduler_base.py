@@ -1,0 +1,259 @@
+"""What both scheduler flavors share: queues, the step's bookkeeping, finishing, aborting and preemption.
+
+The split follows vLLM's v1 core (vllm/v1/core/sched/scheduler.py): ``schedule()`` decides what runs in a
+step; ``update_from_output()`` applies the step's result once the latency model has said how long it took.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.engine.config import EngineConfig
+from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
+from sim.engine.request import Request, Status
+from sim.latency import StepShape
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decision, with the token accounting the step table needs."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_admitted: int = 0
+    prefill_tokens_new: int = 0
+    prefill_tokens_recompute: int = 0
+    decode_tokens: int = 0
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    swap_copies: int = 0
+    shape: StepShape = field(default_factory=StepShape)
+    #: True when this step is pure decode of every running request, nothing admitted or preempted, and
+    #: whatever stopped admission cannot change until a request finishes (so identical steps can be batched).
+    steady_decode: bool = False
+
+
+class WaitingQueue:
+    """FCFS deque, or a heap on ``(priority, arrival, index)`` for the priority policy (vLLM's
+    ``create_request_queue``)."""
+
+    def __init__(self, priority: bool):
+        self.priority = priority
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.priority else len(self._deque)
+
+    def __iter__(self):
+        if self.priority:
+            return iter(r for *_, r in sorted(self._heap, key=lambda e: e[:3]))
+        return iter(self._deque)
+
+    def add(self, req: Request) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.index, req))
+        else:
+            self._deque.append(req)
+
+    def prepend(self, req: Request) -> None:
+        """Preempted requests go back to the front (the heap orders them by key anyway)."""
+        if self.priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.index, req))
+        else:
+            self._deque.appendleft(req)
+
+    def peek(self) -> Request:
+        return self._heap[0][3] if self.priority else self._deque[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3] if self.priority else self._deque.popleft()
+
+    def remove(self, req: Request) -> None:
+        if self.priority:
+            self._heap = [e for e in self._heap if e[3] is not req]
+            heapq.heapify(self._heap)
+        else:
+            self._deque.remove(req)
+
+
+class BaseScheduler(ABC):
+    """Queues and accounting common to the V0 and V1 flavors."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        predicted_output: dict[str, int] | None = None,
+    ):
+        self.config = config
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.pool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        self.cpu = CpuBlockTier(num_cpu_blocks)
+        self.waiting = WaitingQueue(priority=config.scheduling_policy == "priority")
+        self.running: list[Request] = []
+        self.reserved_blocks = int(config.reserved_kv_fraction * num_gpu_blocks)
+        self.headroom_blocks = int(config.admission_headroom * num_gpu_blocks)
+        self.predicted_output = predicted_output or {}
+        self.finished: list[Request] = []
+        #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
+        self.copies_per_block = 1
+
+    # ---- queries ---------------------------------------------------------------------------------------
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0 or self.num_swapped() > 0
+
+    def num_swapped(self) -> int:
+        return 0
+
+    def live_requests(self):
+        yield from self.running
+        yield from self.waiting
+
+    # ---- the two halves of a step ----------------------------------------------------------------------
+    def add_request(self, req: Request, now: float) -> None:
+        if req.prompt_tokens >= self.max_model_len:
+            # vLLM rejects such a prompt at the API (v1/engine/processor.py _validate_model_input).
+            self._end(req, Status.REJECTED, now)
+            return
+        self.waiting.add(req)
+
+    @abstractmethod
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Decide this step's batch, allocating blocks and preempting as vLLM would."""
+
+    def update_from_output(self, out: SchedulerOutput, end_s: float, num_steps: int = 1) -> None:
+        """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
+        is sampled for every request whose scheduled tokens reach its end, finished requests free blocks."""
+        done: list[Request] = []
+        for req, num_new in out.scheduled:
+            if num_steps > 1:
+                req.num_computed_tokens += num_steps
+                req.num_output_tokens += num_steps
+                req.processed_tokens += num_steps - 1
+                req.blocks = self.blocks_for(req.num_computed_tokens)
+            else:
+                req.num_computed_tokens += num_new
+                if req.num_computed_tokens < req.num_tokens:
+                    continue  # a prefill chunk that did not reach the end: no token sampled
+                req.num_output_tokens += 1
+                if req.num_output_tokens == 1:
+                    req.first_token_s = end_s
+            if req.num_computed_tokens > req.high_water:
+                req.high_water = req.num_computed_tokens
+            if req.blocks > req.kv_blocks_peak:
+                req.kv_blocks_peak = req.blocks
+            if req.num_output_tokens >= req.max_output:
+                done.append(req)
+        for req in done:
+            self.running.remove(req)
+            status = Status.FINISHED
+            if end_s > req.deadline:
+                status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
+                end_s_req = req.deadline
+            else:
+                end_s_req = end_s
+            self._free(req)
+            self._end(req, status, end_s_req)
+
+    # ---- shared mechanics ------------------------------------------------------------------------------
+    def abort(self, req: Request, status: Status, now: float) -> None:
+        """The client went away (timeout or cancel): free its blocks now and record the status."""
+        if req.status in (Status.RUNNING,):
+            self.running.remove(req)
+        elif req.status == Status.WAITING:
+            self.waiting.remove(req)
+        elif req.status == Status.SWAPPED:
+            self._drop_swapped(req)
+        else:
+            return
+        self._free(req)
+        self._end(req, status, now)
+
+    def _drop_swapped(self, req: Request) -> None:
+        raise NotImplementedError
+
+    def _free(self, req: Request) -> None:
+        if req.blocks:
+            full = req.num_computed_tokens // self.block_size
+            self.pool.release(req.index, req.blocks, full)
+            req.blocks = 0
+
+    def _end(self, req: Request, status: Status, now: float) -> None:
+        req.status = status
+        req.end_s = now
+        self.finished.append(req)
+
+    def _account(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
+        """Record ``num_new`` scheduled tokens of ``req``: split into new prefill, recompute and decode, and
+        add their compute and KV reads to the step's shape."""
+        computed = req.num_computed_tokens
+        end = computed + num_new
+        recompute = min(end, req.high_water) - computed
+        if recompute < 0:
+            recompute = 0
+        new_start = computed if computed > req.high_water else req.high_water
+        prefill_new = min(end, req.prompt_tokens) - new_start
+        if prefill_new < 0:
+            prefill_new = 0
+        decode = num_new - recompute - prefill_new
+        out.prefill_tokens_recompute += recompute
+        out.prefill_tokens_new += prefill_new
+        out.decode_tokens += decode
+        req.recomputed_tokens += recompute
+        req.processed_tokens += num_new
+        shape = out.shape
+        shape.num_seqs += 1
+        if num_new == 1 and computed >= req.prompt_tokens:
+            shape.num_decode += 1
+            shape.decode_context += end
+        else:
+            shape.prefill_tokens += num_new
+            shape.prefill_attention += num_new * (computed + num_new / 2)
+            shape.prefill_context += end
+        out.scheduled.append((req, num_new))
+
+    def _mark_scheduled(self, req: Request, now: float) -> None:
+        """First scheduling, or a resume after preemption (the wait since the preemption is accounted)."""
+        if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
+            req.first_scheduled_s = now
+        if req.preempted_at == req.preempted_at:  # not NaN: resuming
+            req.resume_wait_s += now - req.preempted_at
+            req.preempted_at = float("nan")
+        req.status = Status.RUNNING
+
+    def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float) -> None:
+        """Free the victim's blocks (cached with prefix caching, offloaded with a CPU tier) and requeue it at
+        the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
+        full = victim.num_computed_tokens // self.block_size
+        stored = self.cpu.offload(victim.index, full)
+        if stored:
+            victim.swapped_out_blocks += stored
+            out.swap_out_blocks += stored
+            out.swap_copies += stored * self.copies_per_block
+        self._free(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.preempted_at = now
+        victim.status = Status.WAITING
+        self.waiting.prepend(victim)
+        out.preempted.append(victim)
+
+    def _predicted_fits(self, req: Request, free: int) -> bool:
+        """kvtune's predicted-memory admission: prompt + predicted remaining output must leave headroom."""
+        predicted = self.predicted_output.get(req.class_name, req.max_output)
+        remaining = max(1, min(predicted, req.max_output) - req.num_output_tokens)
+        need = self.blocks_for(req.num_tokens + remaining)
+        return free - need >= self.headroom_blocks
+
+

@@ -1,0 +1,162 @@
+"""vLLM V1's scheduler (vllm/v1/core/sched/scheduler.py and v1/core/kv_cache_manager.py, vLLM 0.33.0).
+
+One token budget per step, chunked prefill always on.  Running requests first, in order; a request that
+cannot get its blocks preempts the last running request (or the lowest-priority one) until it fits or has
+preempted itself.  Waiting requests are admitted only in steps that preempted nothing, stopping at
+``max_num_seqs`` or at the first request whose blocks do not fit (head-of-line, FCFS).
+"""
+
+from __future__ import annotations
+
+from sim.engine.request import Request
+from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
+
+
+class V1Scheduler(BaseScheduler):
+    """The ``vllm-v1`` flavor."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = self.config
+        self.watermark_blocks = int(config.watermark * self.pool.num_blocks)
+        self.reserve_full_isl = bool(config.scheduler_reserve_full_isl)
+        self.long_prefill_threshold = config.long_prefill_token_threshold or 0
+        self.priority_policy = config.scheduling_policy == "priority"
+        self.predicted_admission = config.admission_policy == "predicted"
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput()
+        pool = self.pool
+        running = self.running
+        budget = self.max_num_batched_tokens
+        threshold = self.long_prefill_threshold
+        block_size = self.block_size
+        all_decode = True
+        # ---- running requests ------------------------------------------------------------------------
+        index = 0
+        while index < len(running) and budget > 0:
+            req = running[index]
+            num_new = req.num_tokens - req.num_computed_tokens
+            if threshold and num_new > threshold:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            limit = self.max_model_len - 1 - req.num_computed_tokens
+            if num_new > limit:
+                num_new = limit
+            if num_new <= 0:
+                index += 1
+                continue
+            need = -(-(req.num_computed_tokens + num_new) // block_size) - req.blocks
+            scheduled_self = True
+            while need > pool.num_free:
+                victim = self._pick_victim()
+                if victim is req:
+                    running.remove(req)
+                    self._preempt_recompute(out, req, now)
+                    scheduled_self = False
+                    break
+                victim_pos = running.index(victim)
+                running.pop(victim_pos)
+                if victim_pos < index:
+                    # Priority policy can pick a request already scheduled this step: undo its slot.
+                    index -= 1
+                    budget += self._unschedule(out, victim)
+                self._preempt_recompute(out, victim, now)
+            if not scheduled_self:
+                break
+            pool.allocate(need)
+            req.blocks += need
+            if num_new != 1 or req.num_computed_tokens < req.prompt_tokens:
+                all_decode = False
+            self._account(out, req, num_new)
+            budget -= num_new
+            index += 1
+        all_running_scheduled = index >= len(running)
+        # ---- waiting requests (none in a step that preempted) ---------------------------------------------
+        if not out.preempted:
+            waiting = self.waiting
+            while len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
+                req = waiting.peek()
+                if not self._admit(out, req, budget, now):
+                    break
+                waiting.pop()
+                running.append(req)
+                budget -= out.scheduled[-1][1]
+                out.num_admitted += 1
+        out.steady_decode = (
+            all_decode and all_running_scheduled and not out.preempted and out.num_admitted == 0
+            and out.swap_in_blocks == 0 and bool(out.scheduled)
+        )
+        return out
+
+    def _pick_victim(self) -> Request:
+        if self.priority_policy:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.index))
+        return self.running[-1]
+
+    def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
+        """Take back a slot given earlier in this step; returns the tokens freed for the budget."""
+        for pos, (req, num_new) in enumerate(out.scheduled):
+            if req is victim:
+                out.scheduled.pop(pos)
+                victim.processed_tokens -= num_new
+                # The step's token split keeps the victim's tokens out: recompute them from scratch.
+                self._reaccount(out)
+                return num_new
+        return 0
+
+    def _reaccount(self, out: SchedulerOutput) -> None:
+        kept = out.scheduled
+        out.scheduled = []
+        out.prefill_tokens_new = out.prefill_tokens_recompute = out.decode_tokens = 0
+        out.shape.prefill_tokens = out.shape.num_decode = out.shape.decode_context = 0
+        out.shape.prefill_attention = 0.0
+        out.shape.prefill_context = out.shape.num_seqs = 0
+        for req, num_new in kept:
+            req.processed_tokens -= num_new
+            # _account reads computed/high-water, which a scheduled request has not changed yet.
+            self._account(out, req, num_new)
+
+    def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
+        """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots)."""
+        pool = self.pool
+        block_size = self.block_size
+        num_tokens = req.num_tokens
+        # Prefix cache: a resumed request re-hits its own surviving full blocks; vLLM always recomputes
+        # at least the last token (max_cache_hit_length = num_tokens - 1).
+        max_hit = (num_tokens - 1) // block_size
+        gpu_hit = min(pool.cached_prefix(req.index), max_hit)
+        cpu_hit = min(self.cpu.cached_prefix(req.index), max_hit)
+        load = cpu_hit - gpu_hit if cpu_hit > gpu_hit else 0
+        computed = (gpu_hit + load) * block_size
+        num_new = num_tokens - computed
+        if self.long_prefill_threshold and num_new > self.long_prefill_threshold:
+            num_new = self.long_prefill_threshold
+        if num_new > budget:
+            num_new = budget
+        something_running = bool(self.running)
+        free = pool.num_free
+        # The watermark and kvtune's reserve/headroom apply only while something runs, so an idle engine
+        # always admits (a max-length request fits an empty cache: checked at start-up).
+        keep_free = (self.watermark_blocks + self.reserved_blocks) if something_running else 0
+        if self.reserve_full_isl and self.blocks_for(num_tokens) + keep_free > free:
+            return False
+        need = self.blocks_for(computed + num_new)
+        if need + keep_free > free:
+            return False
+        if self.predicted_admission and something_running and not self._predicted_fits(req, free):
+            return False
+        # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
+        hit = pool.reuse_cached(req.index, gpu_hit) if gpu_hit else 0
+        pool.allocate(need - hit)
+        req.blocks = need
+        req.num_computed_tokens = computed
+        req.prefix_hit_tokens += hit * block_size
+        if load:
+            req.swapped_in_blocks += load
+            out.swap_in_blocks += load
+            out.swap_copies += load * self.copies_per_block
+        self._mark_scheduled(req, now)
+        self._account(out, req, num_new)
+        return True

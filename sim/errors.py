@@ -1,0 +1,33 @@
+"""User-facing errors: each names the file, line or field at fault.
+
+The CLI prints ``str(error)`` as one line and exits non-zero; nothing below the CLI prints tracebacks
+for these.  Everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class KvtuneError(Exception):
+    """Base class for errors caused by the user's input (a file, a flag, a spec)."""
+
+
+class ConfigError(KvtuneError):
+    """An invalid configuration value; ``field`` names the offending key."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class TraceError(KvtuneError):
+    """A malformed trace; ``path`` and ``line`` (1-based, header is line 1) locate it."""
+
+    def __init__(self, path: str, line: int | None, message: str):
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class EngineAborted(KvtuneError):
+    """The simulated engine died, as vLLM does (e.g. V0 swap preemption with no CPU blocks left)."""
