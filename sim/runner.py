@@ -81,6 +81,8 @@ class Simulation:
         max_sim_time_s: float = math.inf,
         progress: Callable[[Progress], None] | None = None,
         progress_every_s: float = 2.0,
+        batch_decode_runs: bool = True,
+        observer: Callable | None = None,
     ):
         self.config = config.resolve(model.max_model_len)
         self.model = model
@@ -99,7 +101,9 @@ class Simulation:
         scheduler = make_scheduler(self.config, self.sizing.num_gpu_blocks, self.sizing.num_cpu_blocks, predicted)
         # V0 swap_blocks copies one block per layer for K and V (vLLM paper fig. 19's small-block cost).
         scheduler.copies_per_block = 2 * model.num_layers if not self.config.is_v1 else 1
-        self.core = EngineCore(scheduler, self.latency, record_steps=record_steps)
+        self.core = EngineCore(
+            scheduler, self.latency, record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer
+        )
         self.workload = workload
         self.seed = seed
         self.max_sim_time_s = max_sim_time_s

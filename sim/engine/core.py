@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -50,10 +51,21 @@ def make_scheduler(
 class EngineCore:
     """Steps a scheduler under a latency model and records the step table."""
 
-    def __init__(self, scheduler: BaseScheduler, latency: LatencyModel, record_steps: bool = True):
+    def __init__(
+        self,
+        scheduler: BaseScheduler,
+        latency: LatencyModel,
+        record_steps: bool = True,
+        batch_decode_runs: bool = True,
+        observer: Callable[[int, float, SchedulerOutput], None] | None = None,
+    ):
         self.scheduler = scheduler
         self.latency = latency
         self.record_steps = record_steps
+        #: Off for step-by-step comparisons (conformance), where every iteration must be visible.
+        self.batch_decode_runs = batch_decode_runs
+        #: Called after every ``schedule()`` with (iteration index, time, output), before the output is applied.
+        self.observer = observer
         self.step_rows: list[tuple] = []
         self.num_iterations = 0
         self._pending: StepResult | None = None
@@ -76,7 +88,9 @@ class EngineCore:
         shape = out.shape
         shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
         shape.swap_copies = out.swap_copies
-        if out.steady_decode:
+        if self.observer is not None:
+            self.observer(self.num_iterations, now, out)
+        if out.steady_decode and self.batch_decode_runs:
             result = self._decode_run(out, now, next_event_s)
         else:
             result = StepResult(out, self.latency.step_time(shape), 1)

@@ -144,15 +144,16 @@ class BaseScheduler(ABC):
                 req.blocks = self.blocks_for(req.num_computed_tokens)
             else:
                 req.num_computed_tokens += num_new
+            if req.num_computed_tokens > req.high_water:
+                req.high_water = req.num_computed_tokens
+            if req.blocks > req.kv_blocks_peak:
+                req.kv_blocks_peak = req.blocks
+            if num_steps == 1:
                 if req.num_computed_tokens < req.num_tokens:
                     continue  # a prefill chunk that did not reach the end: no token sampled
                 req.num_output_tokens += 1
                 if req.num_output_tokens == 1:
                     req.first_token_s = end_s
-            if req.num_computed_tokens > req.high_water:
-                req.high_water = req.num_computed_tokens
-            if req.blocks > req.kv_blocks_peak:
-                req.kv_blocks_peak = req.blocks
             if req.num_output_tokens >= req.max_output:
                 done.append(req)
         for req in done:
@@ -194,9 +195,9 @@ class BaseScheduler(ABC):
         req.end_s = now
         self.finished.append(req)
 
-    def _account(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
-        """Record ``num_new`` scheduled tokens of ``req``: split into new prefill, recompute and decode, and
-        add their compute and KV reads to the step's shape."""
+    def _account(self, out: SchedulerOutput, req: Request, num_new: int, sign: int = 1) -> None:
+        """Record ``num_new`` scheduled tokens of ``req`` (``sign=-1`` takes them back): split into new
+        prefill, recompute and decode, and add their compute and KV reads to the step's shape."""
         computed = req.num_computed_tokens
         end = computed + num_new
         recompute = min(end, req.high_water) - computed
@@ -207,21 +208,24 @@ class BaseScheduler(ABC):
         if prefill_new < 0:
             prefill_new = 0
         decode = num_new - recompute - prefill_new
-        out.prefill_tokens_recompute += recompute
-        out.prefill_tokens_new += prefill_new
-        out.decode_tokens += decode
-        req.recomputed_tokens += recompute
-        req.processed_tokens += num_new
+        out.prefill_tokens_recompute += sign * recompute
+        out.prefill_tokens_new += sign * prefill_new
+        out.decode_tokens += sign * decode
+        req.recomputed_tokens += sign * recompute
+        req.processed_tokens += sign * num_new
         shape = out.shape
-        shape.num_seqs += 1
+        shape.num_seqs += sign
         if num_new == 1 and computed >= req.prompt_tokens:
-            shape.num_decode += 1
-            shape.decode_context += end
+            shape.num_decode += sign
+            shape.decode_context += sign * end
         else:
-            shape.prefill_tokens += num_new
-            shape.prefill_attention += num_new * (computed + num_new / 2)
-            shape.prefill_context += end
-        out.scheduled.append((req, num_new))
+            shape.prefill_tokens += sign * num_new
+            shape.prefill_attention += sign * num_new * (computed + num_new / 2)
+            shape.prefill_context += sign * end
+        if sign > 0:
+            out.scheduled.append((req, num_new))
+        else:
+            out.scheduled.remove((req, num_new))
 
     def _mark_scheduled(self, req: Request, now: float) -> None:
         """First scheduling, or a resume after preemption (the wait since the preemption is accounted)."""

@@ -97,26 +97,11 @@ class V1Scheduler(BaseScheduler):
 
     def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
         """Take back a slot given earlier in this step; returns the tokens freed for the budget."""
-        for pos, (req, num_new) in enumerate(out.scheduled):
+        for req, num_new in out.scheduled:
             if req is victim:
-                out.scheduled.pop(pos)
-                victim.processed_tokens -= num_new
-                # The step's token split keeps the victim's tokens out: recompute them from scratch.
-                self._reaccount(out)
+                self._account(out, victim, num_new, sign=-1)
                 return num_new
         return 0
-
-    def _reaccount(self, out: SchedulerOutput) -> None:
-        kept = out.scheduled
-        out.scheduled = []
-        out.prefill_tokens_new = out.prefill_tokens_recompute = out.decode_tokens = 0
-        out.shape.prefill_tokens = out.shape.num_decode = out.shape.decode_context = 0
-        out.shape.prefill_attention = 0.0
-        out.shape.prefill_context = out.shape.num_seqs = 0
-        for req, num_new in kept:
-            req.processed_tokens -= num_new
-            # _account reads computed/high-water, which a scheduled request has not changed yet.
-            self._account(out, req, num_new)
 
     def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
         """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots)."""

@@ -1,0 +1,56 @@
+"""Metrics of a run (request and step tables, DESIGN sections 3 and 6) and the objectives built on them.
+
+``summarize`` is the entry point; the single metrics are exported for callers that need one of them.
+Latency percentiles use one rule everywhere (``percentile``: sorted-index, numpy ``method="higher"``) and
+count requests that did not finish as censored values (``latency_samples``), never dropping them.
+"""
+
+from objectives._censor import latency_samples
+from objectives._cohorts import DEFAULT_PROMPT_EDGES, CohortStats, Quantiles, StatusCounts
+from objectives._format import format_summary
+from objectives._percentile import percentile, percentiles
+from objectives._preemptions import PreemptionStats, preemption_stats
+from objectives._steps import StepStats, kv_utilization, new_token_busy_share, recompute_share, step_stats
+from objectives._summary import Summary, summarize
+from objectives._tables import STATUSES
+from objectives._throughput import goodput_rps, makespan_s, output_tokens_per_s
+from objectives.registry import (
+    Constraint,
+    Objective,
+    constraint_values,
+    get_objective,
+    objective_names,
+    register_objective,
+    slo_constraints,
+)
+
+__all__ = [
+    "DEFAULT_PROMPT_EDGES",
+    "STATUSES",
+    "CohortStats",
+    "Constraint",
+    "Objective",
+    "PreemptionStats",
+    "Quantiles",
+    "StatusCounts",
+    "StepStats",
+    "Summary",
+    "constraint_values",
+    "format_summary",
+    "get_objective",
+    "goodput_rps",
+    "kv_utilization",
+    "latency_samples",
+    "makespan_s",
+    "new_token_busy_share",
+    "objective_names",
+    "output_tokens_per_s",
+    "percentile",
+    "percentiles",
+    "preemption_stats",
+    "recompute_share",
+    "register_objective",
+    "slo_constraints",
+    "step_stats",
+    "summarize",
+]

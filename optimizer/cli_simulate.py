@@ -1,0 +1,100 @@
+"""``kvtune simulate``: one simulated run of a trace on one engine config, written as parquet + JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from sim.engine.config import EngineConfig
+from sim.errors import ConfigError
+from sim.profiles import load_gpu, load_model
+from sim.runner import Progress, simulate
+
+
+def parse_set(items: list[str] | None) -> dict[str, str]:
+    """``--set key=value`` pairs -> dict; a malformed pair is an error naming it."""
+    knobs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        knobs[key.strip()] = value.strip()
+    return knobs
+
+
+def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate one engine config on a trace",
+        description="Simulate a trace on one engine config; writes requests.parquet, steps.parquet, summary.json.",
+    )
+    p.add_argument("--trace", help="trace file (default: the bundled Azure 2023 conversation trace)")
+    p.add_argument("--format", dest="fmt", help="trace format (default: detected)")
+    p.add_argument("--model", default="Llama-3-8B", help="model profile name (default Llama-3-8B)")
+    p.add_argument("--gpu", default="H100-SXM", help="GPU profile name (default H100-SXM)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
+    p.add_argument("--rate-scale", type=float, default=1.0, help="compress arrival times X-fold")
+    p.add_argument("--max-requests", type=int, default=None, help="simulate only the first N requests")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob, repeatable")
+    p.add_argument("--seed", type=int, default=0, help="seed for client timeouts/cancellations")
+    p.add_argument("--out", default="runs/simulate", help="output folder (default runs/simulate)")
+    p.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from objectives import format_summary, summarize
+    from sim.workload import bundled_trace_path, load_trace
+
+    knobs = parse_set(args.set)
+    knobs.setdefault("flavor", args.flavor)
+    if args.tp != 1:
+        knobs.setdefault("tensor_parallel_size", str(args.tp))
+    config = EngineConfig.from_dict(knobs, where="--set")
+    model = load_model(args.model, field="--model")
+    gpu = load_gpu(args.gpu, field="--gpu")
+    trace = Path(args.trace) if args.trace else bundled_trace_path()
+    workload = load_trace(trace, args.fmt, seed=args.seed)
+    if args.max_requests is not None:
+        if args.max_requests < 1:
+            raise ConfigError("--max-requests", f"must be >= 1, got {args.max_requests}")
+        workload = workload.head(args.max_requests)
+    if args.rate_scale != 1.0:
+        workload = workload.scale_rate(args.rate_scale)
+
+    def progress(p: Progress) -> None:
+        print(f"\r  simulated {p.sim_time_s:9.1f} s  requests ended {p.requests_done}/{p.requests_total}  "
+              f"wall {p.wall_s:5.1f} s", end="", file=sys.stderr, flush=True)
+
+    print(f"kvtune simulate: {len(workload)} requests from {trace.name}, {model.name} on {gpu.name}"
+          f" (tp {config.tensor_parallel_size}), {config.flavor}", file=sys.stderr)
+    result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress)
+    print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
+    summary = summarize(result.requests, result.steps, workload.classes)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.requests.to_parquet(out / "requests.parquet", index=False)
+    result.steps.to_parquet(out / "steps.parquet", index=False)
+    document = {
+        "trace": str(trace),
+        "model": model.name,
+        "gpu": gpu.name,
+        "config": {k: v for k, v in vars(result.config).items()},
+        "num_gpu_blocks": result.sizing.num_gpu_blocks,
+        "num_cpu_blocks": result.sizing.num_cpu_blocks,
+        "engine_aborted": result.aborted,
+        "wall_s": result.wall_s,
+        "simulated_requests_per_wall_s": len(workload) / result.wall_s if result.wall_s > 0 else math.inf,
+        "metrics": summary.to_dict(),
+    }
+    (out / "summary.json").write_text(json.dumps(document, indent=1, default=str))
+    print(format_summary(summary))
+    print(f"KV cache: {result.sizing.num_gpu_blocks} blocks of {result.config.block_size} tokens; "
+          f"wall {result.wall_s:.2f} s ({document['simulated_requests_per_wall_s']:.0f} requests/s)")
+    if result.aborted:
+        print(f"engine aborted: {result.aborted}")
+    print(f"wrote {out}/requests.parquet, steps.parquet, summary.json")
+    return 0

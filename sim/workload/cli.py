@@ -1,0 +1,155 @@
+"""``kvtune workload fit|describe|generate``: look at a trace, fit synthetic traffic to it, generate from a spec.
+
+The top-level CLI calls ``add_workload_parser(subparsers)``; each leaf parser sets ``func`` to a handler that
+takes the parsed arguments and returns the exit code. KvtuneError propagates to the top level, which prints it
+as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import numpy as np
+import yaml
+
+from sim.errors import ConfigError
+from sim.workload._arrivals import ArrivalSpec
+from sim.workload._detect import FORMATS
+from sim.workload._fit import describe, fit_workload
+from sim.workload._loader import from_rows, read_rows
+from sim.workload._spec import WorkloadSpec
+from sim.workload._writer import write_trace
+
+
+def _add_trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", type=Path, help="trace file (CSV, CSV.GZ, parquet or JSONL)")
+    p.add_argument("--format", dest="fmt", choices=FORMATS, default=None, help="trace format (default: detected)")
+    p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows (counted) instead of failing")
+
+
+def add_workload_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``workload`` and its subcommands on the top-level CLI's subparsers."""
+    parser = subparsers.add_parser("workload", help="inspect traces, fit and generate synthetic workloads",
+                                   description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="workload_command", metavar="{describe,fit,generate}")
+    sub.required = True
+
+    p = sub.add_parser("describe", help="count, span, rate, burstiness and length percentiles per class")
+    _add_trace_args(p)
+    p.set_defaults(func=cmd_describe)
+
+    p = sub.add_parser("fit", help="fit per-class rate, burstiness CV and lognormal lengths; write a workload spec")
+    _add_trace_args(p)
+    p.add_argument("--out", type=Path, required=True, help="YAML workload spec to write")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("generate", help="build the workload of a spec (or a study spec's workload:) as a trace")
+    p.add_argument("spec", type=Path, help="YAML workload spec (e.g. from 'workload fit')")
+    p.add_argument("--out", type=Path, required=True, help="trace to write (.csv, .csv.gz or .parquet)")
+    p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's)")
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _fmt(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e12:
+        return f"{int(value)}"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def cmd_describe(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    parsed = read_rows(args.trace, args.fmt, skip_bad_rows=args.skip_bad_rows)
+    # A length-only trace is described without arrivals: a placeholder process, rate columns left blank.
+    workload = from_rows(parsed, classes=None, seed=0,
+                         arrival=None if parsed.timed else ArrivalSpec("poisson", 1.0))
+    table = describe(workload)
+    if not parsed.timed:
+        table[["span_s", "rate_rps", "interarrival_cv"]] = np.nan
+    print(f"{args.trace} ({parsed.report.fmt}): {len(workload)} requests"
+          + ("" if parsed.timed else ", no arrival times (lengths only)"), file=out)
+    shown = table.copy()
+    for column in shown.columns[1:]:
+        shown[column] = [_fmt(v) for v in shown[column]]
+    print(shown.to_string(index=False), file=out)
+    report = workload.report
+    if report and (report.bad_rows_skipped or report.failed_requests or report.unmatched_rows):
+        print(report.summary(), file=out)
+    return 0
+
+
+def _dump(spec: WorkloadSpec, path: Path, header: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+    path.write_text(header + text)
+
+
+def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    parsed = read_rows(args.trace, args.fmt, skip_bad_rows=args.skip_bad_rows)
+    if not parsed.timed:
+        raise ConfigError("trace", f"{args.trace} has no arrival times: there is no rate or burstiness to fit")
+    workload = from_rows(parsed, classes=None, arrival=None, seed=0)
+    try:
+        generator = fit_workload(workload)
+    except ValueError as exc:
+        raise ConfigError("trace", str(exc)) from None
+    spec = WorkloadSpec(generator=generator, seed=0)
+    header = (f"# kvtune workload spec fitted from {args.trace} ({parsed.report.fmt}, {len(workload)} requests).\n"
+              "# Per class: rate_rps, inter-arrival cv (gamma renewal; 1 = Poisson), lognormal lengths through the\n"
+              "# trace's p50 and p99, clipped to its min/max. Add slo/timeout per class under classes:.\n")
+    _dump(spec, args.out, header)
+    for c in generator.classes:
+        print(f"{c.name}: {c.rate_rps:.3f} req/s, cv {c.cv:.2f}", file=out)
+    print(f"wrote {args.out}", file=out)
+    return 0
+
+
+def load_spec_file(path: Path) -> WorkloadSpec:
+    """A workload spec from YAML: the file itself, or its ``workload:`` section (a study spec)."""
+    if not path.exists():
+        raise ConfigError(str(path), "no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if isinstance(data, dict) and "workload" in data:
+        return WorkloadSpec.from_dict(data["workload"], "workload", base_dir=path.resolve().parent)
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "must be a mapping (a workload spec)")
+    return WorkloadSpec.from_dict(data, "workload", base_dir=path.resolve().parent)
+
+
+def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    spec = load_spec_file(args.spec)
+    workload = spec.build(args.seed)
+    write_trace(workload, args.out)
+    print(f"wrote {args.out}: {len(workload)} requests over {workload.span_s:.1f} s", file=out)
+    if workload.report is not None and workload.report.summary().count(";"):
+        print(workload.report.summary(), file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m sim.workload.cli workload ...``) for use before the kvtune CLI wires it in."""
+    from sim.errors import KvtuneError
+
+    parser = argparse.ArgumentParser(prog="kvtune")
+    add_workload_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KvtuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
