@@ -135,24 +135,34 @@ class EngineCore:
             limit = max(1, min(limit, reach))
             if limit <= 1:
                 return StepResult(out, first, 1)
-        tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
-        # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, every block_size.
-        first_cross = (-tokens) % block_size + 1
-        per_residue = np.bincount(first_cross % block_size, minlength=block_size)
-        steps = np.arange(1, limit)
-        demand = np.cumsum(per_residue[steps % block_size])
         free = scheduler.pool.num_free
-        over = np.searchsorted(demand, free, side="right")  # first j (1-based index into steps) exceeding
-        k_blocks = int(over) + 1 if over < len(steps) else limit
-        limit = min(limit, k_blocks)
-        durations = self.latency.decode_run_times(batch, int(tokens.sum()), limit)
+        context = out.shape.decode_context  # sum of every running request's tokens at the first step
+        # Each request crosses a block boundary at most every block_size steps: if even that many new blocks
+        # fit, blocks cannot bound the run and the per-residue demand need not be computed.
+        demand = None
+        if batch * -(-(limit - 1) // block_size) > free:
+            tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
+            # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, then every
+            # block_size steps.
+            first_cross = (-tokens) % block_size + 1
+            per_residue = np.bincount(first_cross % block_size, minlength=block_size)
+            demand = np.cumsum(per_residue[np.arange(1, limit) % block_size])
+            over = int(np.searchsorted(demand, free, side="right"))  # first step index whose demand exceeds
+            if over < len(demand):
+                limit = over + 1
+        durations = self.latency.decode_run_times(batch, context, limit)
         if next_event_s < math.inf:
             starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
             k_time = int(np.searchsorted(starts, next_event_s, side="left"))
             limit = max(1, min(limit, k_time))
         if limit <= 1:
             return StepResult(out, first, 1)
-        extra_blocks = int(demand[limit - 2])
+        if demand is not None:
+            extra_blocks = int(demand[limit - 2])
+        else:
+            extra_blocks = sum(-(-(r.num_tokens + limit - 1) // block_size) for r in running) - sum(
+                r.blocks for r in running
+            )
         scheduler.pool.allocate(extra_blocks)
         return StepResult(out, float(durations[:limit].sum()), limit)
 

@@ -34,6 +34,9 @@ class V1Scheduler(BaseScheduler):
         all_decode = True
         # ---- running requests ------------------------------------------------------------------------
         index = 0
+        if running and budget >= len(running) and self._schedule_all_decodes(out):
+            index = len(running)
+            budget -= index
         while index < len(running) and budget > 0:
             req = running[index]
             num_new = req.num_tokens - req.num_computed_tokens
@@ -89,6 +92,37 @@ class V1Scheduler(BaseScheduler):
             and out.swap_in_blocks == 0 and bool(out.scheduled)
         )
         return out
+
+    def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:
+        """Fast path for the common step: every running request decodes one new token and the free blocks
+        cover every block boundary crossed.  Same decisions as the general loop (which it then skips),
+        without its per-request bookkeeping calls.  Returns False, changing nothing, when it does not apply."""
+        block_size = self.block_size
+        need = 0
+        context = 0
+        for req in self.running:
+            computed = req.num_computed_tokens
+            if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
+                    or computed < req.high_water):
+                return False
+            need += (computed + block_size) // block_size - req.blocks
+            context += computed + 1
+        if need > self.pool.num_free:
+            return False
+        self.pool.allocate(need)
+        for req in self.running:
+            blocks = (req.num_computed_tokens + block_size) // block_size
+            if blocks != req.blocks:
+                req.blocks = blocks
+            req.processed_tokens += 1
+        count = len(self.running)
+        out.scheduled = [(req, 1) for req in self.running]
+        out.decode_tokens += count
+        shape = out.shape
+        shape.num_seqs += count
+        shape.num_decode += count
+        shape.decode_context += context
+        return True
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
