@@ -136,26 +136,37 @@ class BaseScheduler(ABC):
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks."""
         done: list[Request] = []
-        for req, num_new in out.scheduled:
-            if num_steps > 1:
-                req.num_computed_tokens += num_steps
+        if num_steps > 1:
+            # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
+            block_size = self.block_size
+            extra = num_steps - 1
+            for req, _ in out.scheduled:
+                computed = req.num_computed_tokens + num_steps
+                req.num_computed_tokens = computed
+                req.high_water = computed
                 req.num_output_tokens += num_steps
-                req.processed_tokens += num_steps - 1
-                req.blocks = self.blocks_for(req.num_computed_tokens)
-            else:
-                req.num_computed_tokens += num_new
-            if req.num_computed_tokens > req.high_water:
-                req.high_water = req.num_computed_tokens
-            if req.blocks > req.kv_blocks_peak:
-                req.kv_blocks_peak = req.blocks
-            if num_steps == 1:
-                if req.num_computed_tokens < req.num_tokens:
+                req.processed_tokens += extra
+                blocks = -(-computed // block_size)
+                req.blocks = blocks
+                if blocks > req.kv_blocks_peak:
+                    req.kv_blocks_peak = blocks
+                if req.num_output_tokens >= req.max_output:
+                    done.append(req)
+        else:
+            for req, num_new in out.scheduled:
+                computed = req.num_computed_tokens + num_new
+                req.num_computed_tokens = computed
+                if computed > req.high_water:
+                    req.high_water = computed
+                if req.blocks > req.kv_blocks_peak:
+                    req.kv_blocks_peak = req.blocks
+                if computed < req.prompt_tokens + req.num_output_tokens:
                     continue  # a prefill chunk that did not reach the end: no token sampled
                 req.num_output_tokens += 1
                 if req.num_output_tokens == 1:
                     req.first_token_s = end_s
-            if req.num_output_tokens >= req.max_output:
-                done.append(req)
+                if req.num_output_tokens >= req.max_output:
+                    done.append(req)
         for req in done:
             self.running.remove(req)
             status = Status.FINISHED
