@@ -1,8 +1,8 @@
 """``kvtune workload fit|describe|generate``: look at a trace, fit synthetic traffic to it, generate from a spec.
 
-The top-level CLI calls ``add_workload_parser(subparsers)``; each leaf parser sets ``func`` to a handler that
-takes the parsed arguments and returns the exit code. KvtuneError propagates to the top level, which prints it
-as one line.
+The top-level CLI calls ``add_workload_parser(subparsers)``; each leaf parser sets ``handler`` (and ``func``) to a
+function that takes the parsed arguments and returns the exit code. KvtuneError propagates to the top level,
+which prints it as one line.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sim.errors import ConfigError
 from sim.workload._arrivals import ArrivalSpec
 from sim.workload._detect import FORMATS
 from sim.workload._fit import describe, fit_workload
+from sim.workload._lengths import Empirical
 from sim.workload._loader import from_rows, read_rows
 from sim.workload._spec import WorkloadSpec
 from sim.workload._writer import write_trace
@@ -40,18 +41,20 @@ def add_workload_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("describe", help="count, span, rate, burstiness and length percentiles per class")
     _add_trace_args(p)
-    p.set_defaults(func=cmd_describe)
+    p.set_defaults(func=cmd_describe, handler=cmd_describe)
 
-    p = sub.add_parser("fit", help="fit per-class rate, burstiness CV and lognormal lengths; write a workload spec")
+    p = sub.add_parser("fit", help="fit per-class rate, burstiness CV and lengths; write a workload spec")
     _add_trace_args(p)
     p.add_argument("--out", type=Path, required=True, help="YAML workload spec to write")
-    p.set_defaults(func=cmd_fit)
+    p.add_argument("--lengths", choices=("lognormal", "empirical"), default="lognormal",
+                   help="lognormal through p50/p99 (default), or resample the trace's own (prompt, output) pairs")
+    p.set_defaults(func=cmd_fit, handler=cmd_fit)
 
     p = sub.add_parser("generate", help="build the workload of a spec (or a study spec's workload:) as a trace")
     p.add_argument("spec", type=Path, help="YAML workload spec (e.g. from 'workload fit')")
     p.add_argument("--out", type=Path, required=True, help="trace to write (.csv, .csv.gz or .parquet)")
     p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's)")
-    p.set_defaults(func=cmd_generate)
+    p.set_defaults(func=cmd_generate, handler=cmd_generate)
     return parser
 
 
@@ -96,14 +99,19 @@ def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if not parsed.timed:
         raise ConfigError("trace", f"{args.trace} has no arrival times: there is no rate or burstiness to fit")
     workload = from_rows(parsed, classes=None, arrival=None, seed=0)
+    empirical = None
+    if args.lengths == "empirical":
+        empirical = Empirical(str(Path(args.trace).resolve()), parsed.report.fmt)
     try:
-        generator = fit_workload(workload)
+        generator = fit_workload(workload, empirical_from=empirical)
     except ValueError as exc:
         raise ConfigError("trace", str(exc)) from None
     spec = WorkloadSpec(generator=generator, seed=0)
+    lengths = ("lognormal lengths through the\n# trace's p50 and p99, clipped to its min/max (means may differ)"
+               if empirical is None else "(prompt, output) pairs\n# resampled from the trace's own class rows")
     header = (f"# kvtune workload spec fitted from {args.trace} ({parsed.report.fmt}, {len(workload)} requests).\n"
-              "# Per class: rate_rps, inter-arrival cv (gamma renewal; 1 = Poisson), lognormal lengths through the\n"
-              "# trace's p50 and p99, clipped to its min/max. Add slo/timeout per class under classes:.\n")
+              f"# Per class: rate_rps, inter-arrival cv (gamma renewal; 1 = Poisson), {lengths}.\n"
+              "# Add slo/timeout per class under classes:.\n")
     _dump(spec, args.out, header)
     for c in generator.classes:
         print(f"{c.name}: {c.rate_rps:.3f} req/s, cv {c.cv:.2f}", file=out)

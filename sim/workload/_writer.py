@@ -1,0 +1,30 @@
+"""Writing a workload as a normalized trace (CSV, CSV.GZ or parquet), readable back with format ``normalized``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.errors import ConfigError
+from sim.workload._files import kind_of
+from sim.workload.workload import Workload
+
+_FIRST = ["arrival_s", "prompt_tokens", "output_tokens", "class"]
+
+
+def write_trace(workload: Workload, path: str | Path) -> Path:
+    """Columns ``arrival_s,prompt_tokens,output_tokens,class`` then the extras; ``hash_ids`` as ``"1 2 3"`` in CSV."""
+    path = Path(path)
+    kind = kind_of(path)
+    if kind == "jsonl":
+        raise ConfigError("out", f"{path}: write .csv, .csv.gz or .parquet")
+    df = workload.requests
+    columns = _FIRST + [c for c in df.columns if c not in _FIRST and c != "request_id"]
+    out = df[columns].copy()
+    if kind == "csv" and "hash_ids" in out.columns:
+        out["hash_ids"] = [" ".join(map(str, ids)) for ids in out["hash_ids"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "parquet":
+        out.to_parquet(path, index=False)
+    else:
+        out.to_csv(path, index=False, float_format="%.6f")
+    return path

@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from sim.errors import TraceError
+from sim.workload import detect_format, load_trace
+
+from .conftest import write
+
+
+def test_mooncake_ms_to_seconds_and_hash_ids_lists(data_dir):
+    p = data_dir / "mooncake_trace_sample.jsonl"
+    assert detect_format(p) == "mooncake"
+    df = load_trace(p).requests
+    assert df["arrival_s"].tolist() == pytest.approx([0, 0, 10.535, 27.482, 30.110, 41.002])
+    assert df.loc[0, "hash_ids"] == list(range(14)) and df.loc[1, "hash_ids"] == [46, 47]
+    assert df["prompt_tokens"].tolist()[:2] == [6758, 655]
+
+
+def test_timed_trace_in_seconds(data_dir):
+    p = data_dir / "timed_trace_sample.jsonl"
+    with pytest.raises(TraceError, match="time unit is ambiguous"):
+        detect_format(p)
+    df = load_trace(p, "timed-jsonl").requests
+    assert df["arrival_s"].tolist() == [0.0, 0.35, 1.2, 2.75]
+    assert df["hash_ids"].tolist()[2] == []  # no hash_ids on that line: no shared prefix
+
+
+def _lines(*records):
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+GOOD = {"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object per line"),
+    ({"timestamp": 5, "input_length": -1, "output_length": 5}, "input_length=-1 is negative"),
+    ({"timestamp": 5, "output_length": 5}, "input_length is missing"),
+    ({"timestamp": 5, "input_length": 3, "output_length": "x"}, "output_length='x' is not a number"),
+    ({"timestamp": 5, "input_length": 3, "output_length": 2, "hash_ids": "a b"}, "hash_ids='a b' is not a list"),
+    ({"timestamp": -5, "input_length": 3, "output_length": 2}, "timestamp=-5 is negative"),
+])
+def test_malformed_lines_name_the_line(tmp_path, bad, words):
+    p = write(tmp_path, "mooncake.jsonl", _lines(GOOD, {**GOOD, "timestamp": 3}, bad))
+    with pytest.raises(TraceError) as err:
+        load_trace(p)
+    assert err.value.line == 3 and words in str(err.value)
+
+
+def test_unsorted_and_skip(tmp_path):
+    p = write(tmp_path, "mooncake.jsonl", _lines(GOOD, {**GOOD, "timestamp": 900}, "", {**GOOD, "timestamp": 100},
+                                                  "{oops", {**GOOD, "timestamp": 1000}))
+    with pytest.raises(TraceError, match=r":4: timestamp=100 is earlier than 900 at line 2"):
+        load_trace(p)
+    w = load_trace(p, skip_bad_rows=True)
+    assert w.requests["arrival_s"].tolist() == [0.0, 0.9, 1.0]
+    assert w.report.bad_rows_skipped == 2 and w.report.rows_read == 5
+    assert any(":5: not valid JSON" in e for e in w.report.bad_row_examples)
+
+
+def test_gzipped_jsonl(tmp_path, data_dir):
+    import gzip
+
+    p = tmp_path / "mooncake_trace.jsonl.gz"
+    p.write_bytes(gzip.compress((data_dir / "mooncake_trace_sample.jsonl").read_bytes()))
+    assert len(load_trace(p)) == 6
