@@ -171,8 +171,14 @@ class Simulation:
         total = len(self.requests)
         wall0 = time.perf_counter()
         last_report = wall0
+        # The engine keeps its own clock and hands control back to SimPy only when an arrival is due (or it
+        # must sleep): deadlines are the engine's own, so steps between two arrivals need no SimPy event.
+        clock = env.now
+        requests = self.requests
         while len(scheduler.finished) < total:
-            now = env.now
+            if env.now < clock and self._next_arrival < total and requests[self._next_arrival].arrival_s <= clock:
+                yield env.timeout(clock - env.now)
+            now = clock
             if now > self.max_sim_time_s:
                 break
             self._expire_deadlines(now)
@@ -185,6 +191,8 @@ class Simulation:
                     break
             if step is None:
                 # Idle (or stuck until an arrival or deadline frees something): sleep until the next event.
+                if env.now < clock:
+                    yield env.timeout(clock - env.now)
                 nxt = self._next_event_s()
                 if nxt == math.inf:
                     if self._next_arrival >= total:
@@ -196,14 +204,15 @@ class Simulation:
                 else:
                     yield self._wake
                 self._wake = None
+                clock = env.now
                 continue
-            yield env.timeout(step.duration_s)
-            core.end_step(env.now)
+            clock = now + step.duration_s
+            core.end_step(clock)
             if self.progress is not None:
                 wall = time.perf_counter()
                 if wall - last_report >= self.progress_every_s:
                     last_report = wall
-                    self.progress(Progress(env.now, len(scheduler.finished), total, wall - wall0))
+                    self.progress(Progress(clock, len(scheduler.finished), total, wall - wall0))
 
     # ---- run -------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -212,6 +221,8 @@ class Simulation:
         env.process(self._arrivals(env))
         engine = env.process(self._engine(env))
         env.run(until=engine)
+        # The engine may have run ahead of SimPy's clock after the last arrival.
+        self.end_s = max(env.now, self.core.last_step_end)
         for req in self.requests:
             if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED):
                 req.status = Status.UNFINISHED
@@ -219,7 +230,7 @@ class Simulation:
         steps = step_table(self.core.step_rows)
         end = requests["end_s"].max() if len(requests) else 0.0
         start = requests["arrival_s"].min() if len(requests) else 0.0
-        makespan = float(end - start) if end == end else float(env.now - start)
+        makespan = float(end - start) if end == end else float(self.end_s - start)
         return SimResult(
             requests=requests,
             steps=steps,

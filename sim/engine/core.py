@@ -69,6 +69,7 @@ class EngineCore:
         self.step_rows: list[tuple] = []
         self.num_iterations = 0
         self._pending: StepResult | None = None
+        self.last_step_end = 0.0
         self._pending_start = 0.0
 
     def begin_step(self, now: float, next_event_s: float) -> StepResult | None:
@@ -114,6 +115,7 @@ class EngineCore:
                 out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
             ))
         self.num_iterations += result.num_steps
+        self.last_step_end = now
         scheduler.update_from_output(out, now, result.num_steps)
 
     # ------------------------------------------------------------------------------------------------
