@@ -79,6 +79,9 @@ class EngineCore:
         then calls :meth:`end_step`.
         """
         out = self.scheduler.schedule(now)
+        shape = out.shape
+        shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
+        shape.swap_copies = out.swap_copies
         if not out.scheduled:
             if out.preempted or out.swap_out_blocks:
                 # Everything was preempted: the step still took the swap time and counts as a step.
@@ -86,9 +89,6 @@ class EngineCore:
                 self._pending, self._pending_start = result, now
                 return result
             return None
-        shape = out.shape
-        shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
-        shape.swap_copies = out.swap_copies
         if self.observer is not None:
             self.observer(self.num_iterations, now, out)
         if out.steady_decode and self.batch_decode_runs:
@@ -126,7 +126,7 @@ class EngineCore:
         batch = len(running)
         block_size = scheduler.block_size
         # Steps until the first request finishes (this step included).
-        k_finish = min(r.max_output - r.num_output_tokens for r in running)
+        k_finish = out.min_remaining_outputs or min(r.max_output - r.num_output_tokens for r in running)
         limit = min(k_finish, MAX_RUN_STEPS)
         first = float(self.latency.step_time(out.shape))
         if limit <= 1:
@@ -152,13 +152,21 @@ class EngineCore:
             over = int(np.searchsorted(demand, free, side="right"))  # first step index whose demand exceeds
             if over < len(demand):
                 limit = over + 1
-        durations = self.latency.decode_run_times(batch, context, limit)
-        if next_event_s < math.inf:
-            starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
-            k_time = int(np.searchsorted(starts, next_event_s, side="left"))
-            limit = max(1, min(limit, k_time))
-        if limit <= 1:
-            return StepResult(out, first, 1)
+        affine = self.latency.decode_run_affine(batch, context)
+        if affine is not None:
+            limit = _affine_steps_before(affine[0], affine[1], next_event_s - now, limit)
+            if limit <= 1:
+                return StepResult(out, first, 1)
+            total = limit * affine[0] + affine[1] * limit * (limit - 1) / 2
+        else:
+            durations = self.latency.decode_run_times(batch, context, limit)
+            if next_event_s < math.inf:
+                starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+                k_time = int(np.searchsorted(starts, next_event_s, side="left"))
+                limit = max(1, min(limit, k_time))
+            if limit <= 1:
+                return StepResult(out, first, 1)
+            total = float(durations[:limit].sum())
         if demand is not None:
             extra_blocks = int(demand[limit - 2])
         else:
@@ -166,7 +174,30 @@ class EngineCore:
                 r.blocks for r in running
             )
         scheduler.pool.allocate(extra_blocks)
-        return StepResult(out, float(durations[:limit].sum()), limit)
+        return StepResult(out, total, limit)
+
+
+def _affine_steps_before(first: float, increment: float, horizon_s: float, limit: int) -> int:
+    """Number of steps (at most ``limit``) of durations ``first + increment * j`` that start before
+    ``horizon_s`` from now: the largest k with start(k - 1) < horizon, start(j) = j first + increment j(j-1)/2."""
+    if horizon_s == math.inf:
+        return limit
+
+    def start(j: int) -> float:
+        return j * first + increment * j * (j - 1) / 2
+
+    if increment > 0:
+        half = first - increment / 2
+        k = int(math.ceil((-half + math.sqrt(half * half + 2 * increment * horizon_s)) / increment))
+    else:
+        k = int(math.ceil(horizon_s / first)) if first > 0 else limit
+    k = max(1, min(k, limit))
+    # Guard the closed form against rounding: step k-1 must start before the horizon, step k must not.
+    while k > 1 and start(k - 1) >= horizon_s:
+        k -= 1
+    while k < limit and start(k) < horizon_s:
+        k += 1
+    return k
 
 
 __all__ = ["EngineCore", "StepResult", "STEP_COLUMNS", "make_scheduler", "Request"]

@@ -34,6 +34,8 @@ class SchedulerOutput:
     #: True when this step is pure decode of every running request, nothing admitted or preempted, and
     #: whatever stopped admission cannot change until a request finishes (so identical steps can be batched).
     steady_decode: bool = False
+    #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
+    min_remaining_outputs: int = 0
 
 
 class WaitingQueue:

@@ -18,9 +18,12 @@ class V1Scheduler(BaseScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.watermark_blocks = int(config.watermark * self.pool.num_blocks)
+        # vLLM's kv_cache_manager: int(watermark * kv_cache_config.num_blocks), the null block included
+        # (the pool here holds the usable num_blocks - 1).
+        self.watermark_blocks = int(config.watermark * (self.pool.num_blocks + 1))
         self.reserve_full_isl = bool(config.scheduler_reserve_full_isl)
         self.long_prefill_threshold = config.long_prefill_token_threshold or 0
+        self._step_threshold = self.long_prefill_threshold  # this step's cap (set by schedule())
         self.priority_policy = config.scheduling_policy == "priority"
         self.predicted_admission = config.admission_policy == "predicted"
 
@@ -29,7 +32,9 @@ class V1Scheduler(BaseScheduler):
         pool = self.pool
         running = self.running
         budget = self.max_num_batched_tokens
-        threshold = self.long_prefill_threshold
+        # vLLM drops the long-prefill cap when a single request is in the system (nobody to starve).
+        threshold = self.long_prefill_threshold if len(running) + len(self.waiting) > 1 else 0
+        self._step_threshold = threshold
         block_size = self.block_size
         all_decode = True
         # ---- running requests ------------------------------------------------------------------------
@@ -67,6 +72,10 @@ class V1Scheduler(BaseScheduler):
                     budget += self._unschedule(out, victim)
                 self._preempt_recompute(out, victim, now)
             if not scheduled_self:
+                if self.priority_policy:
+                    # It was the lowest-priority request: the ones after it rank higher and may fit now
+                    # (vLLM ``continue``s; ``index`` already points at the next one).
+                    continue
                 break
             pool.allocate(need)
             req.blocks += need
@@ -100,6 +109,7 @@ class V1Scheduler(BaseScheduler):
         block_size = self.block_size
         need = 0
         context = 0
+        min_remaining = 1 << 62
         for req in self.running:
             computed = req.num_computed_tokens
             if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
@@ -107,6 +117,9 @@ class V1Scheduler(BaseScheduler):
                 return False
             need += (computed + block_size) // block_size - req.blocks
             context += computed + 1
+            remaining = req.max_output - req.num_output_tokens
+            if remaining < min_remaining:
+                min_remaining = remaining
         if need > self.pool.num_free:
             return False
         self.pool.allocate(need)
@@ -122,11 +135,13 @@ class V1Scheduler(BaseScheduler):
         shape.num_seqs += count
         shape.num_decode += count
         shape.decode_context += context
+        out.min_remaining_outputs = min_remaining
         return True
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
-            return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.index))
+            # vLLM: max(running, key=(priority, arrival_time)); ties go to the first in running order.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_s))
         return self.running[-1]
 
     def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
@@ -150,8 +165,8 @@ class V1Scheduler(BaseScheduler):
         load = cpu_hit - gpu_hit if cpu_hit > gpu_hit else 0
         computed = (gpu_hit + load) * block_size
         num_new = num_tokens - computed
-        if self.long_prefill_threshold and num_new > self.long_prefill_threshold:
-            num_new = self.long_prefill_threshold
+        if self._step_threshold and num_new > self._step_threshold:
+            num_new = self._step_threshold
         if num_new > budget:
             num_new = budget
         something_running = bool(self.running)

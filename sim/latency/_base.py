@@ -49,6 +49,12 @@ class LatencyModel(ABC):
             ]
         )
 
+    def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float] | None:
+        """``(first, increment)`` when a pure-decode run's step times are ``first + increment * j`` exactly,
+        so the engine can bound and sum a run in closed form; ``None`` when they are not (then it uses
+        :meth:`decode_run_times`)."""
+        return None
+
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time to move ``num_blocks`` KV blocks in ``num_copies`` copy calls (0 if unsupported)."""
         return 0.0

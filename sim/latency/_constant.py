@@ -25,3 +25,6 @@ class LinearStepModel(LatencyModel):
 
     def decode_run_times(self, batch_size: int, context_sum: int, num_steps: int) -> np.ndarray:
         return np.full(num_steps, self.base_s + self.per_token_s * batch_size)
+
+    def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float]:
+        return self.base_s + self.per_token_s * batch_size, 0.0

@@ -1,20 +1,29 @@
 """Roofline iteration-latency model (DESIGN section 5).
 
-A step is a sequence of kernels, and each kernel is bounded by its own roofline: compute time is its FLOPs at a
-fraction (``mfu``) of the GPU's dense peak, memory time is the bytes it moves at a fraction (``bw_eff``) of HBM
-bandwidth, and the kernel takes the larger of the two (softened near the ridge point, see ``roofline_norm``).
-The step's time is the sum over its parts, plus a per-step and per-sequence host overhead:
+A step is a sequence of kernels, each bounded by its own roofline: compute time is its FLOPs at a fraction
+(``mfu``) of the GPU's dense peak, memory time is the bytes it moves at a fraction (``bw_eff``) of HBM bandwidth,
+and the kernel takes the larger of the two (softened near the ridge point, see ``roofline_norm``).  The step's
+time is the sum over its parts plus fixed costs (per step, per layer, per scheduled sequence):
 
 - **linear layers** (QKV, O, MLP, MoE experts) run once over all tokens of the step, prefill chunks and decodes
-  together, so the weights are streamed once per step, not once per part;
+  together, so the weights are streamed once per step, not once per part.  FLOPs are ``2 * params`` per token
+  over the transformer layers only: the input embedding is a row lookup (no FLOPs, negligible bytes);
 - **LM head**: vLLM computes logits only for the positions it samples (one per scheduled sequence), so its
-  FLOPs scale with sequences, not tokens; the embedding lookup reads a few rows and is ignored;
-- **prefill attention** (compute-bound: causal pairs of the chunks) and **decode attention** (memory-bound: KV
-  read) are separate kernels, so the KV read of the decodes is not hidden under the prefill's FLOPs.  A plain
-  ``max(total FLOPs, total bytes)`` over the whole batch would hide it and under-predict mixed steps;
-- **tensor parallelism** divides weights, FLOPs and KV per GPU and adds two all-reduces of the hidden state per
-  layer (after attention and after the MLP);
-- **host link** (swap, CPU offload): ``blocks * block_bytes / link_bw + per_copy_overhead * copies``.
+  FLOPs scale with sequences, not tokens (counting it per token overstates a 2048-token Llama-3-8B prefill by
+  15%); its weights are read every step;
+- **prefill attention** (compute-bound: the chunks' causal query-key pairs) and **decode attention**
+  (memory-bound: KV read) are separate kernels, so the decodes' KV read is not hidden under the prefill's FLOPs;
+  a single ``max(total FLOPs, total bytes)`` over the batch would hide it and under-predict mixed steps;
+- **fp8**: fp8 weights halve weight bytes; only the linear layers use fp8 tensor cores (``mfu_fp8`` of the fp8
+  peak, on GPUs that have them; A100 dequantizes to bf16).  Attention and the LM head stay bf16 (vLLM does not
+  quantize the LM head; attention computes in bf16 also over an fp8 KV cache, which only halves KV bytes);
+- **MoE**: a step reads only the experts some token routes to (expected share for independent top-k routing);
+  FLOPs follow the active parameters;
+- **tensor parallelism** divides weights, FLOPs and KV per GPU (KV heads are replicated when TP exceeds them)
+  and adds two all-reduces of the hidden state per layer (after attention and after the MLP): a fixed latency
+  each plus the ring's ``2 (tp-1)/tp`` of the message at the achieved NVLink (or PCIe) bus bandwidth;
+- **host link** (swap, CPU offload): ``blocks * block_bytes / link_bw + per_copy_overhead * copies``; a step
+  that only swaps (everything preempted) runs no forward pass and costs only its transfers.
 """
 
 from __future__ import annotations
@@ -32,48 +41,56 @@ from sim.profiles import GpuProfile, ModelProfile
 class LatencyCoefficients:
     """The fitted part of the model; ``kvtune calibrate`` refits these to replay measurements.
 
-    Each default is set from a measurement (run ``benchmarks/latency_validation.py`` for the errors they give):
+    Each default is set from a measurement; ``benchmarks/latency_validation.py`` prints the errors they give
+    against every published point in shared/data/validation_points.yaml and Vidur's operator profiles.
 
-    - ``mfu`` 0.68: bf16 GEMM throughput at >= 512 tokens is 68-76% of dense peak in Vidur's operator profiles
-      (shared/data/vidur-profiles: Llama-2-7B QKV+O+MLP at 4096 tokens, 223 TFLOP/s on A100, 749 on H100);
-      end-to-end prefill reaches 61-67% on A100 in the TensorRT-LLM first-token table (validation_points.yaml),
-      the rest being norms, rotary and activation kernels that this model does not list separately.  Also used
-      for attention (FlashAttention, bf16 even with fp8 KV).
-    - ``mfu_fp8`` 0.45: fp8 GEMMs reach a smaller share of the (twice as high) fp8 peak: NIM Llama-3.3-70B fp8
-      TP2 on H100 prefills 5000 tokens in 407 ms (~0.49 of fp8 peak including all-reduce), TensorRT-LLM v0.5
-      first-token latency on H100/L40S implies 0.35-0.52.  Used only where the GPU has fp8 tensor cores
-      (``quantization: fp8``); on A100 fp8 weights are dequantized to bf16 (Marlin W8A16) and run at ``mfu``.
+    - ``mfu`` 0.68 (share of dense bf16 peak): Vidur's bf16 GEMMs at >= 512 tokens run at 70-76% of peak
+      (shared/data/vidur-profiles, QKV+O+MLP of Llama-2-7B at 4096 tokens: 223 TFLOP/s on A100, 749 on H100);
+      end-to-end prefill reaches 61-67% on A100 (TensorRT-LLM first-token table), the rest being norm, rotary
+      and activation kernels that are not listed separately.  Also used for attention and the LM head, which
+      run in bf16 even with fp8 weights or an fp8 KV cache.
+    - ``mfu_fp8`` 0.5 (share of dense fp8 peak, fp8 GEMMs on GPUs with fp8 tensor cores): NIM Llama-3.3-70B
+      fp8 TP2 on H100 prefills 5000 tokens in 407 ms, ~0.5 of fp8 peak; TensorRT-LLM v0.5 first-token latency
+      at 2048 tokens implies 0.4 (H100) to 0.55 (L40S).  On A100, fp8 weights are dequantized to bf16 (Marlin
+      W8A16): half the weight bytes, ``mfu`` compute.
     - ``bw_eff`` 0.78: one-token GEMMs (pure weight streaming) in Vidur's profiles move 75-78% of peak HBM
-      bandwidth on A100 and 77-86% on H100 (Llama-2-7B, Llama-3-8B, Llama-2-70B layers).
-    - ``roofline_norm`` 2: a kernel's time is ``(compute**p + memory**p) ** (1/p)``; ``inf`` is the hard
-      roofline ``max``.  Near the ridge (64-512 tokens) loads and math do not overlap perfectly: Vidur's
-      GEMM times there are 20-40% above the hard max (H100 Llama-2-7B at 256 tokens: 0.26 ms measured per
-      layer, 0.16 ms hard max, 0.21 ms with p=2); p=2 halves the error over 1-4096 tokens.
-    - ``overhead_s`` 2 ms: per-step host time (scheduling, input preparation, sampling); TensorRT-LLM first-token
-      latency at 128 tokens is 2-3 ms above the GEMM roofline on A100/H100 (validation_points.yaml), and vLLM's
-      2024-09 performance blog puts scheduling at ~29% of a small model's step before async scheduling.
-    - ``per_seq_overhead_s`` 15 us per scheduled sequence (block tables, sampling metadata, detokenisation);
-      NIM Llama-3.3-70B ITL grows 18.6 -> 21.8 ms from 1 to 5 concurrent requests, of which the model's
-      KV read and amortised prefill explain all but ~0.1 ms per added sequence, so this stays small.
-    - ``per_copy_overhead_s`` 8 us per host-link copy call (``cudaMemcpyAsync``, one per block per layer for
-      K and V in vLLM V0): vLLM V0 ``swap_blocks`` reached only 3.1 GB/s moving 1250 blocks on A100-40GB
-      (vLLM PR #11531, 32 KiB copies: ~10 us per copy of which ~1.5 us is transfer); the vLLM paper's
-      figure 19 reading (block size 1: ~135 ms swap in+out vs ~15 ms at block 256) implies 3-5 us.
+      bandwidth on A100 and 77-86% on H100 (Llama-2-7B, Llama-3-8B, Llama-2/3-70B layers).
+    - ``roofline_norm`` 2: a kernel takes ``(compute**p + memory**p) ** (1/p)``; ``inf`` gives the hard roofline
+      ``max`` of DESIGN section 5.  Near the ridge (64-512 tokens) loads and math do not overlap perfectly: Vidur's
+      GEMM times there are up to 40% above the hard max (H100 Llama-2-7B at 256 tokens: 0.26 ms per layer
+      measured, 0.16 ms hard max, 0.22 ms with p=2).  p=2 cuts the 90th-percentile error over Vidur's 1-4096
+      token range (all models, TP 1-8) from 32% to 23%; the published end-to-end points barely move.
+    - ``overhead_s`` 2 ms per step (scheduling, input preparation, sampling, launch): NIM Llama-3.3-70B ITL at
+      concurrency 1 (18.6 ms) is 2.0 ms above the model's GPU time; TensorRT-LLM first-token latency at 128
+      tokens (TP1) is 2.3-3.9 ms above it; vLLM RFC #6854 measured ~4 ms of GPU idle per V0 decode step.
+    - ``per_layer_overhead_s`` 20 us per layer per step: the small kernels every layer launches whatever the
+      batch (RMSNorm, rotary, SiLU*mul, residual add, KV write) take 13-26 us per layer for 7-8B models and
+      17-45 us for 70B in Vidur's profiles at <= 8 tokens; vLLM fuses residual add into RMSNorm, so the low end.
+    - ``per_seq_overhead_s`` 15 us per scheduled sequence (block tables, sampling metadata, output processing in
+      Python): an all-decode vLLM scheduler step costs ~12.7 us per running request at the cap
+      (openfabric-systems/simllm PR #204, vLLM 0.27 CPU-loop profile; indicative, the study flagged run-to-run
+      drift).  TensorRT-LLM's C++ runtime has less: its static-batching points fit better with 0.
+    - ``per_copy_overhead_s`` 3 us per host-link copy call (one ``cudaMemcpyAsync`` per block per layer for K
+      and V in vLLM V0 ``swap_blocks``): the vLLM paper's figure 19 (OPT-13B, block size 1: ~135 ms to swap a
+      256-token sequence out and in, ~15 ms at block 256) implies ~2.9 us per copy; a ``cudaMemcpyAsync`` costs
+      3.5-4 us on H100 (meta-pytorch/torchcomms PR #2195) and ~2.3 us on H20 (taco-project/FlexKV PR #193).
     - ``link_eff`` 1.0: ``host_link_gbps`` in hardware.yaml is already a measured pinned-memory rate.
     - ``allreduce_latency_s`` 8 us per all-reduce: vLLM's custom all-reduce takes 8.5-11.8 us for messages up
       to 32 KiB on H100 at TP 2-8 without CUDA graphs (sgl-project/sglang PR #2904), less inside graphs.
-    - ``allreduce_bw_eff`` 0.65: NCCL all-reduce bus bandwidth is 171-191 GB/s of 300 on DGX A100 and 293-374
-      of 450 on DGX H100 (Vidur network profiles, 4-64 MB messages).
+      (NCCL, used by 2023-era engines, takes 20-60 us: Vidur's a100_dgx/h100_dgx all_reduce profiles.)
+    - ``allreduce_bw_eff`` 0.65 of the per-direction NVLink bandwidth: NCCL all-reduce bus bandwidth is 171-191
+      GB/s of 300 on DGX A100 and 293-374 of 450 on DGX H100 (Vidur network profiles, 4-64 MB messages).
     """
 
     overhead_s: float = 0.002
+    per_layer_overhead_s: float = 20e-6
     per_seq_overhead_s: float = 15e-6
     mfu: float = 0.68
-    mfu_fp8: float = 0.45
+    mfu_fp8: float = 0.5
     bw_eff: float = 0.78
     roofline_norm: float = 2.0
     link_eff: float = 1.0
-    per_copy_overhead_s: float = 8e-6
+    per_copy_overhead_s: float = 3e-6
     allreduce_latency_s: float = 8e-6
     allreduce_bw_eff: float = 0.65
 
@@ -114,6 +131,8 @@ class RooflineModel(LatencyModel):
         self.coefficients = c = coefficients or LatencyCoefficients()
         if tp < 1:
             raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        #: Per-step time that does not depend on the batch: host overhead plus the small kernels of every layer.
+        self._fixed_s = c.overhead_s + c.per_layer_overhead_s * model.num_layers
         p = float(c.roofline_norm)
         self._p = None if math.isinf(p) else p
 
@@ -170,7 +189,8 @@ class RooflineModel(LatencyModel):
         if p is None:
             return np.maximum(flops_time, bytes_time)
         if p == 2.0:
-            return (flops_time * flops_time + bytes_time * bytes_time) ** 0.5
+            # np.sqrt is correctly rounded for floats and arrays alike, so step_time and decode_run_times agree.
+            return np.sqrt(flops_time * flops_time + bytes_time * bytes_time)
         return (flops_time**p + bytes_time**p) ** (1.0 / p)
 
     def _body_weight_bytes(self, num_tokens):
@@ -192,7 +212,7 @@ class RooflineModel(LatencyModel):
         c = self.coefficients
         bw = self._bytes_per_s
         bf16 = self._bf16_flops_per_s
-        t = c.overhead_s + c.per_seq_overhead_s * num_seqs + self.linear_time(tokens)
+        t = self._fixed_s + c.per_seq_overhead_s * num_seqs + self.linear_time(tokens)
         t = t + self._roof(self._lm_flops_per_seq * num_seqs / bf16, self._lm_bytes / bw)
         t = t + self._roof(
             self._attn_flops_per_pair * decode_context / bf16, self._kv_bytes_per_token * decode_context / bw
@@ -231,7 +251,18 @@ class RooflineModel(LatencyModel):
         b = float(batch_size)
         return np.asarray(self._time(b, b, 0.0, 0.0, ctx), dtype=np.float64)
 
+    def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float] | None:
+        """Along a pure-decode run only the attention term changes, and both its FLOPs and its KV bytes are
+        proportional to the context, so the step time is affine in the step index."""
+        if batch_size <= 0:
+            return None
+        b = float(batch_size)
+        first = float(self._time(b, b, 0.0, 0.0, float(context_sum)))
+        second = float(self._time(b, b, 0.0, 0.0, float(context_sum + batch_size)))
+        return first, second - first
+
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under
         TP each GPU moves its own share of every block over its own link, in parallel."""
-        return num_blocks * self._block_bytes / self._link_bytes_per_s + self.coefficients.per_copy_overhead_s * num_copies
+        transfer = num_blocks * self._block_bytes / self._link_bytes_per_s
+        return transfer + self.coefficients.per_copy_overhead_s * num_copies

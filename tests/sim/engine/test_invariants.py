@@ -9,6 +9,7 @@ fed back); the step table's token columns add up to what the requests processed.
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,4 +148,5 @@ def test_batched_decode_runs_match_single_steps(workload, config_and_runs):
     _, single = _run_checked(workload, config, False)
     cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens"]
     assert batched.requests[cols].equals(single.requests[cols])
-    assert batched.requests["end_s"].fillna(-1).round(9).equals(single.requests["end_s"].fillna(-1).round(9))
+    # Closed-form sums of a run and step-by-step sums differ only by float rounding.
+    assert np.allclose(batched.requests["end_s"].fillna(-1), single.requests["end_s"].fillna(-1), rtol=0, atol=1e-9)

@@ -1,0 +1,363 @@
+"""Check the roofline latency model (sim/latency) against published measurements.
+
+For every usable point of shared/data/validation_points.yaml the model's prediction, the published value and
+the relative error ``(predicted - published) / published`` are printed, then the median and maximum absolute
+error per group and over all scored points.  Points that the model cannot predict from a step-time model alone
+(queueing, unknown batch sizes) are listed with the reason they are not scored.  Vidur's measured GEMM times
+(shared/data/vidur-profiles/.../mlp.csv) are compared with the model's linear part at 1..4096 tokens, and the
+vLLM paper's figure 19 (swap vs recompute per block size) is checked qualitatively.
+
+    PYTHONPATH=. python benchmarks/latency_validation.py [--data DIR] [--coefficients k=v,...] [--quiet]
+
+``--coefficients mfu=0.6,roofline_norm=inf`` overrides defaults, to see how a change moves the errors.
+Runs in well under a second of model time; most of the wall time is reading the Vidur CSVs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from sim.latency import LatencyCoefficients, RooflineModel, StepShape
+from sim.profiles import GpuProfile, ModelProfile, load_gpu, load_model
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+if not DEFAULT_DATA.exists():
+    DEFAULT_DATA = Path("/work/shared/data")
+
+#: validation_points.yaml GPU labels -> kvtune profiles (TRT-LLM#281: the TRT-LLM tables used SXM 80GB parts).
+GPU_NAMES = {"A100": "A100-80GB", "H100": "H100-SXM", "H200": "H200", "L40S": "L40S"}
+
+
+@dataclass
+class Point:
+    group: str
+    name: str
+    predicted: float
+    published: float
+    unit: str
+    scored: bool = True
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.published) / self.published
+
+
+def _model(model: str | ModelProfile, gpu: str | GpuProfile, tp: int = 1, fp8: bool = False, kv_fp8: bool | None = None,
+           coefficients: LatencyCoefficients | None = None, block_size: int = 16) -> RooflineModel:
+    m = load_model(model) if isinstance(model, str) else model
+    g = load_gpu(GPU_NAMES.get(gpu, gpu)) if isinstance(gpu, str) else gpu
+    kv_fp8 = fp8 if kv_fp8 is None else kv_fp8
+    return RooflineModel(m, g, tensor_parallel=tp, kv_dtype_bytes=1 if kv_fp8 else 2,
+                         weight_dtype_bytes=1 if fp8 else 2, block_size=block_size, coefficients=coefficients)
+
+
+def prefill_shape(tokens: int, num_decode: int = 0, decode_context: int = 0) -> StepShape:
+    """One whole-prompt prefill (optionally with decodes in the same step)."""
+    return StepShape(prefill_tokens=tokens, prefill_attention=tokens * tokens / 2.0, prefill_context=tokens,
+                     num_decode=num_decode, decode_context=decode_context, num_seqs=1 + num_decode)
+
+
+def decode_shape(batch: int, context_sum: float) -> StepShape:
+    return StepShape(num_decode=batch, decode_context=int(context_sum), num_seqs=batch)
+
+
+# ---------------------------------------------------------------------------------------------------------
+def trtllm_prefill(points: list[dict], coef) -> list[Point]:
+    """TensorRT-LLM v0.5 first-token latency at batch 1: one prefill step.  ``fp8`` rows ran with fp8 weights
+    and fp8 KV cache (the benchmark's quant config sets both)."""
+    out = []
+    for p in points:
+        name = "Llama-2-7B" if "7B" in p["model"] else "Llama-2-70B"
+        fp8 = p["dtype"] == "fp8"
+        lm = _model(name, p["gpu"], tp=p["tp"], fp8=fp8, coefficients=coef)
+        t = lm.step_time(prefill_shape(p["input"]))
+        out.append(Point("trtllm-ttft-bs1", f"{p['gpu']} {name} {p['dtype']} TP{p['tp']} in={p['input']}",
+                         t * 1e3, p["ttft_ms"], "ms"))
+    return out
+
+
+def splitwise(points: list[dict], coef) -> list[Point]:
+    """Splitwise Table IV: Llama-2-70B on a DGX (TP8), vLLM, p50 TTFT and TBT without batching.  Median prompt
+    1500 (coding) / 1020 (conversation) tokens, median output 13 / 129; TBT at the middle of the output.
+
+    Scored, but the model is not expected to match: 2023 vLLM ran TP8 in eager mode (no CUDA graphs) with NCCL
+    all-reduce (20-60 us per call in Vidur's DGX profiles, 160 per step), so its decode steps were launch- and
+    communication-bound at 28-52 ms; the defaults describe vLLM 0.8+/V1 (CUDA graphs, custom all-reduce)."""
+    shapes = {"coding": (1500, 13), "conversation": (1020, 129)}
+    out = []
+    for p in points:
+        isl, osl = shapes[p["trace"]]
+        lm = _model("Llama-2-70B", p["gpu"], tp=8, coefficients=coef)
+        ttft = lm.step_time(prefill_shape(isl))
+        tbt = lm.step_time(decode_shape(1, isl + osl // 2))
+        tag = f"{p['gpu']} TP8 {p['trace']} in={isl}"
+        out.append(Point("splitwise-vllm", f"{tag} TTFT p50", ttft * 1e3, p["ttft_ms"], "ms"))
+        out.append(Point("splitwise-vllm", f"{tag} TBT p50", tbt * 1e3, p["tbt_ms"], "ms",
+                         note="2023 vLLM: eager mode + NCCL, not modelled"))
+    return out
+
+
+def nim(data: dict, coef) -> list[Point]:
+    """NIM Llama-3.3-70B fp8 TP2 on 2xH100, ISL 5000 / OSL 500, closed loop at a fixed concurrency c.
+
+    Steady state: c sequences decode together; each of the other c-1 requests prefills once per cycle, so
+    during one request's decode span (a share f of the cycle) f*(c-1) steps also carry a 5000-token prefill.
+    ITL = mean step time over the span; TTFT = the step that carries the prefill.  fp8 KV cache assumed (NIM's
+    TRT-LLM fp8 profiles).  Concurrency >= 100 is not predicted: ITL saturates at 93 ms and TTFT jumps to
+    8-89 s, i.e. requests queue behind the server's batch limit, which is not published.
+    """
+    isl, osl = 5000, 500
+    lm = _model("Llama-3-70B", "H100", tp=2, fp8=True, kv_fp8=True, coefficients=coef)
+    out = []
+    for c, ttft_pub, itl_pub in zip(data["concurrency"], data["ttft_ms"], data["itl_ms"]):
+        if c >= 100:
+            out.append(Point("nim-70b-fp8-tp2", f"c={c} ITL", math.nan, itl_pub, "ms", scored=False,
+                             note="queueing: batch limit reached (ITL flat at 93 ms)"))
+            out.append(Point("nim-70b-fp8-tp2", f"c={c} TTFT", math.nan, ttft_pub, "ms", scored=False,
+                             note="queueing-dominated"))
+            continue
+        ctx = isl + osl / 2.0
+        t_dec = lm.step_time(decode_shape(c, c * ctx))
+        t_mix = lm.step_time(prefill_shape(isl, num_decode=c - 1, decode_context=int((c - 1) * ctx)))
+        itl, ttft = t_dec, t_mix
+        for _ in range(5):  # f depends on ITL and TTFT; converges in a few rounds
+            f = (osl - 1) * itl / (ttft + (osl - 1) * itl)
+            n_mix = min((c - 1) * f, osl - 1)
+            itl = ((osl - 1 - n_mix) * t_dec + n_mix * t_mix) / (osl - 1)
+        out.append(Point("nim-70b-fp8-tp2", f"c={c} ITL (batch {c})", itl * 1e3, itl_pub, "ms"))
+        out.append(Point("nim-70b-fp8-tp2", f"c={c} TTFT", ttft * 1e3, ttft_pub, "ms", scored=c == 1,
+                         note="" if c == 1 else "start-up burst and coincident arrivals queue (not modelled)"))
+    return out
+
+
+def _steady_throughput(lm: RooflineModel, isl: int, osl: int, batch: int) -> float:
+    """Output tokens/s of in-flight batching at a steady batch: each step decodes ``batch`` sequences and
+    prefills ``batch * isl / osl`` tokens (chunked) on average."""
+    ctx = isl + osl / 2.0
+    prefill_per_step = batch * isl / osl
+    shape = StepShape(prefill_tokens=int(round(prefill_per_step)), prefill_attention=batch / osl * isl * isl / 2.0,
+                      prefill_context=int(round(prefill_per_step)), num_decode=batch, decode_context=int(batch * ctx),
+                      num_seqs=batch + max(1, int(math.ceil(batch / osl))))
+    return batch / lm.step_time(shape)
+
+
+def _kv_batch(lm: RooflineModel, isl: int, osl: int, mem_fraction: float = 0.9, cap: int = 2048) -> int:
+    """Sequences that fit in the KV cache (TRT-LLM: ``kv_cache_free_gpu_mem_fraction`` of memory left after
+    weights), capped at ``cap``."""
+    weights = lm.model.params * lm.weight_dtype_bytes / lm.tensor_parallel
+    free = (lm.gpu.mem_bytes - weights - 3e9) * mem_fraction
+    tokens = free / lm.model.kv_bytes_per_token(lm.kv_dtype_bytes, lm.tensor_parallel)
+    return int(max(1, min(cap, tokens // (isl + osl))))
+
+
+def trtllm_throughput(data: dict, coef) -> list[Point]:
+    """TensorRT-LLM perf-overview (PyTorch backend, fp8 weights and KV), total output tok/s at max load.
+
+    Scored: prefill-dominated shapes (ISL >= 10 x OSL), whose throughput is set by prefill FLOPs and barely
+    depends on the batch; batch = sequences fitting in the KV cache (90% of free memory), at most 2048.
+    Not scored: 128/128, 128/2048, 2048/2048 are decode-dominated and depend on the batch size that
+    trtllm-bench's heuristics chose (unpublished); shown with the same batch estimate for reference.  405B has no
+    kvtune profile.
+    """
+    out = []
+    runs = [("llama31_8b_fp8_tp1", "Llama-3-8B", [("H100", 1), ("H200", 1)]),
+            ("llama33_70b_fp8", "Llama-3-70B", [("H100_tp2", 2), ("H200_tp1", 1)])]
+    for key, model, gpus in runs:
+        entry = data[key]
+        for col, tp in gpus:
+            gpu = col.split("_")[0]
+            lm = _model(model, gpu, tp=tp, fp8=True, kv_fp8=True, coefficients=coef)
+            for shape, pub in zip(entry["isl_osl"], entry[col]):
+                isl, osl = map(int, shape.split("/"))
+                batch = _kv_batch(lm, isl, osl)
+                pred = _steady_throughput(lm, isl, osl, batch)
+                scored = isl >= 10 * osl
+                out.append(Point("trtllm-max-throughput", f"{gpu} {model} TP{tp} {shape} (batch {batch})", pred, pub,
+                                 "tok/s", scored=scored, note="" if scored else "decode-dominated: batch unknown"))
+    out.append(Point("trtllm-max-throughput", "Llama-3.1-405B fp8 TP8", math.nan, math.nan, "tok/s", scored=False,
+                     note="no 405B profile"))
+    return out
+
+
+def trtllm_static(points: list[dict], coef) -> list[Point]:
+    """TensorRT-LLM v0.6.1 'Peak Throughput' on A100 fp16 with static batching: one context step over the
+    whole batch, then OSL-1 generation steps.  The table's unit is output tok/s *per GPU* (performance.md header
+    'Throughput (out tok/s/GPU)')."""
+    out = []
+    for p in points:
+        name = "Llama-2-7B" if "7B" in p["model"] else "Llama-2-70B"
+        bs, isl, osl, tp = p["bs"], p["isl"], p["osl"], p["tp"]
+        lm = _model(name, "A100", tp=tp, coefficients=coef)
+        prefill = lm.step_time(StepShape(prefill_tokens=bs * isl, prefill_attention=bs * isl * isl / 2.0,
+                                         prefill_context=bs * isl, num_seqs=bs))
+        decode = lm.decode_run_times(bs, bs * (isl + 1), osl - 1).sum()
+        pred = bs * osl / (prefill + decode) / tp
+        out.append(Point("trtllm-static-a100", f"{name} TP{tp} bs={bs} {isl}/{osl}", pred, p["tok_s"], "tok/s/GPU"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+VIDUR_LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+VIDUR_CASES = [  # (sku, directory, kvtune model, kvtune gpu); the first two are the brief's required pair
+    ("a100", "Meta-Llama-3-8B", "Llama-3-8B", "A100-80GB"),
+    ("h100", "Llama-2-7b-hf", "Llama-2-7B", "H100-SXM"),
+    ("a100", "Llama-2-7b-hf", "Llama-2-7B", "A100-80GB"),
+    ("a100", "Llama-2-70b-hf", "Llama-2-70B", "A100-80GB"),
+    ("h100", "Llama-2-70b-hf", "Llama-2-70B", "H100-SXM"),
+    ("a100", "Meta-Llama-3-70B", "Llama-3-70B", "A100-80GB"),
+]
+
+
+def vidur(data_dir: Path, coef, verbose: bool) -> tuple[list[str], list[float]]:
+    """Vidur's per-layer GEMM medians (QKV, O, gate+up, down) x num_layers vs the model's linear part, for
+    num_tokens 1..4096 at each profiled TP (shapes sharded per TP, measured on one GPU: no all-reduce)."""
+    lines, all_errors = [], []
+    base = data_dir / "vidur-profiles" / "profiling" / "compute"
+    cols = [f"time_stats.{op}.median" for op in VIDUR_LINEAR_OPS]
+    show = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096]
+    for sku, directory, model_name, gpu_name in VIDUR_CASES:
+        path = base / sku / "meta-llama" / directory / "mlp.csv"
+        if not path.exists():
+            lines.append(f"  {sku}/{directory}: missing ({path})")
+            continue
+        df = pd.read_csv(path, usecols=cols + ["num_tokens", "num_tensor_parallel_workers"])
+        df = df[df.num_tokens <= 4096]
+        model = load_model(model_name)
+        for tp, grp in df.groupby("num_tensor_parallel_workers"):
+            g = grp.groupby("num_tokens")[cols].median().sum(axis=1) * 1e-3 * model.num_layers
+            lm = _model(model_name, gpu_name, tp=int(tp), coefficients=coef)
+            tokens = g.index.to_numpy(dtype=float)
+            pred = lm.linear_time(tokens)
+            err = (pred - g.to_numpy()) / g.to_numpy()
+            all_errors.extend(np.abs(err).tolist())
+            worst = int(tokens[np.argmax(np.abs(err))])
+            lines.append(f"  {sku} {model_name:<11} TP{int(tp)}: {len(tokens):3d} token counts, "
+                         f"median |err| {np.median(np.abs(err)):6.1%}, max |err| {np.max(np.abs(err)):6.1%} "
+                         f"(at {worst} tokens)")
+            if verbose and tp == 1:
+                cells = []
+                for t in show:
+                    if t in g.index:
+                        i = int(np.searchsorted(tokens, t))
+                        cells.append(f"{t}:{pred[i] * 1e3:.2f}/{g.iloc[i] * 1e3:.2f}ms({err[i]:+.0%})")
+                lines.append("      predicted/measured: " + "  ".join(cells))
+    return lines, all_errors
+
+
+def fig19(coef) -> list[str]:
+    """vLLM paper figure 19 (OPT-13B, one A100-40GB): swap in+out vs recompute of a 256-token sequence for block
+    sizes 1..256.  V0 copies each block once per layer for K and V (2 x 40 copies per block).  Published (third-
+    party reading of the figure): swap ~135 ms at block 1, ~10-20 ms at 256; recompute ~20-30 ms, flat."""
+    opt13b = ModelProfile(name="OPT-13B", num_layers=40, hidden_size=5120, num_attention_heads=40, num_kv_heads=40,
+                          head_dim=128, intermediate_size=20480, vocab_size=50272, params_b=12.85, max_model_len=2048,
+                          source="vLLM paper Table 1; facebook/opt-13b config.json")
+    a100_40 = dataclasses.replace(load_gpu("A100-80GB"), name="A100-40GB", mem_gb=40, hbm_bw_gbps=1555,
+                                  source="NVIDIA A100 datasheet (40GB SXM: 1,555 GB/s)")
+    tokens = 256
+    lines = [f"  {'block':>5} {'swap in+out ms':>15} {'recompute ms':>13}  winner"]
+    swap_by_block = {}
+    recompute = None
+    for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        lm = _model(opt13b, a100_40, block_size=bs, coefficients=coef)
+        blocks = tokens // bs
+        copies = blocks * 2 * opt13b.num_layers
+        swap = 2 * lm.swap_time(blocks, copies)
+        recompute = lm.step_time(prefill_shape(tokens))  # the recompute is one prefill step
+        swap_by_block[bs] = swap
+        winner = "recompute" if recompute < swap else "swap"
+        lines.append(f"  {bs:>5} {swap * 1e3:>15.1f} {recompute * 1e3:>13.1f}  {winner}")
+    sizes = list(swap_by_block)
+    checks = [
+        ("swap loses to recompute at block size 1", swap_by_block[1] > recompute),
+        ("swap wins at block size 256", swap_by_block[256] < recompute),
+        ("swap time falls monotonically with block size",
+         all(swap_by_block[a] > swap_by_block[b] for a, b in zip(sizes[:-1], sizes[1:]))),
+        ("block 1 swap within 2x of ~135 ms", 67 < swap_by_block[1] * 1e3 < 270),
+        ("block 256 swap within 10-20 ms (+-50%)", 5 < swap_by_block[256] * 1e3 < 30),
+        ("recompute within 20-30 ms (+-50%)", 10 < recompute * 1e3 < 45),
+    ]
+    lines += [f"  [{'ok' if ok else 'FAIL'}] {text}" for text, ok in checks]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+def collect(data_dir: Path, coef: LatencyCoefficients) -> list[Point]:
+    vp = yaml.safe_load((data_dir / "validation_points.yaml").read_text())
+    points: list[Point] = []
+    points += trtllm_prefill(vp["prefill_first_token_latency_bs1"], coef)
+    points += splitwise(vp["splitwise_table_iv_llama2_70b_p50_no_batching"], coef)
+    points += nim(vp["nim_llama33_70b_fp8_tp2_2xH100_isl5000_osl500"], coef)
+    points += trtllm_throughput(vp["trtllm_max_throughput_out_tok_s"], coef)
+    points += trtllm_static(vp["trtllm_v0_6_1_a100_fp16_out_tok_s"], coef)
+    points.append(Point("nim-8b", "Llama-3.1-8B NIM 1.8.0", math.nan, math.nan, "ms", scored=False,
+                        note="GPU/precision/ISL-OSL labels unconfirmed in the source excerpt"))
+    return points
+
+
+def summarize(points: list[Point]) -> dict[str, tuple[float, float, int]]:
+    out = {}
+    groups = sorted({p.group for p in points})
+    for g in groups + ["ALL", "ALL except splitwise"]:
+        def member(p: Point) -> bool:
+            if g == "ALL except splitwise":
+                return p.group != "splitwise-vllm"
+            return g == "ALL" or p.group == g
+
+        errs = [abs(p.error) for p in points if p.scored and member(p)]
+        if errs:
+            out[g] = (float(np.median(errs)), float(np.max(errs)), len(errs))
+    return out
+
+
+def parse_coefficients(text: str | None) -> LatencyCoefficients:
+    if not text:
+        return LatencyCoefficients()
+    changes = {}
+    for item in text.split(","):
+        key, value = item.split("=")
+        changes[key.strip()] = float(value)
+    return dataclasses.replace(LatencyCoefficients(), **changes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared/data directory")
+    ap.add_argument("--coefficients", help="overrides, e.g. mfu=0.6,roofline_norm=inf")
+    ap.add_argument("--quiet", action="store_true", help="summary only")
+    args = ap.parse_args(argv)
+    coef = parse_coefficients(args.coefficients)
+    print("coefficients:", ", ".join(f"{k}={v:g}" for k, v in coef.as_dict().items()))
+    points = collect(args.data, coef)
+    if not args.quiet:
+        print(f"\n{'group':<22} {'point':<52} {'predicted':>10} {'published':>10} {'error':>8}  note")
+        for p in points:
+            pred = "-" if math.isnan(p.predicted) else f"{p.predicted:,.1f}"
+            pub = "-" if math.isnan(p.published) else f"{p.published:,.1f}"
+            err = "-" if (math.isnan(p.predicted) or math.isnan(p.published)) else f"{p.error:+.1%}"
+            flag = "" if p.scored else "(not scored) "
+            print(f"{p.group:<22} {p.name:<52} {pred:>10} {pub:>10} {err:>8}  {flag}{p.note}")
+    print("\nabsolute relative error over scored points:")
+    for g, (med, mx, n) in summarize(points).items():
+        print(f"  {g:<22} n={n:<3d} median {med:6.1%}   max {mx:6.1%}")
+    lines, errs = vidur(args.data, coef, verbose=not args.quiet)
+    print("\nVidur operator profiles: linear layers (QKV+O+gate/up+down) x layers, model vs measured:")
+    print("\n".join(lines))
+    if errs:
+        print(f"  ALL: n={len(errs)} median |err| {np.median(errs):.1%}, max |err| {np.max(errs):.1%}")
+    print("\nvLLM paper fig. 19: swap vs recompute, OPT-13B, 256-token sequence, A100-40GB:")
+    print("\n".join(fig19(coef)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
