@@ -81,28 +81,26 @@ def _load_yaml(filename: str) -> dict:
     return yaml.safe_load(text)
 
 
-@functools.cache
-def _gpus() -> dict[str, GpuProfile]:
-    table: dict[str, GpuProfile] = {}
-    for entry in _load_yaml("hardware.yaml")["gpus"]:
+def _index(filename: str, section: str, cls: type) -> dict:
+    """Profiles of one data file, keyed by lower-cased name and every alias."""
+    table = {}
+    for entry in _load_yaml(filename)[section]:
         entry = dict(entry)
         aliases = entry.pop("aliases", []) or []
-        profile = GpuProfile(**entry)
+        profile = cls(**entry)
         for key in [profile.name, *aliases]:
             table[key.lower()] = profile
     return table
+
+
+@functools.cache
+def _gpus() -> dict[str, GpuProfile]:
+    return _index("hardware.yaml", "gpus", GpuProfile)
 
 
 @functools.cache
 def _models() -> dict[str, ModelProfile]:
-    table: dict[str, ModelProfile] = {}
-    for entry in _load_yaml("models.yaml")["models"]:
-        entry = dict(entry)
-        aliases = entry.pop("aliases", []) or []
-        profile = ModelProfile(**entry)
-        for key in [profile.name, *aliases]:
-            table[key.lower()] = profile
-    return table
+    return _index("models.yaml", "models", ModelProfile)
 
 
 def gpu_names() -> list[str]:

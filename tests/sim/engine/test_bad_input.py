@@ -23,17 +23,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "content, needle",
+    "content, fmt, needle",
     [
-        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,-3,5\n", ":3"),
-        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,ten,5\n", ":3"),
-        ("arrival_s,prompt_tokens\n0,10\n", "output_tokens"),
+        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,-3,5\n", None, ":3"),
+        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,ten,5\n", None, ":3"),
+        ("arrival_s,prompt_tokens\n0,10\n", "normalized", "output_tokens"),
+        ("arrival_s,prompt_tokens\n0,10\n", None, "format"),
     ],
 )
-def test_malformed_trace_is_one_line_naming_file_and_line(tmp_path, content, needle):
+def test_malformed_trace_is_one_line_naming_file_and_line(tmp_path, content, fmt, needle):
     trace = tmp_path / "bad.csv"
     trace.write_text(content)
-    proc = _cli("simulate", "--trace", str(trace), "--out", str(tmp_path / "out"))
+    extra = ["--format", fmt] if fmt else []
+    proc = _cli("simulate", "--trace", str(trace), *extra, "--out", str(tmp_path / "out"))
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()
     assert "Traceback" not in proc.stderr
