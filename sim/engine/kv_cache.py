@@ -4,9 +4,11 @@ GPU pool (vllm/v1/core/block_pool.py, 0.33.0): blocks are *used* (held by a runn
 but still holding a finished or preempted request's full blocks, evictable in LRU order) or *empty*.
 ``free = empty + cached``; allocation takes empty blocks first, then evicts the least recently freed cached
 blocks.  vLLM frees a request's blocks in reverse order, so eviction eats a request's tail blocks first and
-its leading blocks (the ones a resumed request re-hits) survive longest.  Deviation: vLLM keeps empty and
-cached blocks in one queue; the only empty blocks freed after start-up are partial tail blocks, which
-kvtune reuses before older cached blocks.
+its leading blocks (the ones a resumed request re-hits) survive longest.  vLLM keeps empty and cached
+blocks in one free queue, but ``BlockPool.free_blocks`` puts blocks without a hash (partial tail blocks,
+and every block when caching is off) at its front and hashed ones at its back, so it too hands out empty
+blocks before evicting cached ones, in the same order as here (checked step by step against vLLM 0.33.0 by
+benchmarks/conformance).
 
 CPU tier (V1 ``--kv-offloading-size``): an LRU store of requests' full blocks with its own capacity.
 Swap space (V0 ``--swap-space``): a plain counter; swap-out fails when it is exhausted.
