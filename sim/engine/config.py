@@ -148,10 +148,18 @@ class EngineConfig:
                     f"{resolved.max_num_batched_tokens} is smaller than max_model_len {max_model_len}; "
                     "V0 without chunked prefill needs it at least as large (enable_chunked_prefill=true or raise it)",
                 )
-        if resolved.max_num_batched_tokens < resolved.max_num_seqs and resolved.flavor == "vllm-v0":
+        # Both engines refuse to start with fewer batched tokens than sequences (V0 config.py
+        # SchedulerConfig._verify_args; V1 config/scheduler.py validator), and V1 a prefill cap above the
+        # longest sequence.
+        if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             raise ConfigError(
                 "max_num_batched_tokens",
                 f"{resolved.max_num_batched_tokens} is smaller than max_num_seqs {resolved.max_num_seqs} (vLLM refuses this)",
+            )
+        if resolved.is_v1 and resolved.long_prefill_token_threshold > max_model_len:
+            raise ConfigError(
+                "long_prefill_token_threshold",
+                f"{resolved.long_prefill_token_threshold} exceeds max_model_len {max_model_len} (vLLM refuses this)",
             )
         return resolved
 

@@ -82,6 +82,8 @@ class EngineCore:
         shape = out.shape
         shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
         shape.swap_copies = out.swap_copies
+        if self.observer is not None:
+            self.observer(self.num_iterations, now, out)
         if not out.scheduled:
             if out.preempted or out.swap_out_blocks:
                 # Everything was preempted: the step still took the swap time and counts as a step.
@@ -89,8 +91,6 @@ class EngineCore:
                 self._pending, self._pending_start = result, now
                 return result
             return None
-        if self.observer is not None:
-            self.observer(self.num_iterations, now, out)
         if out.steady_decode and self.batch_decode_runs:
             result = self._decode_run(out, now, next_event_s)
         else:

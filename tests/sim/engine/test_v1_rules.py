@@ -75,9 +75,9 @@ def test_full_input_admission_waits_for_whole_prompt():
     # 10 usable blocks; request 0 (100 tokens = 7 blocks) runs; request 1 (60 tokens = 4 blocks) could start a
     # first chunk but its full input does not fit next to request 0, so it waits with reserve_full_isl on.
     wl = make_workload([(0.0, 100, 20), (0.001, 60, 5)])
-    on = make_sim(wl, num_gpu_blocks_override=11, max_model_len=128, max_num_batched_tokens=32,
+    on = make_sim(wl, num_gpu_blocks_override=11, max_model_len=128, max_num_batched_tokens=32, max_num_seqs=16,
                   enable_prefix_caching=False)
-    off = make_sim(wl, num_gpu_blocks_override=11, max_model_len=128, max_num_batched_tokens=32,
+    off = make_sim(wl, num_gpu_blocks_override=11, max_model_len=128, max_num_batched_tokens=32, max_num_seqs=16,
                    enable_prefix_caching=False, scheduler_reserve_full_isl=False)
     r_on = on.run().requests.set_index("request_id")
     r_off = off.run().requests.set_index("request_id")
@@ -96,7 +96,7 @@ def test_watermark_applies_only_while_something_runs():
 
 def test_token_budget_chunks_long_prompts():
     wl = make_workload([(0.0, 100, 3)])
-    sim = make_sim(wl, max_num_batched_tokens=32, max_model_len=256, enable_prefix_caching=False)
+    sim = make_sim(wl, max_num_batched_tokens=32, max_num_seqs=16, max_model_len=256, enable_prefix_caching=False)
     _, log = _steps_of(sim)
     chunks = [n for _, scheduled, _ in log for rid, n in scheduled]
     assert chunks[:4] == [32, 32, 32, 4]

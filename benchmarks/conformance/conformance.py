@@ -1,0 +1,443 @@
+"""Decision-level conformance of kvtune's ``vllm-v1`` flavor with vLLM 0.33.0's real V1 scheduler.
+
+Both sides see the same trace and config and step in lock-step time: one step is one ``schedule()`` call, and
+a step lasts ``step_base_s + step_per_token_s * scheduled_tokens`` on both sides (kvtune's
+``LinearStepModel`` is the reference replay script's time model).  Per step we compare the scheduled
+requests with their token counts, the preempted requests and the free KV blocks right after ``schedule()``;
+per request, the preemption count, the first-token step and the finish step.
+
+This module has no vLLM import: the vLLM side runs in its own venv (``vllm_side.py``) and leaves a
+``sched_steps.jsonl`` and a ``requests.csv`` per job, which :func:`load_vllm_result` reads back.
+
+Time grid (why arrivals are nudged): the replay script admits an arrival before a step when
+``arrival_s <= now + 1e-12``; kvtune's SimPy loop admits it when its event fires, and when an arrival and a
+step boundary fall on the same instant the order of the two events decides.  To take ties out of the
+comparison, :func:`on_time_grid` moves each arrival onto a 2**-10 s grid plus a distinct odd multiple of
+2**-36 s, and the step-time coefficients are dyadic (2**-6 s per step, 2**-16 s per token): all clock
+arithmetic is then exact on both sides, and a step boundary (the last idle jump's arrival + a multiple of
+2**-16 s) never comes closer than 2**-35 s to another arrival.  Arrivals thus land strictly inside a step on
+both sides and are admitted at the same step boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+#: Exact (dyadic) step-time coefficients shared by both sides; see the module docstring.
+STEP_BASE_S = 2.0**-6  # 15.625 ms per step
+STEP_PER_TOKEN_S = 2.0**-16  # ~15.3 us per scheduled token
+ARRIVAL_GRID_S = 2.0**-10
+ARRIVAL_NUDGE_S = 2.0**-36
+
+
+@dataclass(frozen=True)
+class CaseConfig:
+    """One engine configuration, as replay-script flags and as a kvtune ``EngineConfig``."""
+
+    num_gpu_blocks: int  # vLLM's KVCacheConfig.num_blocks, null block included (usable = N - 1)
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    watermark: float = 0.0
+    reserve_full_isl: bool = True
+    policy: str = "fcfs"
+    prefix_caching: bool = False
+    long_prefill_token_threshold: int = 0
+    step_base_s: float = STEP_BASE_S
+    step_per_token_s: float = STEP_PER_TOKEN_S
+
+    def replay_args(self, max_model_len: int) -> list[str]:
+        args = [
+            "--num-gpu-blocks", str(self.num_gpu_blocks), "--block-size", str(self.block_size),
+            "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-model-len", str(max_model_len), "--policy", self.policy, "--watermark", repr(self.watermark),
+            "--long-prefill-token-threshold", str(self.long_prefill_token_threshold),
+            "--step-base-s", repr(self.step_base_s), "--step-per-token-s", repr(self.step_per_token_s),
+        ]
+        if not self.reserve_full_isl:
+            args.append("--no-reserve-full-isl")
+        if self.prefix_caching:
+            args.append("--enable-prefix-caching")
+        return args
+
+    def engine_config(self, max_model_len: int):
+        from sim.engine.config import EngineConfig
+
+        return EngineConfig(
+            flavor="vllm-v1",
+            num_gpu_blocks_override=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            watermark=self.watermark,
+            scheduler_reserve_full_isl=self.reserve_full_isl,
+            scheduling_policy=self.policy,
+            enable_prefix_caching=self.prefix_caching,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_model_len=max_model_len,
+        )
+
+    def label(self) -> str:
+        parts = [
+            f"seqs={self.max_num_seqs}", f"mbt={self.max_num_batched_tokens}", f"blocks={self.num_gpu_blocks}",
+            f"wm={self.watermark:g}", f"isl={'on' if self.reserve_full_isl else 'off'}", self.policy,
+            f"apc={'on' if self.prefix_caching else 'off'}",
+        ]
+        if self.long_prefill_token_threshold:
+            parts.append(f"lpt={self.long_prefill_token_threshold}")
+        return " ".join(parts)
+
+
+@dataclass
+class Case:
+    """A named (trace, config) pair of the matrix."""
+
+    name: str
+    trace: str  # trace name (a key of the traces dict / a CSV file stem)
+    config: CaseConfig
+    note: str = ""
+    #: ``--max-model-len`` on both sides; ``None``: the trace's longest prompt + output (the script's default).
+    #: Shorter values make some requests stop at max_model_len (finish reason "length").
+    max_model_len: int | None = None
+
+
+# ---- traces --------------------------------------------------------------------------------------------------
+def on_time_grid(arrival_s: np.ndarray) -> np.ndarray:
+    """Sorted arrivals moved onto the tie-free grid (see the module docstring); order is kept."""
+    arrival_s = np.asarray(arrival_s, dtype=float)
+    grid = np.floor(arrival_s / ARRIVAL_GRID_S) * ARRIVAL_GRID_S
+    nudge = (2 * np.arange(len(arrival_s)) + 1) * ARRIVAL_NUDGE_S
+    out = grid + nudge
+    assert np.all(np.diff(out) > 0), "arrivals must be sorted"
+    return out
+
+
+def synthetic_trace(seed: int, num_requests: int, rate_per_s: float, prompt_median: int, prompt_max: int,
+                    output_median: int, output_max: int, num_priorities: int = 3) -> pd.DataFrame:
+    """Poisson arrivals, log-normal prompt and output lengths, random priorities (lower = more important)."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, num_requests))
+    prompts = np.clip(np.round(rng.lognormal(math.log(prompt_median), 0.9, num_requests)), 1, prompt_max)
+    outputs = np.clip(np.round(rng.lognormal(math.log(output_median), 0.8, num_requests)), 1, output_max)
+    return pd.DataFrame({
+        "arrival_s": on_time_grid(arrivals - arrivals[0]),
+        "prompt_tokens": prompts.astype(int),
+        "output_tokens": outputs.astype(int),
+        "priority": rng.integers(0, num_priorities, num_requests),
+    })
+
+
+def azure_slice(path: str, start: int, num_requests: int, speedup: float, max_len: int,
+                num_priorities: int = 3) -> pd.DataFrame:
+    """``num_requests`` consecutive rows of an Azure trace CSV (arrival_s, prompt_tokens, output_tokens), rows
+    whose prompt + output exceed ``max_len`` dropped, time compressed ``speedup``-fold; priority = row % k."""
+    df = pd.read_csv(path)
+    df = df[df.prompt_tokens + df.output_tokens <= max_len].iloc[start:start + num_requests]
+    arrivals = (df.arrival_s.to_numpy(float) - float(df.arrival_s.iloc[0])) / speedup
+    return pd.DataFrame({
+        "arrival_s": on_time_grid(arrivals),
+        "prompt_tokens": df.prompt_tokens.to_numpy(int),
+        "output_tokens": df.output_tokens.to_numpy(int),
+        "priority": np.arange(len(df)) % num_priorities,
+    })
+
+
+def write_trace(df: pd.DataFrame, path: str) -> None:
+    """CSV with full float precision (``repr`` round-trips), the replay script's input format."""
+    with open(path, "w") as f:
+        f.write("arrival_s,prompt_tokens,output_tokens,priority\n")
+        for a, p, o, pr in zip(df.arrival_s, df.prompt_tokens, df.output_tokens, df.priority):
+            f.write(f"{float(a)!r},{int(p)},{int(o)},{int(pr)}\n")
+
+
+def read_trace(path: str) -> pd.DataFrame:
+    df = pd.read_csv(path, dtype={"arrival_s": str})
+    df["arrival_s"] = df.arrival_s.map(float)  # Python's float() round-trips repr() exactly
+    if "priority" not in df.columns:
+        df["priority"] = 0
+    return df
+
+
+def trace_max_model_len(df: pd.DataFrame) -> int:
+    """The replay script's default max_model_len: the longest prompt + output of the trace."""
+    return int((df.prompt_tokens + df.output_tokens).max())
+
+
+# ---- results -----------------------------------------------------------------------------------------------
+@dataclass
+class SideResult:
+    """One side's decisions: per step (only steps that scheduled or preempted something) and per request."""
+
+    steps: list[dict]  # {"step", "sched": {rid: tokens} (ordered), "preempted": [rid...], "free"}
+    preemptions: dict[str, int]
+    first_token_step: dict[str, int]  # in the numbering of ``steps`` (index into the list); -1 if never
+    finish_step: dict[str, int]
+    num_idle_schedule_calls: int = 0  # schedule() calls that did nothing (not compared)
+    extra: dict = field(default_factory=dict)
+
+
+def write_compact_steps(out_dir: str, path: str) -> None:
+    """One CSV with what the comparison needs from a vLLM run (for the recorded reference in the tests):
+    ``step`` (the script's numbering), ``t_start_s``, ``free`` (after schedule()), ``preempted`` and ``sched``
+    (``index:tokens`` pairs of requests ``r<index>``, space-separated, in vLLM's order)."""
+    starts = pd.read_csv(os.path.join(out_dir, "steps.csv")).set_index("step").t_start_s
+    with open(os.path.join(out_dir, "sched_steps.jsonl")) as f, open(path, "w") as out:
+        out.write("step,t_start_s,free,preempted,sched\n")
+        for line in f:
+            row = json.loads(line)
+            sched = " ".join(f"{rid[1:]}:{n}" for rid, n in row["sched"])
+            pre = " ".join(rid[1:] for rid in row["preempted"])
+            out.write(f"{row['step']},{float(starts.get(row['step'], float('nan')))!r},{row['free_after_schedule']},{pre},{sched}\n")
+
+
+def _read_vllm_steps(out_dir: str) -> list[dict]:
+    """Rows of ``sched_steps.jsonl`` (a fresh run) or of the compact ``sched.csv`` (a recorded one)."""
+    jsonl = os.path.join(out_dir, "sched_steps.jsonl")
+    if os.path.exists(jsonl):
+        with open(jsonl) as f:
+            return [json.loads(line) for line in f]
+    rows = []
+    df = pd.read_csv(os.path.join(out_dir, "sched.csv"), keep_default_na=False, dtype={"preempted": str, "sched": str})
+    for step, free, pre, sched in zip(df.step, df.free, df.preempted, df.sched):
+        rows.append({
+            "step": int(step),
+            "sched": [[f"r{a}", int(b)] for a, b in (p.split(":") for p in sched.split())],
+            "preempted": [f"r{i}" for i in pre.split()],
+            "free_after_schedule": int(free),
+        })
+    return rows
+
+
+def load_vllm_result(out_dir: str) -> SideResult:
+    """Read what ``vllm_side.py`` (and the replay script) left in ``out_dir``."""
+    steps: list[dict] = []
+    renumber: dict[int, int] = {}
+    idle = 0
+    for row in _read_vllm_steps(out_dir):
+        if not row["sched"] and not row["preempted"]:
+            idle += 1
+            continue
+        renumber[row["step"]] = len(steps)
+        steps.append({
+            "step": len(steps),
+            "sched": {rid: n for rid, n in row["sched"]},
+            "preempted": list(row["preempted"]),
+            "free": row["free_after_schedule"],
+        })
+    req = pd.read_csv(os.path.join(out_dir, "requests.csv"))
+    preemptions = dict(zip(req.req_id, req.num_preemptions.astype(int)))
+    first = {rid: renumber.get(int(s), -1) for rid, s in zip(req.req_id, req.first_token_step)}
+    finish = {rid: renumber.get(int(s), -1) for rid, s in zip(req.req_id, req.finish_step)}
+    return SideResult(steps, preemptions, first, finish, idle)
+
+
+def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | None = None) -> SideResult:
+    """Run kvtune's ``vllm-v1`` flavor over ``trace`` step by step, recording what vLLM's side records."""
+    from sim.latency import LinearStepModel
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import Simulation
+
+    max_model_len = max_model_len or trace_max_model_len(trace)
+    workload = _workload(trace)
+
+    steps: list[dict] = []
+    first: dict[str, int] = {}
+    finish: dict[str, int] = {}
+    idle = [0]
+
+    def record(out) -> None:
+        k = len(steps)
+        sched = {}
+        for req, n in out.scheduled:
+            rid = f"r{req.index}"
+            sched[rid] = int(n)
+            # Before update_from_output: a token is sampled when the scheduled tokens reach the end.
+            if req.num_computed_tokens + n >= req.num_tokens:
+                if req.num_output_tokens == 0:
+                    first.setdefault(rid, k)
+                if req.num_output_tokens + 1 >= req.max_output:
+                    finish[rid] = k
+        steps.append({
+            "step": k,
+            "sched": sched,
+            "preempted": sorted(f"r{r.index}" for r in out.preempted),
+            "free": sim.core.scheduler.pool.num_free,
+        })
+
+    def observer(iteration, now, out) -> None:
+        record(out)
+
+    sim = Simulation(
+        workload, config.engine_config(max_model_len), model=load_model("Llama-3-8B"), gpu=load_gpu("H100-SXM"),
+        latency=LinearStepModel(config.step_base_s, config.step_per_token_s), batch_decode_runs=False,
+        observer=observer,
+    )
+    # The observer sees every step that scheduled something; a step that only preempted (possible under the
+    # priority policy) and idle schedule() calls reach it not, so wrap schedule() for those.
+    scheduler = sim.core.scheduler
+    original = scheduler.schedule
+
+    def schedule(now):
+        out = original(now)
+        if not out.scheduled:
+            if out.preempted:
+                record(out)
+            else:
+                idle[0] += 1
+        return out
+
+    scheduler.schedule = schedule
+    result = sim.run()
+    rt = result.requests
+    preemptions = {f"r{i}": int(n) for i, n in zip(range(len(rt)), rt.num_preemptions)}
+    ids = [f"r{i}" for i in range(len(rt))]
+    return SideResult(
+        steps, preemptions, {r: first.get(r, -1) for r in ids}, {r: finish.get(r, -1) for r in ids}, idle[0],
+        extra={"statuses": rt.status.value_counts().to_dict(), "num_iterations": result.num_iterations},
+    )
+
+
+def run_kvtune_batched(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | None = None) -> pd.DataFrame:
+    """kvtune as studies run it (identical decode steps batched into runs): the request table."""
+    from sim.latency import LinearStepModel
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import Simulation
+
+    max_model_len = max_model_len or trace_max_model_len(trace)
+    sim = Simulation(
+        _workload(trace), config.engine_config(max_model_len), model=load_model("Llama-3-8B"),
+        gpu=load_gpu("H100-SXM"), latency=LinearStepModel(config.step_base_s, config.step_per_token_s),
+    )
+    return sim.run().requests
+
+
+def vllm_request_times(out_dir: str, config: CaseConfig) -> pd.DataFrame:
+    """Per request of the replay: preemptions, and the end times of its first-token and finish steps
+    (step start from the script's steps.csv, rounded there to 1 us, + the step's duration)."""
+    if os.path.exists(os.path.join(out_dir, "steps.csv")):
+        steps = pd.read_csv(os.path.join(out_dir, "steps.csv")).set_index("step")
+        tokens = steps.num_scheduled_tokens
+    else:  # a recorded reference: sched.csv has the start times and the scheduled tokens
+        steps = pd.read_csv(os.path.join(out_dir, "sched.csv"), keep_default_na=False,
+                            dtype={"sched": str}).set_index("step")
+        tokens = steps.sched.map(lambda s: sum(int(p.split(":")[1]) for p in s.split()))
+    end = steps.t_start_s + np.where(tokens > 0, config.step_base_s + config.step_per_token_s * tokens, 0.0)
+    req = pd.read_csv(os.path.join(out_dir, "requests.csv"))
+    return pd.DataFrame({
+        "num_preemptions": req.num_preemptions.to_numpy(int),
+        "first_token_s": [end.get(int(k), np.nan) if k >= 0 else np.nan for k in req.first_token_step],
+        "end_s": [end.get(int(k), np.nan) if k >= 0 else np.nan for k in req.finish_step],
+    })
+
+
+def compare_batched(vllm_times: pd.DataFrame, kv: pd.DataFrame, tol_s: float = 1e-5) -> dict:
+    """Per-request agreement of kvtune's batched run with vLLM: preemptions, first-token and finish times."""
+    ft = np.abs(vllm_times.first_token_s.to_numpy() - kv.first_token_s.to_numpy())
+    en = np.abs(vllm_times.end_s.to_numpy() - kv.end_s.to_numpy())
+    pv, pk = vllm_times.num_preemptions.to_numpy(), kv.num_preemptions.to_numpy()
+    return {
+        "batched_preemptions_kvtune": int(pk.sum()),
+        "batched_requests_preemption_count_differs": int((pv != pk).sum()),
+        "batched_first_token_time_differs": int(np.sum(~(ft <= tol_s))),
+        "batched_end_time_differs": int(np.sum(~(en <= tol_s))),
+        "batched_end_time_max_abs_err_s": float(np.nanmax(en)) if len(en) else 0.0,
+    }
+
+
+def _workload(trace: pd.DataFrame):
+    """The trace as a kvtune workload: one request class per priority value."""
+    from sim.workload.classes import RequestClass
+    from sim.workload.workload import Workload
+
+    priorities = sorted({int(p) for p in trace.priority})
+    classes = {f"p{p}": RequestClass(f"p{p}", priority=p) for p in priorities}
+    df = pd.DataFrame({
+        "request_id": np.arange(len(trace)),
+        "class": [f"p{int(p)}" for p in trace.priority],
+        "arrival_s": trace.arrival_s.to_numpy(float),
+        "prompt_tokens": trace.prompt_tokens.to_numpy(int),
+        "output_tokens": trace.output_tokens.to_numpy(int),
+    })
+    return Workload(requests=df, classes=classes)
+
+
+# ---- comparison ---------------------------------------------------------------------------------------------
+def _describe_diff(a: dict, b: dict, limit: int = 4) -> str:
+    """What differs between a vLLM step and a kvtune step, in words."""
+    parts = []
+    va, kb = a["sched"], b["sched"]
+    only_v = [r for r in va if r not in kb]
+    only_k = [r for r in kb if r not in va]
+    tok = [f"{r} {va[r]}/{kb[r]}" for r in va if r in kb and va[r] != kb[r]]
+    if only_v:
+        parts.append("only vLLM scheduled " + ", ".join(f"{r}({va[r]})" for r in only_v[:limit])
+                     + (" ..." if len(only_v) > limit else ""))
+    if only_k:
+        parts.append("only kvtune scheduled " + ", ".join(f"{r}({kb[r]})" for r in only_k[:limit])
+                     + (" ..." if len(only_k) > limit else ""))
+    if tok:
+        parts.append("tokens vLLM/kvtune " + ", ".join(tok[:limit]) + (" ..." if len(tok) > limit else ""))
+    if sorted(a["preempted"]) != sorted(b["preempted"]):
+        parts.append(f"preempted vLLM {a['preempted'][:limit]} vs kvtune {b['preempted'][:limit]}")
+    if a["free"] != b["free"]:
+        parts.append(f"free blocks vLLM {a['free']} vs kvtune {b['free']}")
+    return "; ".join(parts)
+
+
+def compare(vllm: SideResult, kv: SideResult) -> dict:
+    """Per-step and per-request agreement of the two sides."""
+    nv, nk = len(vllm.steps), len(kv.steps)
+    n = max(nv, nk)
+    same_sched = same_pre = same_free = same_all = 0
+    first_div = None
+    for i in range(min(nv, nk)):
+        a, b = vllm.steps[i], kv.steps[i]
+        s = a["sched"] == b["sched"]
+        p = sorted(a["preempted"]) == sorted(b["preempted"])
+        f = a["free"] == b["free"]
+        same_sched += s
+        same_pre += p
+        same_free += f
+        same_all += s and p and f
+        if first_div is None and not (s and p and f):
+            first_div = {"step": i, "what": _describe_diff(a, b)}
+    if first_div is None and nv != nk:
+        first_div = {"step": min(nv, nk), "what": f"vLLM ran {nv} steps, kvtune {nk}"}
+    ids = sorted(vllm.preemptions, key=lambda r: int(r[1:]))
+    pv = np.array([vllm.preemptions[r] for r in ids])
+    pk = np.array([kv.preemptions.get(r, 0) for r in ids])
+    tv, tk = int(pv.sum()), int(pk.sum())
+    ft_diff = [abs(vllm.first_token_step[r] - kv.first_token_step.get(r, -1)) for r in ids]
+    fin_diff = [abs(vllm.finish_step[r] - kv.finish_step.get(r, -1)) for r in ids]
+    return {
+        "steps_vllm": nv,
+        "steps_kvtune": nk,
+        "share_same_sched": same_sched / n if n else 1.0,
+        "share_same_preempted": same_pre / n if n else 1.0,
+        "share_same_free": same_free / n if n else 1.0,
+        "share_identical": same_all / n if n else 1.0,
+        "first_divergence": first_div,
+        "preemptions_vllm": tv,
+        "preemptions_kvtune": tk,
+        "preemption_rel_err": (abs(tk - tv) / tv) if tv else (0.0 if tk == 0 else math.inf),
+        "requests_preemption_count_differs": int((pv != pk).sum()),
+        "preemption_abs_err_per_request_sum": int(np.abs(pv - pk).sum()),
+        "preemption_abs_err_per_request_max": int(np.abs(pv - pk).max()) if len(ids) else 0,
+        "requests_first_token_step_differs": int(sum(d != 0 for d in ft_diff)),
+        "requests_finish_step_differs": int(sum(d != 0 for d in fin_diff)),
+        "finish_step_abs_err_mean": float(np.mean(fin_diff)) if fin_diff else 0.0,
+        "idle_schedule_calls_vllm": vllm.num_idle_schedule_calls,
+        "idle_schedule_calls_kvtune": kv.num_idle_schedule_calls,
+    }
+
+
+def config_from_dict(d: dict) -> CaseConfig:
+    names = {f.name for f in dataclasses.fields(CaseConfig)}
+    return CaseConfig(**{k: v for k, v in d.items() if k in names})

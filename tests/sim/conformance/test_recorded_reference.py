@@ -1,0 +1,104 @@
+"""kvtune's ``vllm-v1`` flavor against decisions recorded from vLLM 0.33.0's real V1 scheduler.
+
+The data in ``data/`` was produced by ``benchmarks/conformance/run.py --record`` (the reference replay script
+stepping vLLM's own ``Scheduler`` on a CPU, no model): a 40-request trace and a few configs, from ample KV
+blocks to scarce ones with preemptions, with the watermark, full-input admission off, the priority policy,
+prefix caching and a long-prefill cap.  No vLLM import here: the test only replays kvtune and compares, step
+by step, the scheduled requests and token counts, the preempted requests and the free blocks after each
+``schedule()``, and per request the preemption count, first-token step and finish step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.conformance.conformance import (  # noqa: E402
+    ARRIVAL_NUDGE_S,
+    STEP_BASE_S,
+    STEP_PER_TOKEN_S,
+    compare,
+    compare_batched,
+    config_from_dict,
+    load_vllm_result,
+    on_time_grid,
+    read_trace,
+    run_kvtune,
+    run_kvtune_batched,
+    vllm_request_times,
+)
+
+DATA = Path(__file__).parent / "data"
+CASES = json.loads((DATA / "cases.json").read_text())
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c["name"] for c in CASES])
+def case(request):
+    spec = request.param
+    trace = read_trace(str(DATA / spec["trace"]))
+    config = config_from_dict(spec["config"])
+    vllm = load_vllm_result(str(DATA / spec["dir"]))
+    return spec, trace, config, vllm
+
+
+def test_every_step_matches_vllm(case):
+    spec, trace, config, vllm = case
+    kv = run_kvtune(trace, config, spec["max_model_len"])
+    result = compare(vllm, kv)
+    assert result["first_divergence"] is None, f"{spec['name']}: {result['first_divergence']}"
+    assert result["steps_vllm"] == result["steps_kvtune"] > 0
+    assert result["share_identical"] == 1.0
+
+
+def test_per_request_outcomes_match_vllm(case):
+    spec, trace, config, vllm = case
+    kv = run_kvtune(trace, config, spec["max_model_len"])
+    assert kv.preemptions == vllm.preemptions
+    assert kv.first_token_step == vllm.first_token_step
+    assert kv.finish_step == vllm.finish_step
+    assert all(step >= 0 for step in kv.finish_step.values()), "every request finishes"
+
+
+def test_batched_decode_runs_give_the_same_outcome(case):
+    """Studies batch identical decode steps; preemptions and finish times must not change."""
+    spec, trace, config, _ = case
+    requests = run_kvtune_batched(trace, config, spec["max_model_len"])
+    result = compare_batched(vllm_request_times(str(DATA / spec["dir"]), config), requests)
+    assert result["batched_requests_preemption_count_differs"] == 0
+    assert result["batched_first_token_time_differs"] == 0
+    assert result["batched_end_time_differs"] == 0
+
+
+def test_recorded_reference_exercises_preemption():
+    totals = {c["name"]: json.loads((DATA / c["dir"] / "summary.json").read_text())["total_preemptions"] for c in CASES}
+    assert totals["tiny/ample"] == 0
+    assert sum(1 for n in totals.values() if n >= 5) >= 3, totals
+    policies = {c["config"]["policy"] for c in CASES}
+    assert policies == {"fcfs", "priority"}
+    assert any(c["config"]["prefix_caching"] for c in CASES)
+
+
+def test_time_grid_keeps_arrivals_off_step_boundaries():
+    """The lock-step convention: arrivals are distinct, exact, and never on a step boundary (which is the
+    last idle jump's arrival plus a whole number of 2**-16 s ticks, the step-time coefficients being dyadic)."""
+    rng = np.random.default_rng(0)
+    arrivals = on_time_grid(np.sort(rng.uniform(0, 500, 2000)))
+    assert np.all(np.diff(arrivals) > 0)
+    tick = STEP_PER_TOKEN_S
+    assert (STEP_BASE_S / tick).is_integer()
+    phase = np.mod(arrivals, tick) / ARRIVAL_NUDGE_S  # position inside a tick, in nudge units (exact)
+    assert np.all(phase == np.round(phase))
+    # Two arrivals in the same phase would let a boundary started at one land on the other; the replay script
+    # also counts an arrival up to 1e-12 s late as due, so phases must be farther apart than that.
+    ticks = tick / ARRIVAL_NUDGE_S
+    p = np.sort(phase)
+    gaps = np.append(np.diff(p), p[0] + ticks - p[-1])
+    assert gaps.min() * ARRIVAL_NUDGE_S > 1e-12
