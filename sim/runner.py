@@ -18,11 +18,11 @@ import pandas as pd
 import simpy
 
 from sim.engine.config import EngineConfig
-from sim.engine.core import EngineCore, make_scheduler
+from sim.engine.build import build_engine
 from sim.engine.request import Request, Status
-from sim.engine.sizing import KVSizing, size_kv_cache
+from sim.engine.sizing import KVSizing
 from sim.errors import EngineAborted
-from sim.latency import LatencyCoefficients, LatencyModel, RooflineModel
+from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
 from sim.tables import request_table, step_table
 from sim.workload.workload import Workload
@@ -84,26 +84,18 @@ class Simulation:
         batch_decode_runs: bool = True,
         observer: Callable | None = None,
     ):
-        self.config = config.resolve(model.max_model_len)
+        resolved = config.resolve(model.max_model_len)
+        predicted = (
+            predicted_output_lengths(workload, resolved.admission_quantile)
+            if resolved.admission_policy == "predicted" else None
+        )
+        built = build_engine(
+            config, model, gpu, latency=latency, coefficients=coefficients, predicted_output=predicted,
+            record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer,
+        )
+        self.config, self.sizing, self.latency, self.core = built.config, built.sizing, built.latency, built.core
         self.model = model
         self.gpu = gpu
-        self.sizing = size_kv_cache(model, gpu, self.config)
-        self.latency = latency or RooflineModel(
-            model,
-            gpu,
-            tensor_parallel=self.config.tensor_parallel_size,
-            kv_dtype_bytes=1 if self.config.kv_cache_dtype == "fp8" else 2,
-            weight_dtype_bytes=1 if self.config.quantization == "fp8" else 2,
-            block_size=self.config.block_size,
-            coefficients=coefficients,
-        )
-        predicted = predicted_output_lengths(workload, self.config.admission_quantile) if self.config.admission_policy == "predicted" else None
-        scheduler = make_scheduler(self.config, self.sizing.num_gpu_blocks, self.sizing.num_cpu_blocks, predicted)
-        # V0 swap_blocks copies one block per layer for K and V (vLLM paper fig. 19's small-block cost).
-        scheduler.copies_per_block = 2 * model.num_layers if not self.config.is_v1 else 1
-        self.core = EngineCore(
-            scheduler, self.latency, record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer
-        )
         self.workload = workload
         self.seed = seed
         self.max_sim_time_s = max_sim_time_s
