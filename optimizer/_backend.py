@@ -1,0 +1,148 @@
+"""Trial backends: what runs one trial.  ``run(params, seeds)`` takes an engine config (EngineConfig knob names)
+and the replicate seeds, and returns the flat metrics (``Summary.to_dict()`` keys), averaged over the replicates.
+
+:class:`SimBackend` simulates; a replay backend (a real engine on a GPU) implements the same interface.  A backend
+is pickled to the workers, so it carries what it needs (the built workloads) rather than paths only the driver has.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from abc import ABC, abstractmethod
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from sim.workload.workload import Workload
+
+
+class TrialError(Exception):
+    """A trial that ran but produced no usable result (e.g. the engine aborted); the message is the reason."""
+
+
+class TrialBackend(ABC):
+    """Runs one trial's config and returns its metrics."""
+
+    #: Shown in trial user attributes (``backend``).
+    name: str = "backend"
+
+    @abstractmethod
+    def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
+        """Metrics of ``params`` (EngineConfig knobs) averaged over ``seeds``; raise to fail the trial."""
+
+    def prepare(self, seeds: Sequence[int]) -> None:
+        """Called once in the driver before the backend is shipped to workers (build what they need)."""
+
+
+def mean_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Key-wise mean over replicates; NaN where no replicate has a value, +inf if any replicate is +inf."""
+    if len(runs) == 1:
+        return {k: float(v) for k, v in runs[0].items()}
+    keys: list[str] = []
+    seen = set()
+    for run in runs:
+        for key in run:
+            if key not in seen:
+                seen.add(key)
+                keys.append(key)
+    out: dict[str, float] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for key in keys:
+            values = np.array([float(run.get(key, math.nan)) for run in runs], dtype=float)
+            out[key] = float(np.nanmean(values)) if not np.isnan(values).all() else math.nan
+    return out
+
+
+class SimBackend(TrialBackend):
+    """Simulates each replicate: the workload of its seed (built once, in the driver) on the trial's config.
+
+    ``workload``: a :class:`~sim.workload.WorkloadSpec` (anything with ``build(seed)``), a fixed Workload (every
+    seed gets the same requests; the seed still draws client timeouts/cancels), a mapping ``seed -> Workload``,
+    or a callable ``seed -> Workload``.
+    """
+
+    name = "sim"
+
+    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True):
+        self._source = workload
+        self.model = model
+        self.gpu = gpu
+        self.coefficients = coefficients
+        self.record_steps = record_steps
+        self._workloads: dict[int, Workload] = {}
+
+    def workload(self, seed: int) -> Workload:
+        if seed not in self._workloads:
+            source = self._source
+            if isinstance(source, Workload):
+                built = source
+            elif isinstance(source, Mapping):
+                if seed not in source:
+                    raise TrialError(f"no workload was built for seed {seed}")
+                built = source[seed]
+            elif hasattr(source, "build"):
+                built = source.build(seed)
+            elif callable(source):
+                built = source(seed)
+            else:
+                raise TypeError(f"cannot build a workload from {type(source).__name__}")
+            self._workloads[seed] = built
+        return self._workloads[seed]
+
+    def prepare(self, seeds: Sequence[int]) -> None:
+        for seed in seeds:
+            self.workload(seed)
+
+    @property
+    def classes(self) -> dict:
+        first = next(iter(self._workloads.values()), None) or self.workload(0)
+        return dict(first.classes)
+
+    def run_one(self, params: Mapping[str, Any], seed: int) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult."""
+        from objectives import summarize
+        from sim.engine.config import EngineConfig
+        from sim.profiles import load_gpu, load_model
+        from sim.runner import simulate
+
+        workload = self.workload(seed)
+        config = EngineConfig.from_dict(dict(params), "knobs")
+        result = simulate(workload, config, load_model(self.model), load_gpu(self.gpu), seed=seed,
+                          record_steps=self.record_steps, coefficients=self.coefficients)
+        if result.aborted:
+            raise TrialError(f"engine aborted: {result.aborted}")
+        metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()
+        metrics["sim.num_gpu_blocks"] = float(result.sizing.num_gpu_blocks)
+        metrics["sim.num_cpu_blocks"] = float(result.sizing.num_cpu_blocks)
+        metrics["sim.wall_s"] = float(result.wall_s)
+        return metrics, result
+
+    def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        runs = [self.run_one(params, seed)[0] for seed in seeds]
+        out = mean_metrics(runs)
+        out["sim.wall_s"] = time.perf_counter() - t0
+        return out
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self._workloads and not isinstance(self._source, (Workload, Mapping)):
+            # Workers get the built workloads, not the spec (its trace path may not exist on a cluster node).
+            state["_source"] = _Prebuilt(dict(self._workloads))
+        return state
+
+
+class _Prebuilt:
+    """Workloads built in the driver; a seed not among them is an error (the driver prepares every seed)."""
+
+    def __init__(self, workloads: dict[int, Workload]):
+        self.workloads = workloads
+
+    def build(self, seed: int) -> Workload:
+        if seed not in self.workloads:
+            raise TrialError(f"workload for seed {seed} was not prepared in the driver")
+        return self.workloads[seed]
+

@@ -1,0 +1,312 @@
+"""Trial executors: where trials run.  The study asks for up to ``capacity`` trials, submits them, and tells each
+result to Optuna as it comes back from :meth:`Executor.wait` (ask/tell, results in finishing order).
+
+- :class:`RayExecutor`: one Ray task per trial (one CPU each), on a local Ray or an existing cluster by address.
+  A trial past its timeout is cancelled (``ray.cancel(force=True)`` kills its worker); a worker that dies
+  (``WorkerCrashedError`` and the like) fails only its trial.  Tasks are never retried.
+- :class:`InProcessExecutor`: one trial at a time in the calling process, for debugging and tests.  The timeout
+  is enforced with ``SIGALRM`` when running in the main thread.
+
+Every outcome carries ``kind``: ``ok``, ``error`` (the trial raised), ``timeout`` or ``crashed`` (worker lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from optimizer._backend import TrialBackend
+
+_REASON_CHARS = 600
+
+
+@dataclass
+class TrialOutcome:
+    """How one trial ended."""
+
+    number: int
+    metrics: dict[str, float] | None = None
+    kind: str = "ok"  # ok | error | timeout | crashed
+    reason: str | None = None
+    wall_s: float = 0.0
+    details: str | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+def _run_trial(backend: TrialBackend, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
+    """The task body: what every executor runs for one trial."""
+    return backend.run(params, list(seeds))
+
+
+class Executor(ABC):
+    """Runs trials; ``submit`` up to ``capacity`` at once, ``wait`` for those that ended."""
+
+    @property
+    @abstractmethod
+    def capacity(self) -> int:
+        """Trials that may run at once."""
+
+    @property
+    @abstractmethod
+    def running(self) -> int:
+        """Trials submitted and not yet returned by :meth:`wait`."""
+
+    @abstractmethod
+    def submit(self, number: int, backend: TrialBackend, params: Mapping[str, Any], seeds: Sequence[int],
+               timeout_s: float | None = None) -> None:
+        """Start trial ``number``."""
+
+    @abstractmethod
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
+        """Outcomes of trials that ended (at least one unless ``timeout_s`` passed first or none is running)."""
+
+    def start(self) -> None:
+        """Acquire resources (connect to Ray...); called by the study before the first submit."""
+
+    def shutdown(self) -> None:
+        """Stop running trials and release resources."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __enter__(self) -> "Executor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """A Ray ``runtime_env`` that ships this kvtune's packages to the workers of an existing cluster, so that its
+    nodes run the same simulator as the driver (they still need kvtune's dependencies installed)."""
+    import importlib
+
+    modules = []
+    for name in ("sim", "objectives", "optimizer", "replay"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return {"py_modules": modules}
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm handler; a BaseException so trial code's ``except Exception`` cannot swallow it."""
+
+
+class InProcessExecutor(Executor):
+    """Sequential trials in this process (``wait`` runs the submitted trial)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, TrialBackend, Mapping[str, Any], Sequence[int], float | None]] = []
+
+    @property
+    def capacity(self) -> int:
+        return 1
+
+    @property
+    def running(self) -> int:
+        return len(self._pending)
+
+    def submit(self, number, backend, params, seeds, timeout_s=None) -> None:
+        self._pending.append((number, backend, params, seeds, timeout_s))
+
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
+        if not self._pending:
+            return []
+        number, backend, params, seeds, limit = self._pending.pop(0)
+        t0 = time.perf_counter()
+        use_alarm = bool(limit) and threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+        previous = None
+        if use_alarm:
+            def _alarm(signum, frame):  # noqa: ARG001
+                raise _Timeout()
+
+            previous = signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, float(limit))
+        try:
+            metrics = _run_trial(backend, params, seeds)
+            return [TrialOutcome(number, metrics, wall_s=time.perf_counter() - t0)]
+        except _Timeout:
+            return [TrialOutcome(number, None, "timeout", f"timed out after {limit:g} s",
+                                 wall_s=time.perf_counter() - t0)]
+        except Exception as exc:  # the trial failed; the study goes on
+            return [TrialOutcome(number, None, "error", _reason(exc), wall_s=time.perf_counter() - t0,
+                                 details=traceback.format_exc())]
+        finally:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+
+    def shutdown(self) -> None:
+        self._pending.clear()
+
+
+class RayExecutor(Executor):
+    """One Ray task per trial.
+
+    ``address``: an existing cluster (``ray://`` or ``host:port`` or ``auto``); ``None`` starts a local Ray (or
+    reuses the one this process already joined).  ``workers``: trials at once (default, and at most: one per CPU
+    of the cluster when it starts).
+    ``num_cpus``: CPUs of a local Ray that this executor starts.  ``runtime_env`` goes to ``ray.init``.
+    """
+
+    def __init__(self, address: str | None = None, *, workers: int | None = None, num_cpus: int | None = None,
+                 runtime_env: dict | None = None, cpus_per_trial: float = 1.0):
+        self.address = address
+        self.workers = workers
+        self.num_cpus = num_cpus
+        self.runtime_env = runtime_env
+        self.cpus_per_trial = cpus_per_trial
+        self._owns_ray = False
+        self._started = False
+        self._task: Any = None
+        self._capacity = 1
+        self._inflight: dict[Any, tuple[int, float, float | None]] = {}  # ref -> (number, start, timeout)
+        self._backend_refs: dict[int, tuple[Any, Any]] = {}  # id(backend) -> (backend, ObjectRef)
+
+    def start(self) -> None:
+        if self._started:
+            return
+        import ray
+
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                      "logging_level": logging.WARNING, "configure_logging": True}
+            if self.address is not None:
+                kwargs["address"] = self.address
+            else:
+                # "local": a new local Ray even if RAY_ADDRESS names a cluster (ray.init sets it when it connects).
+                kwargs["address"] = "local"
+                if self.num_cpus is not None:
+                    kwargs["num_cpus"] = self.num_cpus
+            if self.runtime_env:
+                kwargs["runtime_env"] = self.runtime_env
+            ray.init(**kwargs)
+            self._owns_ray = True
+        cpus = ray.cluster_resources().get("CPU", 1)
+        slots = max(1, int(cpus // self.cpus_per_trial))
+        # More trials at once than the cluster has CPUs for would only queue them, eating into their timeouts.
+        self._capacity = min(self.workers, slots) if self.workers else slots
+        self._task = ray.remote(_run_trial).options(num_cpus=self.cpus_per_trial, max_retries=0,
+                                                     retry_exceptions=False)
+        self._started = True
+
+    def describe(self) -> str:
+        import ray
+
+        where = self.address or "local"
+        cpus = int(ray.cluster_resources().get("CPU", 0)) if self._started else "?"
+        return f"Ray ({where}, {cpus} CPUs, {self._capacity} trials at once)"
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def running(self) -> int:
+        return len(self._inflight)
+
+    def _backend_ref(self, backend: TrialBackend) -> Any:
+        import ray
+
+        key = id(backend)
+        if key not in self._backend_refs:
+            self._backend_refs[key] = (backend, ray.put(backend))
+        return self._backend_refs[key][1]
+
+    def submit(self, number, backend, params, seeds, timeout_s=None) -> None:
+        self.start()
+        ref = self._task.remote(self._backend_ref(backend), dict(params), list(seeds))
+        self._inflight[ref] = (number, time.monotonic(), timeout_s)
+
+    def _expired(self, now: float) -> list[TrialOutcome]:
+        import ray
+
+        out = []
+        for ref, (number, start, limit) in list(self._inflight.items()):
+            if limit and now - start > limit:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # already finished or its worker is gone: nothing left to stop
+                    pass
+                del self._inflight[ref]
+                out.append(TrialOutcome(number, None, "timeout", f"timed out after {limit:g} s (Ray task cancelled)",
+                                        wall_s=now - start))
+        return out
+
+    def _next_deadline(self, now: float) -> float | None:
+        left = [start + limit - now for _, start, limit in self._inflight.values() if limit]
+        return max(0.0, min(left)) if left else None
+
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
+        import ray
+
+        outcomes = self._expired(time.monotonic())
+        if outcomes or not self._inflight:
+            return outcomes
+        deadline = self._next_deadline(time.monotonic())
+        limit = timeout_s
+        if deadline is not None:
+            limit = deadline + 0.01 if limit is None else min(limit, deadline + 0.01)
+        refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=limit)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        now = time.monotonic()
+        for ref in ready:
+            number, start, _limit = self._inflight.pop(ref)
+            outcomes.append(self._collect(ref, number, now - start))
+        outcomes.extend(self._expired(now))
+        return outcomes
+
+    @staticmethod
+    def _collect(ref: Any, number: int, wall_s: float) -> TrialOutcome:
+        import ray
+        from ray import exceptions as rex
+
+        try:
+            return TrialOutcome(number, ray.get(ref), wall_s=wall_s)
+        except rex.RayTaskError as exc:  # the trial itself raised
+            cause = getattr(exc, "cause", None)
+            reason = _reason(cause) if isinstance(cause, BaseException) else _reason(exc)
+            return TrialOutcome(number, None, "error", reason, wall_s=wall_s, details=str(exc))
+        except rex.TaskCancelledError as exc:
+            return TrialOutcome(number, None, "crashed", f"task cancelled: {_reason(exc)}", wall_s=wall_s)
+        except (rex.WorkerCrashedError, rex.NodeDiedError, rex.LocalRayletDiedError, rex.OutOfMemoryError,
+                rex.ObjectLostError, rex.OwnerDiedError) as exc:
+            return TrialOutcome(number, None, "crashed", f"worker died ({type(exc).__name__}): "
+                                f"{' '.join(str(exc).split())[:_REASON_CHARS]}", wall_s=wall_s)
+        except rex.RayError as exc:
+            return TrialOutcome(number, None, "crashed", _reason(exc), wall_s=wall_s)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for ref in list(self._inflight):
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # best effort: the run is ending anyway
+                pass
+        self._inflight.clear()
+        self._backend_refs.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+        self._owns_ray = False
+        self._started = False

@@ -1,0 +1,423 @@
+"""Export a study: the Pareto front as a table, and one recommended config an operator can deploy.
+
+Files written to the output folder:
+
+- ``pareto.csv``: every Pareto-optimal feasible trial (SLO constraints all <= 0), with its objective values,
+  engine knobs, constraint violations and per-class metrics.
+- ``recommended.yaml``: the engine's own config for the target vLLM, as ``vllm serve --config`` keys (only flags
+  that vLLM release has, per ``optimizer/data/vllm_flags.yaml``).  kvtune's own policies (reserved KV fraction,
+  predicted admission) have no vLLM flag: they are listed in a commented ``kvtune_policies:`` section with their
+  rationale, so the file still loads in ``vllm serve``.
+- ``recommended.json``: the pick and why, the flags, the policies, and predicted per-class metrics of the
+  recommended config next to the engine's default config (both simulated afresh on the study's workload).
+
+The pick among Pareto points: the highest throughput (``output_tokens_per_s``, else ``goodput_rps``) by default,
+or with ``favor=CLASS`` the lowest tail latency of that class relative to its SLO.  When no trial meets every SLO,
+the trial closest to feasible is exported, marked infeasible, with each failing class and by how much.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import optuna
+import pandas as pd
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer._backend import SimBackend, TrialError
+from optimizer._knobs import KVTUNE_POLICIES, VLLM_FLAGS
+from optimizer._spec import StudySpec
+from optimizer._study import StudyContext, is_feasible, open_study, prepare
+from optimizer._versions import VllmTarget
+from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
+from sim.errors import ConfigError, KvtuneError
+from sim.profiles import load_model
+
+THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
+_HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_share", "new_token_busy_share", "kv_utilization",
+             "preemptions_per_request.mean", "makespan_s")
+_CLASS_METRICS = ("ttft_s", "tpot_s", "e2e_s")
+
+
+# ---- Pareto front and the pick ---------------------------------------------------------------------------------
+def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
+    better = False
+    for x, y, d in zip(a, b, directions):
+        if d == "minimize":
+            x, y = -x, -y
+        if x < y:
+            return False
+        if x > y:
+            better = True
+    return better
+
+
+def pareto_front(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
+    """Non-dominated trials among ``trials`` (complete ones), in trial order."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    return [t for t in done if not any(_dominates(o.values, t.values, directions) for o in done if o is not t)]
+
+
+def _total_violation(t: FrozenTrial) -> float:
+    return sum(max(0.0, v) for v in t.user_attrs.get("constraints", ()))
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One SLO a trial misses."""
+
+    class_name: str
+    metric: str
+    p99_s: float
+    target_s: float
+
+    @property
+    def excess(self) -> float:
+        return (self.p99_s - self.target_s) / self.target_s
+
+    def __str__(self) -> str:
+        return (f"class {self.class_name}: p99 {self.metric} {self.p99_s:.3g} s > target {self.target_s:g} s "
+                f"(+{100 * self.excess:.1f}%)")
+
+
+def shortfalls(metrics: Mapping[str, Any], ctx: StudyContext) -> list[Shortfall]:
+    out = []
+    for c in ctx.constraints:
+        cls_name, metric, target = c.class_name, c.metric, c.target_s  # SloConstraint fields
+        p99 = float(metrics.get(f"class.{cls_name}.{metric}.p99", math.nan))
+        if c.violation(metrics) > 0:
+            out.append(Shortfall(cls_name, metric, p99, target))
+    return out
+
+
+def _throughput_of(t: FrozenTrial, objective_names: Sequence[str]) -> float:
+    for key in THROUGHPUT_KEYS:
+        if key in objective_names:
+            return t.values[list(objective_names).index(key)]
+    for key in THROUGHPUT_KEYS:
+        if key in t.user_attrs:
+            return float(t.user_attrs[key])
+    return math.nan
+
+
+def _class_score(t: FrozenTrial, ctx: StudyContext, class_name: str) -> float:
+    """Tail latency of a class relative to its SLO (max over its targets of p99 / target); e2e p99 without one."""
+    cls = ctx.classes[class_name]
+    targets = cls.slo.targets()
+    if not targets:
+        return float(t.user_attrs.get(f"class.{class_name}.e2e_s.p99", math.inf))
+    return max(float(t.user_attrs.get(f"class.{class_name}.{m}.p99", math.inf)) / target
+               for m, target in targets.items())
+
+
+@dataclass
+class Pick:
+    trial: FrozenTrial
+    rule: str
+    feasible: bool
+    front: list[FrozenTrial]
+    shortfalls: list[Shortfall] = field(default_factory=list)
+
+
+def choose(trials: Sequence[FrozenTrial], ctx: StudyContext, favor: str | None = None) -> Pick:
+    """The recommended trial (see the module docstring)."""
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    if not complete:
+        raise KvtuneError(f"study {ctx.spec.name!r} has no completed trial yet; nothing to export")
+    if favor is not None and favor not in ctx.classes:
+        raise ConfigError("favor", f"no class {favor!r} in the workload; classes: {sorted(ctx.classes)}")
+    names = list(ctx.spec.objectives)
+    feasible = [t for t in complete if is_feasible(t)]
+    front = pareto_front(feasible, ctx.directions)
+    if not front:
+        best = min(complete, key=lambda t: (_total_violation(t), -_nan_low(_throughput_of(t, names))))
+        return Pick(best, "no trial meets every SLO: the trial closest to feasible (least total relative violation)",
+                    False, [], shortfalls(best.user_attrs, ctx))
+    if favor is None:
+        best = max(front, key=lambda t: (_nan_low(_throughput_of(t, names)), -t.number))
+        rule = "highest throughput among Pareto-optimal trials meeting every SLO"
+    else:
+        best = min(front, key=lambda t: (_class_score(t, ctx, favor), -_nan_low(_throughput_of(t, names)), t.number))
+        rule = (f"favor class {favor}: lowest p99/SLO of {favor} among Pareto-optimal trials meeting every SLO "
+                "(ties: highest throughput)")
+    return Pick(best, rule, True, front)
+
+
+def _nan_low(value: float) -> float:
+    return -math.inf if value is None or math.isnan(value) else value
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------
+def trial_row(t: FrozenTrial, ctx: StudyContext) -> dict[str, Any]:
+    row: dict[str, Any] = {"trial": t.number, "feasible": is_feasible(t)}
+    for name, value in zip(ctx.spec.objectives, t.values or ()):
+        row[name] = value
+    for key, value in t.user_attrs.get("knobs", {}).items():
+        row[f"knob.{key}"] = value
+    for name, value in zip(t.user_attrs.get("constraint_names", ()), t.user_attrs.get("constraints", ())):
+        row[f"violation.{name}"] = value
+    for key in _HEADLINE:
+        if key in t.user_attrs and key not in row:
+            row[key] = t.user_attrs[key]
+    for key in sorted(k for k in t.user_attrs if k.startswith("class.")):
+        row[key] = t.user_attrs[key]
+    return row
+
+
+def pareto_table(front: Sequence[FrozenTrial], ctx: StudyContext) -> pd.DataFrame:
+    rows = [trial_row(t, ctx) for t in front]
+    if not rows:
+        cols = ["trial", "feasible", *ctx.spec.objectives]
+        return pd.DataFrame(columns=cols)
+    return pd.DataFrame(rows)
+
+
+# ---- the engine's own config -----------------------------------------------------------------------------------
+def hf_model_id(model_name: str) -> str:
+    """The Hugging Face repo of a model profile (from its source URL), else its kvtune name."""
+    source = load_model(model_name).source
+    match = re.search(r"huggingface\.co/([^/\s]+/[^/\s]+)", source)
+    return match.group(1) if match else model_name
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else value
+    return value
+
+
+def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | None = None
+                ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """``(flags, policies, notes)`` for ``knobs``: the ``vllm serve --config`` mapping for the target version,
+    kvtune's own policies that differ from their defaults, and notes on what could not be expressed."""
+    target = target or spec.vllm_version
+    model = load_model(spec.model)
+    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len)
+    flavor_lacks = V0_ONLY if config.is_v1 else V1_ONLY
+    flags: dict[str, Any] = {}
+    notes: list[str] = []
+    for name, flag in VLLM_FLAGS.items():
+        if name in flavor_lacks:
+            continue
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if name == "quantization" and value == "none":
+            continue
+        if name in ("kv_offloading_size_gb", "long_prefill_token_threshold") and not value:
+            continue
+        if name == "swap_space_gb" and config.preemption_mode != "swap":
+            continue
+        if not target.has_flag(flag):
+            if name == "scheduler_reserve_full_isl":
+                notes.append(f"vLLM {target} has no --{flag}; kvtune simulated it {'on' if value else 'off'}")
+            elif (name == "enable_prefix_caching" and not config.is_v1) or (name == "watermark" and not value):
+                pass  # the engine's behaviour without the flag is what kvtune simulated
+            else:
+                notes.append(f"vLLM {target} has no --{flag}; kvtune simulated {name}={value!r}")
+            continue
+        if isinstance(value, bool) and not value and flag not in target.negatable:
+            notes.append(f"--{flag} cannot be turned off by a config file in vLLM {target} (no --no-{flag}); "
+                         f"kvtune simulated it off")
+            continue
+        flags[flag] = _scalar(value)
+        if name == "kv_offloading_size_gb" and target.has_flag("kv-offloading-backend"):
+            flags["kv-offloading-backend"] = "native"
+    policies: dict[str, Any] = {}
+    defaults = EngineConfig()
+    for name in KVTUNE_POLICIES:
+        value = getattr(config, name)
+        if value != getattr(defaults, name):
+            policies[name] = _scalar(value)
+    if "admission_policy" not in policies:
+        policies.pop("admission_quantile", None)
+        policies.pop("admission_headroom", None)
+    if not config.is_v1 and "v1" in target.engines:
+        notes.append("this is a V0-engine config: start vLLM with the environment variable VLLM_USE_V1=0")
+    return flags, policies, notes
+
+
+def render_recommended_yaml(flags: Mapping[str, Any], policies: Mapping[str, Any], notes: Sequence[str],
+                            header: Sequence[str]) -> str:
+    lines = [f"# {h}" for h in header]
+    lines.extend(f"# note: {n}" for n in notes)
+    body = yaml.safe_dump(dict(flags), sort_keys=False, default_flow_style=False).rstrip("\n")
+    lines.append(body)
+    lines.append("")
+    if policies:
+        lines.append("# kvtune_policies:  (kvtune's own policies, simulated in this recommendation; vLLM has no flag for")
+        lines.append("#                   them, so enforce them in the gateway/router in front of vLLM)")
+        for name, value in policies.items():
+            lines.append(f"#   {name}: {json.dumps(value)}")
+            lines.append(f"#     rationale: {KVTUNE_POLICIES[name]}")
+    else:
+        lines.append("# kvtune_policies: none (vLLM's own greedy admission, no reserved KV)")
+    return "\n".join(lines) + "\n"
+
+
+# ---- predicted metrics -----------------------------------------------------------------------------------------
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def class_metrics(metrics: Mapping[str, Any], ctx: StudyContext) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, cls in ctx.classes.items():
+        prefix = f"class.{name}"
+        entry: dict[str, Any] = {}
+        for metric in _CLASS_METRICS:
+            entry[metric] = {q: _finite(metrics.get(f"{prefix}.{metric}.{q}", math.nan)) for q in ("p50", "p90", "p99")}
+        for key in ("output_tokens_per_s", "goodput_rps", "slo_attainment", "preemptions_per_request.mean"):
+            entry[key] = _finite(metrics.get(f"{prefix}.{key}", math.nan))
+        entry["count"] = {k.split(".")[-1]: _finite(v) for k, v in metrics.items() if k.startswith(f"{prefix}.count.")}
+        targets = cls.slo.targets()
+        if targets:
+            entry["slo_p99_s"] = targets
+            entry["meets_slo"] = all(
+                (p := metrics.get(f"{prefix}.{m}.p99", math.nan)) == p and p <= t for m, t in targets.items())
+        out[name] = entry
+    return out
+
+
+def predicted(metrics: Mapping[str, Any] | None, ctx: StudyContext, error: str | None = None) -> dict[str, Any]:
+    if metrics is None:
+        return {"error": error}
+    out = {key: _finite(metrics.get(key, math.nan)) for key in _HEADLINE}
+    out["objectives"] = {o.name: _finite(float(o.value(metrics))) for o in ctx.objectives}
+    out["classes"] = class_metrics(metrics, ctx)
+    out["meets_all_slos"] = not shortfalls(metrics, ctx)
+    return out
+
+
+# ---- export ----------------------------------------------------------------------------------------------------
+@dataclass
+class ExportResult:
+    out: Path
+    trial: int
+    feasible: bool
+    rule: str
+    front_size: int
+    flags: dict[str, Any]
+    policies: dict[str, Any]
+    shortfalls: list[Shortfall]
+    recommended: dict[str, Any]
+    default: dict[str, Any]
+    files: list[Path]
+
+    def summary(self) -> str:
+        lines = [f"recommended trial {self.trial} ({self.rule})"]
+        rec, base = self.recommended.get("objectives", {}), self.default.get("objectives", {})
+        for name, value in rec.items():
+            lines.append(f"  {name}: {_show(value)} (engine default config: {_show(base.get(name))})")
+        if not self.feasible:
+            lines.append("  no trial meets every SLO:")
+            lines.extend(f"    {s}" for s in self.shortfalls)
+        lines.append(f"wrote {', '.join(p.name for p in self.files)} to {self.out} "
+                     f"({self.front_size} Pareto-optimal feasible trials)")
+        return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path, favor: str | None = None,
+                 study_out: str | Path | None = None, context: StudyContext | None = None) -> ExportResult:
+    """Write pareto.csv, recommended.yaml and recommended.json for the spec's stored study to ``out``."""
+    ctx = context or prepare(spec)
+    url = spec.storage_url(storage, spec.out_dir(study_out))
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise ConfigError("storage", f"{url} does not exist; run 'kvtune tune' first or give --storage")
+    study = open_study(ctx, url, create=False)
+    trials = study.get_trials(deepcopy=False)
+    pick = choose(trials, ctx, favor)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+
+    table = pareto_table(pick.front, ctx)
+    (out / "pareto.csv").write_text(table.to_csv(index=False))
+    files.append(out / "pareto.csv")
+
+    knobs = dict(pick.trial.user_attrs["knobs"])
+    flags, policies, notes = vllm_config(knobs, spec)
+    backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
+    results: dict[str, dict[str, Any]] = {}
+    fresh: dict[str, Any] = {}
+    for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):
+        try:
+            fresh[label] = backend.run(run_knobs, ctx.seeds)
+            results[label] = predicted(fresh[label], ctx)
+        except (TrialError, KvtuneError) as exc:
+            fresh[label] = None
+            results[label] = predicted(None, ctx, str(exc))
+    falls = pick.shortfalls if not pick.feasible else []
+
+    model_id = hf_model_id(spec.model)
+    target = spec.vllm_version
+    engine = "V1" if spec.flavor == "vllm-v1" else "V0"
+    header = [
+        f"kvtune recommendation: study {spec.name}, trial {pick.trial.number}; vLLM {target} ({engine} engine)",
+        f"model {spec.model} on {spec.gpu}, tensor parallel {spec.tensor_parallel_size}; "
+        f"start with: vllm serve {model_id} --config recommended.yaml",
+        f"pick: {pick.rule}",
+    ]
+    for o in ctx.objectives:
+        rec = results["recommended"].get("objectives", {}).get(o.name)
+        base = results["default"].get("objectives", {}).get(o.name)
+        header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
+    if falls:
+        header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
+    (out / "recommended.yaml").write_text(render_recommended_yaml(flags, policies, notes, header))
+    files.append(out / "recommended.yaml")
+
+    doc = {
+        "study": spec.name,
+        "storage": url,
+        "trial": pick.trial.number,
+        "pick": {"rule": pick.rule, "favor": favor, "pareto_size": len(pick.front)},
+        "feasible": pick.feasible,
+        "shortfalls": [{"class": s.class_name, "metric": s.metric, "p99_s": _finite(s.p99_s),
+                        "target_s": s.target_s, "excess": _finite(s.excess)} for s in falls],
+        "vllm_version": str(target),
+        "vllm_flag_sources": target.sources(),
+        "flavor": spec.flavor,
+        "model": spec.model,
+        "hf_model": model_id,
+        "gpu": spec.gpu,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "knobs": knobs,
+        "vllm_config": flags,
+        "kvtune_policies": {name: {"value": value, "rationale": KVTUNE_POLICIES[name]} for name, value in policies.items()},
+        "notes": notes,
+        "environment": {"VLLM_USE_V1": "0"} if spec.flavor == "vllm-v0" and "v1" in target.engines else {},
+        "default_config": spec.fixed_knobs(),
+        "replicate_seeds": ctx.seeds,
+        "predicted": results,
+        "trial_values": dict(zip(spec.objectives, pick.trial.values)),
+    }
+    (out / "recommended.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    files.append(out / "recommended.json")
+    return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
+                        results["recommended"], results["default"], files)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def load_trials(spec: StudySpec, storage: str | None = None, study_out: str | Path | None = None,
+                context: StudyContext | None = None) -> tuple[optuna.Study, StudyContext]:
+    """The stored study of ``spec`` (read only) and its context, for reports and notebooks."""
+    ctx = context or prepare(spec)
+    return open_study(ctx, spec.storage_url(storage, spec.out_dir(study_out)), create=False), ctx

@@ -1,0 +1,136 @@
+"""Engine knobs as the optimizer sees them: which are vLLM flags (and which flag), which are kvtune's own.
+
+The optimizer works on :class:`sim.engine.config.EngineConfig` field names.  One extra, *virtual* knob exists for
+``vllm-v1``: ``preemption_mode`` with choices ``recompute`` / ``offload``, where ``offload`` means a CPU KV tier
+(``kv_offloading_size_gb > 0``, vLLM's ``--kv-offloading-size``).  For ``vllm-v0`` ``preemption_mode`` is the real
+``--preemption-mode`` (``recompute`` / ``swap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
+from sim.errors import ConfigError
+
+#: EngineConfig field -> ``vllm serve`` flag (without ``--``).
+VLLM_FLAGS: dict[str, str] = {
+    "max_num_seqs": "max-num-seqs",
+    "max_num_batched_tokens": "max-num-batched-tokens",
+    "gpu_memory_utilization": "gpu-memory-utilization",
+    "block_size": "block-size",
+    "kv_cache_dtype": "kv-cache-dtype",
+    "quantization": "quantization",
+    "tensor_parallel_size": "tensor-parallel-size",
+    "max_model_len": "max-model-len",
+    "scheduling_policy": "scheduling-policy",
+    "enable_prefix_caching": "enable-prefix-caching",
+    "watermark": "watermark",
+    "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+    "long_prefill_token_threshold": "long-prefill-token-threshold",
+    "kv_offloading_size_gb": "kv-offloading-size",
+    "preemption_mode": "preemption-mode",
+    "swap_space_gb": "swap-space",
+    "enable_chunked_prefill": "enable-chunked-prefill",
+    "num_gpu_blocks_override": "num-gpu-blocks-override",
+}
+
+#: kvtune's own policies (no vLLM flag): why an operator would apply each, for the export.
+KVTUNE_POLICIES: dict[str, str] = {
+    "reserved_kv_fraction": (
+        "share of GPU KV blocks that only already-running sequences may grow into, so new admissions cannot "
+        "starve running requests into preemption; enforce it in an admission gateway (e.g. cap in-flight prompt "
+        "tokens at (1 - fraction) of the KV capacity)"),
+    "admission_policy": (
+        "'predicted' admits a request only if its prompt plus its class's predicted output length fits in free "
+        "KV memory; vLLM admits greedily, so apply this in the router/gateway in front of vLLM"),
+    "admission_quantile": "quantile of each class's output length that predicted admission assumes",
+    "admission_headroom": "share of KV blocks that must remain free after a predicted admission",
+}
+
+#: Study-level settings that are not searched as knobs.
+TOP_LEVEL = ("flavor", "tensor_parallel_size")
+
+VIRTUAL_PREEMPTION = "preemption_mode"
+V1_PREEMPTION_CHOICES = ("recompute", "offload")
+V0_PREEMPTION_CHOICES = ("recompute", "swap")
+
+_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+
+
+def knob_names() -> list[str]:
+    return [name for name in _FIELDS if name not in TOP_LEVEL]
+
+
+def field_type(name: str) -> str:
+    """``int``, ``float``, ``bool`` or ``str`` for an EngineConfig field (the virtual knob is ``str``)."""
+    if name not in _FIELDS:
+        return "str"
+    kind = str(_FIELDS[name].type)
+    for base in ("bool", "int", "float"):
+        if kind.startswith(base):
+            return base
+    return "str"
+
+
+def check_knob(name: str, flavor: str, target: Any, where: str, *, searched: bool = False) -> None:
+    """Raise ConfigError (at ``where``) if ``name`` is no knob of ``flavor``, or a vLLM flag ``target`` lacks."""
+    if name in TOP_LEVEL:
+        raise ConfigError(where, f"{name} is set at the top level of the study, not as an engine knob")
+    if name not in _FIELDS and not (name == VIRTUAL_PREEMPTION):
+        import difflib
+
+        close = difflib.get_close_matches(name, knob_names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(where, f"unknown engine knob{hint}")
+    other_only = V0_ONLY if flavor == "vllm-v1" else V1_ONLY
+    if name in other_only and not (flavor == "vllm-v1" and name == VIRTUAL_PREEMPTION and searched):
+        raise ConfigError(where, f"is not a knob of {flavor} (it exists only in the other flavor)")
+    if flavor == "vllm-v1" and name == VIRTUAL_PREEMPTION:
+        name = "kv_offloading_size_gb"
+    flag = VLLM_FLAGS.get(name)
+    if flag is not None and target is not None and not target.has_flag(flag):
+        raise ConfigError(where, f"vLLM {target} has no --{flag} flag (per optimizer/data/vllm_flags.yaml: "
+                                 f"{', '.join(target.sources())})")
+
+
+def params_to_knobs(params: Mapping[str, Any], flavor: str) -> dict[str, Any]:
+    """Search-space parameters -> EngineConfig knobs (the v1 virtual ``preemption_mode`` becomes the offload size)."""
+    knobs = dict(params)
+    if flavor == "vllm-v1" and VIRTUAL_PREEMPTION in knobs:
+        mode = knobs.pop(VIRTUAL_PREEMPTION)
+        if mode != "offload":
+            knobs.pop("kv_offloading_size_gb", None)
+    if flavor == "vllm-v0" and knobs.get("preemption_mode") == "recompute":
+        knobs.pop("swap_space_gb", None)
+    return knobs
+
+
+def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int) -> tuple[dict[str, Any], str | None]:
+    """Make a drawn config one vLLM accepts, and say what changed.
+
+    Every vLLM release refuses ``max_num_batched_tokens < max_num_seqs`` (``SchedulerConfig``: "must be greater than
+    or equal to max_num_seqs").  A draw that breaks it gets the searched one of the two moved to the other: fewer
+    sequences (a step cannot decode more sequences than its token budget anyway), or a larger budget when only the
+    budget is searched.  Other invalid draws are left for the caller to fail.
+    """
+    out = dict(knobs)
+    try:
+        config = EngineConfig.from_dict(dict(out), "knobs")
+        # The budget the engine would use (resolved with one sequence, so that this very rule does not raise).
+        budget = config.replace(max_num_seqs=1).resolve(model_max_len).max_num_batched_tokens
+    except ConfigError:
+        return out, None
+    seqs = config.max_num_seqs
+    if budget is None or budget >= seqs:
+        return out, None
+    if "max_num_seqs" in searched:
+        out["max_num_seqs"] = int(budget)
+        return out, (f"max_num_seqs {seqs} -> {budget}: vLLM requires max_num_batched_tokens ({budget}) >= "
+                     "max_num_seqs")
+    if "max_num_batched_tokens" in searched:
+        out["max_num_batched_tokens"] = int(seqs)
+        return out, (f"max_num_batched_tokens {budget} -> {seqs}: vLLM requires max_num_batched_tokens >= "
+                     f"max_num_seqs ({seqs})")
+    return out, None

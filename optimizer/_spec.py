@@ -1,0 +1,362 @@
+"""Study specs: the YAML an operator writes to ask kvtune a question, as typed dataclasses.
+
+    name: conv-l40s                      # default: the file's stem
+    description: ...
+    workload: {trace: bundled, classes: {conv: {slo: {e2e_p99_s: 40}}}, max_requests: 300}   # a WorkloadSpec
+    model: Llama-2-7B
+    gpu: L40S
+    tensor_parallel_size: 1
+    flavor: vllm-v1                      # or vllm-v0
+    vllm_version: ">=0.18"               # the vLLM the recommendation is for: "0.8.5", "==0.10.2", ">=0.18", "latest"
+    engine: {max_model_len: 4096}        # fixed engine knobs (EngineConfig names)
+    search: {...}                        # see optimizer/_space.py; omitted: the default space
+    objectives: [output_tokens_per_s, "p99_e2e_s:conv"]
+    constraints: slo                     # every class SLO (default) | none | [class, ...]
+    replicates: 1                        # seeds per config (workload seed, seed+1, ...); metrics are their mean
+    budget: {trials: 50, workers: null, trial_timeout_s: 600}
+    sampler: {name: tpe, seed: 0}        # tpe | nsga2 | gp | random | grid
+    storage: null                        # Optuna storage URL; default sqlite:///<out>/study.db
+    ray_address: null                    # an existing Ray cluster; default: a local one
+    out: null                            # default runs/<name> (relative to the current directory)
+
+Every problem is a :class:`~sim.errors.ConfigError` whose field names the key (``budget.trials``,
+``search.max_num_seqs.low``, ``engine.swap_space_gb``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from objectives.registry import get_objective
+from optimizer._knobs import check_knob
+from optimizer._space import SearchSpace, parse_search_space
+from optimizer._versions import VllmTarget, default_target
+from sim.engine.config import FLAVORS, EngineConfig
+from sim.errors import ConfigError
+from sim.profiles import load_gpu, load_model
+from sim.workload._spec import WorkloadSpec
+
+_TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
+             "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
+             "ray_address", "out")
+_BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
+_SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
+#: Parts of a spec that define what a trial measures: a stored study made from other values cannot be resumed.
+IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
+                 "objectives", "constraints", "replicates")
+
+
+def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    import difflib
+
+    for key in d:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}.{key}" if where else str(key), f"unknown key{hint}; expected one of {list(allowed)}")
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int | None = None,
+         maximum: int | None = None) -> Any:
+    here = f"{where}.{key}" if where else key
+    value = d.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        raise ConfigError(here, f"must be a whole number, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ConfigError(here, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(here, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tuple[str, ...] | None = None) -> Any:
+    here = f"{where}.{key}" if where else key
+    value = d.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(here, f"must be a non-empty string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many trials (finished ones, across resumes), on how many workers, each for at most how long."""
+
+    trials: int = 50
+    workers: int | None = None
+    trial_timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "budget") -> "Budget":
+        d = _mapping(d, where)
+        _check_keys(d, _BUDGET_KEYS, where)
+        timeout = d.get("trial_timeout_s", 600.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+        return cls(trials=_int(d, "trials", where, 50, minimum=1),
+                   workers=_int(d, "workers", where, None, minimum=1),
+                   trial_timeout_s=float(timeout))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": self.trials, "workers": self.workers, "trial_timeout_s": self.trial_timeout_s}
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Optuna sampler, seeded so that a study is repeatable."""
+
+    name: str = "tpe"
+    seed: int = 0
+    n_startup_trials: int | None = None
+    population_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "sampler") -> "SamplerSpec":
+        if isinstance(d, str):
+            d = {"name": d}
+        d = _mapping(d, where)
+        _check_keys(d, _SAMPLER_KEYS, where)
+        name = _str(d, "name", where, "tpe", SAMPLERS)
+        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0),
+                   n_startup_trials=_int(d, "n_startup_trials", where, None, minimum=0),
+                   population_size=_int(d, "population_size", where, None, minimum=2))
+        if spec.n_startup_trials is not None and name not in ("tpe", "gp"):
+            raise ConfigError(f"{where}.n_startup_trials", f"applies to tpe and gp, not {name}")
+        if spec.population_size is not None and name != "nsga2":
+            raise ConfigError(f"{where}.population_size", f"applies to nsga2, not {name}")
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "seed": self.seed}
+        if self.n_startup_trials is not None:
+            out["n_startup_trials"] = self.n_startup_trials
+        if self.population_size is not None:
+            out["population_size"] = self.population_size
+        return out
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A tuning study; build with :meth:`from_dict` or :func:`load_study_spec`."""
+
+    name: str
+    workload: WorkloadSpec
+    model: str
+    gpu: str
+    search: SearchSpace
+    objectives: tuple[str, ...]
+    vllm_version: VllmTarget
+    description: str = ""
+    tensor_parallel_size: int = 1
+    flavor: str = "vllm-v1"
+    engine: dict[str, Any] = field(default_factory=dict)
+    #: ``"slo"`` (every class SLO), ``"none"``, or the class names whose SLOs are constraints.
+    constraints: str | tuple[str, ...] = "slo"
+    replicates: int = 1
+    budget: Budget = field(default_factory=Budget)
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    storage: str | None = None
+    ray_address: str | None = None
+    out: str | None = None
+    base_dir: Path | None = field(default=None, compare=False)
+
+    # ------------------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Any, *, name: str | None = None, base_dir: Path | None = None) -> "StudySpec":
+        d = _mapping(d, "study")
+        _check_keys(d, _TOP_KEYS, "")
+        name = _str(d, "name", "", name)
+        if name is None:
+            raise ConfigError("name", "is required (or load the spec from a file: its stem is the default name)")
+        for key in ("workload", "model", "gpu"):
+            if d.get(key) is None:
+                raise ConfigError(key, "is required")
+        workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
+        model_name = _str(d, "model", "", None)
+        gpu_name = _str(d, "gpu", "", None)
+        model = load_model(model_name, "model")
+        load_gpu(gpu_name, "gpu")
+        flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
+        tp = _int(d, "tensor_parallel_size", "", 1)
+        if tp not in (1, 2, 4, 8):
+            raise ConfigError("tensor_parallel_size", f"must be one of [1, 2, 4, 8], got {tp}")
+        target = VllmTarget.parse(d["vllm_version"]) if d.get("vllm_version") is not None else default_target(flavor)
+        engine_name = "v0" if flavor == "vllm-v0" else "v1"
+        if engine_name not in target.engines:
+            have = sorted(target.engines)
+            raise ConfigError("vllm_version" if d.get("vllm_version") is not None else "flavor",
+                              f"vLLM {target} ships no {engine_name.upper()} engine (it has {have}); "
+                              + ("the V0 engine was removed in 0.11: target 0.10.2 or older for vllm-v0"
+                                 if engine_name == "v0" else "choose flavor vllm-v0"))
+        engine = dict(_mapping(d.get("engine"), "engine"))
+        for key in engine:
+            check_knob(str(key), flavor, target, f"engine.{key}")
+        try:
+            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp, **engine}, "engine")
+            fixed.resolve(model.max_model_len)
+        except ConfigError as exc:
+            field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
+            raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
+        engine = {k: getattr(fixed, k) for k in engine}
+        resolved = fixed.resolve(model.max_model_len)
+        if resolved.max_num_batched_tokens < resolved.max_num_seqs:
+            key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
+            raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "
+                                               f"than max_num_seqs {resolved.max_num_seqs}; vLLM refuses this")
+        max_model_len = fixed.max_model_len or model.max_model_len
+        classes = workload.classes.classes() if workload.classes is not None else {}
+        priorities_differ = len({c.priority for c in classes.values()}) > 1
+        search = parse_search_space(d.get("search"), flavor, target, fixed=engine, max_model_len=max_model_len,
+                                    priorities_differ=priorities_differ)
+        if not len(search):
+            raise ConfigError("search", "no knob left to search")
+        objectives = d.get("objectives", ["output_tokens_per_s"])
+        if isinstance(objectives, str):
+            objectives = [objectives]
+        if not isinstance(objectives, list) or not objectives:
+            raise ConfigError("objectives", f"must be a non-empty list of objective names, got {objectives!r}")
+        for i, obj in enumerate(objectives):
+            if not isinstance(obj, str):
+                raise ConfigError(f"objectives[{i}]", f"must be an objective name, got {obj!r}")
+            try:
+                get_objective(obj)
+            except ConfigError as exc:
+                raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
+        if len(set(objectives)) != len(objectives):
+            raise ConfigError("objectives", f"lists an objective twice: {objectives}")
+        constraints = d.get("constraints", "slo")
+        if isinstance(constraints, list):
+            if not all(isinstance(c, str) and c for c in constraints):
+                raise ConfigError("constraints", f"a list of class names, got {constraints!r}")
+            constraints = tuple(constraints)
+        elif constraints not in ("slo", "none"):
+            raise ConfigError("constraints", f"must be 'slo', 'none' or a list of class names, got {constraints!r}")
+        replicates = _int(d, "replicates", "", 1, minimum=1, maximum=100)
+        sampler = SamplerSpec.from_dict(d.get("sampler"), "sampler")
+        if sampler.name == "grid":
+            conditional = [dom.name for dom in search.domains if dom.when]
+            if conditional:
+                # Grid points are the product over every knob; conditional knobs would repeat configs.
+                raise ConfigError("sampler.name", f"grid needs a space without conditions; drop or fix {conditional}")
+        return cls(
+            name=name,
+            description=_str(d, "description", "", ""),
+            workload=workload,
+            model=model.name,
+            gpu=gpu_name,
+            search=search,
+            objectives=tuple(objectives),
+            vllm_version=target,
+            tensor_parallel_size=tp,
+            flavor=flavor,
+            engine=engine,
+            constraints=constraints,
+            replicates=replicates,
+            budget=Budget.from_dict(d.get("budget"), "budget"),
+            sampler=sampler,
+            storage=_str(d, "storage", "", None),
+            ray_address=_str(d, "ray_address", "", None),
+            out=_str(d, "out", "", None),
+            base_dir=base_dir,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    def fixed_knobs(self) -> dict[str, Any]:
+        """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
+        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
+
+    def default_config(self) -> EngineConfig:
+        """The engine's default config for this deployment: vLLM defaults plus the study's fixed knobs."""
+        return EngineConfig.from_dict(self.fixed_knobs(), "engine")
+
+    def replicate_seeds(self) -> list[int]:
+        return [self.workload.seed + i for i in range(self.replicates)]
+
+    def out_dir(self, override: str | Path | None = None) -> Path:
+        if override is not None:
+            return Path(override)
+        if self.out is not None:
+            return Path(self.out).expanduser()
+        return Path("runs") / self.name
+
+    def storage_url(self, storage: str | None = None, out: str | Path | None = None) -> str:
+        """``storage`` (a flag), else the spec's, else ``sqlite:///<out>/study.db``."""
+        if storage:
+            return storage
+        if self.storage:
+            return self.storage
+        return f"sqlite:///{(self.out_dir(out) / 'study.db').resolve()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "workload": self.workload.to_dict(),
+            "model": self.model,
+            "gpu": self.gpu,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "flavor": self.flavor,
+            "vllm_version": str(self.vllm_version),
+            "engine": dict(self.engine),
+            "search": self.search.to_dict(),
+            "objectives": list(self.objectives),
+            "constraints": self.constraints if isinstance(self.constraints, str) else list(self.constraints),
+            "replicates": self.replicates,
+            "budget": self.budget.to_dict(),
+            "sampler": self.sampler.to_dict(),
+            "storage": self.storage,
+            "ray_address": self.ray_address,
+            "out": self.out,
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """The parts that define what a trial measures (compared when a stored study is resumed)."""
+        full = self.to_dict()
+        ident = {key: full[key] for key in IDENTITY_KEYS}
+        path = self.workload.trace_path()
+        if path is not None:
+            ident["workload"] = {**ident["workload"], "trace": str(path.resolve()) if path.exists() else str(path)}
+        return json.loads(json.dumps(ident, sort_keys=True, default=str))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_study_spec(path: str | Path) -> StudySpec:
+    """Read a study spec file; errors name the key and the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("spec", f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("spec", f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("spec", f"{path} must hold a mapping (name:, workload:, ...), got {type(data).__name__}")
+    try:
+        return StudySpec.from_dict(data, name=path.stem, base_dir=path.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, f"{str(exc)[len(exc.field) + 2:]} (in {path})") from None

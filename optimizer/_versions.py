@@ -1,0 +1,137 @@
+"""Target vLLM versions and the real ``vllm serve`` flags each has (``optimizer/data/vllm_flags.yaml``).
+
+A study names the vLLM it will deploy on: an exact release (``"0.8.5"``, ``"==0.10.2"``) or a floor
+(``">=0.18"``: any release from 0.18 on).  The flag table holds the flags read from ``vllm/engine/arg_utils.py`` of
+a handful of releases.  A flag counts as present for a target only where the table can vouch for it:
+
+- exact release ``X``: the flag is in every listed release between the nearest listed one at or below ``X`` and
+  the nearest at or above ``X`` (both, when ``X`` falls between two of them; the newest alone beyond it);
+- floor ``>=X``: the flag is in every listed release from the nearest at or below ``X`` up to the newest.
+
+So a flag added or removed between two listed releases is never promised for a release in that gap.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from sim.errors import ConfigError
+
+_VERSION = re.compile(r"^\s*(==|>=)?\s*v?(\d+(?:\.\d+){0,3})((?:\.?post\d+)|(?:rc\d+))?\s*$")
+
+
+def parse_release(text: str, where: str = "vllm_version") -> tuple[int, ...]:
+    """``"0.8.5.post1"`` -> ``(0, 8, 5)``: the release numbers, padded to three (post/rc suffixes dropped)."""
+    match = _VERSION.match(str(text))
+    if match is None or match.group(1):
+        raise ConfigError(where, f"cannot read {text!r} as a vLLM release such as 0.8.5")
+    parts = tuple(int(p) for p in match.group(2).split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+@dataclass(frozen=True)
+class ReleaseFlags:
+    """The flags of one listed vLLM release, as read from its ``vllm/engine/arg_utils.py``."""
+
+    version: str
+    release: tuple[int, ...]
+    flags: frozenset[str]
+    negatable: frozenset[str]
+    engines: frozenset[str]
+    source: str
+
+
+@functools.cache
+def flag_table() -> tuple[ReleaseFlags, ...]:
+    """Every listed release, oldest first."""
+    text = resources.files("optimizer").joinpath("data", "vllm_flags.yaml").read_text()
+    data = yaml.safe_load(text)["versions"]
+    out = [
+        ReleaseFlags(
+            version=str(version),
+            release=parse_release(str(version)),
+            flags=frozenset(entry["flags"]),
+            negatable=frozenset(entry.get("negatable") or ()),
+            engines=frozenset(entry["engines"]),
+            source=str(entry["source"]),
+        )
+        for version, entry in data.items()
+    ]
+    return tuple(sorted(out, key=lambda r: r.release))
+
+
+@dataclass(frozen=True)
+class VllmTarget:
+    """The vLLM a recommendation is for: ``==X`` (one release) or ``>=X`` (that release and every later one)."""
+
+    text: str
+    release: tuple[int, ...]
+    floor: bool = False
+
+    @classmethod
+    def parse(cls, value: Any, where: str = "vllm_version") -> "VllmTarget":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ConfigError(where, f"write the version as a string (\"{value}\" in quotes); YAML read it as a number")
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(where, f"must be a vLLM release such as \"0.8.5\" or a floor such as \">=0.18\", got {value!r}")
+        text = value.strip()
+        if text == "latest":
+            newest = flag_table()[-1]
+            return cls(newest.version, newest.release, False)
+        match = _VERSION.match(text)
+        if match is None:
+            raise ConfigError(where, f"cannot read {value!r}: give a release such as \"0.8.5\" or a floor such as \">=0.18\"")
+        release = parse_release(match.group(2) + (match.group(3) or ""), where)
+        oldest = flag_table()[0]
+        if release < oldest.release:
+            raise ConfigError(where, f"{text}: kvtune has vLLM flag data from {oldest.version} on "
+                                     f"(optimizer/data/vllm_flags.yaml)")
+        return cls(text, release, match.group(1) == ">=")
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def releases(self) -> tuple[ReleaseFlags, ...]:
+        """The listed releases whose flags bound what this target has (see the module docstring)."""
+        table = flag_table()
+        below = [r for r in table if r.release <= self.release]
+        above = [r for r in table if r.release >= self.release]
+        low = below[-1]
+        if self.floor:
+            return tuple(r for r in table if r.release >= low.release)
+        high = above[0] if above else table[-1]
+        return tuple(r for r in table if low.release <= r.release <= high.release)
+
+    @functools.cached_property
+    def flags(self) -> frozenset[str]:
+        """Flags (without the leading ``--``) that every release of this target has."""
+        return frozenset.intersection(*(r.flags for r in self.releases))
+
+    @functools.cached_property
+    def negatable(self) -> frozenset[str]:
+        return frozenset.intersection(*(r.negatable for r in self.releases))
+
+    @functools.cached_property
+    def engines(self) -> frozenset[str]:
+        """``v0``/``v1``: the engines every release of this target ships."""
+        return frozenset.intersection(*(r.engines for r in self.releases))
+
+    def has_flag(self, flag: str) -> bool:
+        return flag.lstrip("-") in self.flags
+
+    def sources(self) -> list[str]:
+        return [r.source for r in self.releases]
+
+
+def default_target(flavor: str) -> VllmTarget:
+    """The newest listed release that ships the flavor's engine."""
+    engine = "v0" if flavor == "vllm-v0" else "v1"
+    release = [r for r in flag_table() if engine in r.engines][-1]
+    return VllmTarget(release.version, release.release, False)

@@ -1,0 +1,146 @@
+"""The ``kvtune`` command line.
+
+    kvtune tune studies/NAME.yaml [--trials N] [--workers N] [--storage URL] [--address RAY_ADDRESS] [--out DIR]
+    kvtune export studies/NAME.yaml [--storage URL] --out DIR [--favor CLASS]
+    kvtune simulate ...        (optimizer/cli_simulate.py)
+    kvtune workload ...        (sim/workload/cli.py)
+
+Errors caused by input (a spec, a flag, a trace) print ``kvtune: error: <message>`` as one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from sim.errors import KvtuneError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tune", help="run or resume a tuning study",
+        description="Launch (or resume: run the same command again) a tuning study: Ray workers run simulated "
+                    "trials while Optuna searches engine knobs against the spec's objectives and class SLOs. "
+                    "Ends by exporting the Pareto front and a recommended config to the out folder.")
+    p.add_argument("spec", type=Path, help="study spec (YAML)")
+    p.add_argument("--trials", type=_positive_int, help="finished trials the study should have (default: budget.trials)")
+    p.add_argument("--workers", type=_positive_int, help="trials at once (default: budget.workers, else one per CPU)")
+    p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db)")
+    p.add_argument("--address", help="Ray cluster address (default: the spec's ray_address, else a local Ray)")
+    p.add_argument("--out", type=Path, help="output folder (default: the spec's out, else runs/<name>)")
+    p.add_argument("--trial-timeout", type=_positive_float, metavar="SECONDS",
+                   help="per-trial timeout (default: budget.trial_timeout_s)")
+    p.add_argument("--in-process", action="store_true", help="run trials one by one in this process (no Ray)")
+    p.add_argument("--no-export", action="store_true", help="do not export pareto.csv / recommended.* at the end")
+    p.set_defaults(handler=cmd_tune)
+
+
+def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export", help="write the Pareto front and a recommended config of a study",
+        description="Write pareto.csv, recommended.yaml (vllm serve --config for the spec's vllm_version) and "
+                    "recommended.json (predicted per-class metrics next to the engine's default config).")
+    p.add_argument("spec", type=Path, help="study spec (YAML)")
+    p.add_argument("--storage", help="Optuna storage URL (default: the spec's storage, else sqlite:///<study out>/study.db)")
+    p.add_argument("--study-out", type=Path, help="the out folder 'kvtune tune' used, to find its default storage")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the export to")
+    p.add_argument("--favor", metavar="CLASS", help="pick the Pareto point best for this class's SLO "
+                                                    "(default: highest throughput meeting every SLO)")
+    p.set_defaults(handler=cmd_export)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from optimizer._executors import InProcessExecutor
+    from optimizer._export import export_study
+    from optimizer._spec import load_study_spec
+    from optimizer._study import Tuner
+
+    spec = load_study_spec(args.spec)
+    tuner = Tuner(spec, trials=args.trials, workers=args.workers, storage=args.storage, address=args.address,
+                  out=args.out, trial_timeout_s=args.trial_timeout,
+                  executor=InProcessExecutor() if args.in_process else None)
+    result = tuner.run()
+    print(f"study {result.name}: {result.finished}/{result.target} trials finished ({result.complete} complete, "
+          f"{result.failed} failed, {result.feasible} feasible); ran {result.ran} now in {result.wall_s:.1f} s; "
+          f"storage {result.storage}")
+    if args.no_export or result.complete == 0 or result.storage == "memory":
+        return 0
+    export = export_study(spec, storage=result.storage, out=tuner.out, context=tuner.ctx)
+    print(export.summary())
+    return 0 if export.feasible else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from optimizer._export import export_study
+    from optimizer._spec import load_study_spec
+
+    spec = load_study_spec(args.spec)
+    export = export_study(spec, storage=args.storage, out=args.out, favor=args.favor, study_out=args.study_out)
+    print(export.summary())
+    if not export.feasible:
+        print("kvtune: warning: no trial meets every SLO; recommended.* hold the closest trial, marked infeasible",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvtune", description="Tune vLLM scheduler and KV-cache knobs against "
+                                                                "per-class latency targets, by simulation.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    from optimizer.cli_simulate import add_simulate_parser
+    from optimizer.report.cli import add_report_parser
+    from replay.cli import add_replay_parsers
+    from sim.workload.cli import add_workload_parser
+
+    add_simulate_parser(sub)
+    add_tune_parser(sub)
+    add_export_parser(sub)
+    add_report_parser(sub)
+    add_workload_parser(sub)
+    add_replay_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None) or getattr(args, "func", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except KvtuneError as exc:
+        print(f"kvtune: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nkvtune: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
