@@ -1,0 +1,7 @@
+"""``python -m replay twin|replay|calibrate ...``"""
+
+import sys
+
+from replay.cli import main
+
+sys.exit(main())

@@ -1,0 +1,265 @@
+"""Command line of the replay package: ``twin``, ``replay`` and ``calibrate``.
+
+``add_replay_parsers(subparsers)`` registers the three subcommands on an argparse subparsers object (kvtune's
+main CLI calls it); each sets ``func`` to a handler ``func(args) -> int``.  ``main(argv)`` runs them standalone
+(``python -m replay twin ...``), printing user errors (KvtuneError) as one line and exiting 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from sim.errors import ConfigError, KvtuneError
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(what, f"expected NAME=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _engine_config(sets: list[str] | None):
+    from sim.engine.config import EngineConfig
+
+    return EngineConfig.from_dict(_pairs(sets, "--set"), where="--set")
+
+
+def _coefficients(profile: str | None, coefs: list[str] | None):
+    from replay.calibrate import coefficients_from
+
+    overrides = {k: float(v) for k, v in _pairs(coefs, "--coef").items()}
+    return coefficients_from(profile, overrides)
+
+
+# ---- twin ----------------------------------------------------------------------------------------------
+def cmd_twin(args: argparse.Namespace) -> int:
+    from replay.twin_engine import TwinEngine
+    from replay.twin_server import serve
+    from sim.profiles import load_gpu, load_model
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    model = load_model(args.model)
+    gpu = load_gpu(args.gpu)
+    config = _engine_config(args.set)
+    coefficients = _coefficients(args.profile, args.coef)
+    predicted = {k: int(v) for k, v in _pairs(args.predicted, "--predicted").items()} or None
+    served = args.served_model_name or model.name
+    holder = {}
+
+    def factory() -> TwinEngine:
+        engine = TwinEngine(config, model, gpu, speed=args.speed, coefficients=coefficients,
+                            predicted_output=predicted, slack_s=args.slack_ms / 1000.0)
+        holder["engine"] = engine
+        return engine
+
+    def ready(url: str) -> None:
+        engine = holder["engine"]
+        print(f"kvtune twin: serving {served} at {url} (model {model.name}, gpu {gpu.name}, speed x{args.speed:g}, "
+              f"{engine.sizing.num_gpu_blocks} KV blocks of {engine.config.block_size}, "
+              f"max_model_len {engine.max_model_len})", flush=True)
+
+    asyncio.run(serve(factory, served, host=args.host, port=args.port, on_ready=ready))
+    engine = holder.get("engine")
+    return 1 if engine is not None and engine.dead else 0
+
+
+# ---- replay --------------------------------------------------------------------------------------------
+def _load_workload(args: argparse.Namespace):
+    from sim.workload import bundled_trace_path, load_trace
+    from sim.workload.classes import RequestClass
+
+    if args.probe:
+        from replay.calibrate import probe_workload
+        from replay.backend import guess_sim_model
+        from sim.profiles import load_gpu, load_model
+
+        name = args.sim_model or guess_sim_model(args.model)
+        if not name or not args.gpu:
+            raise ConfigError("--probe", "the calibration probe needs the model and GPU profiles (--sim-model, --gpu)")
+        return probe_workload(load_model(name), load_gpu(args.gpu), _engine_config(args.set))
+    workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser())
+    df = workload.requests
+    if args.start_index:
+        df = df.iloc[args.start_index:]
+    if args.head:
+        df = df.iloc[: args.head]
+    df = df.copy()
+    if len(df):
+        df["arrival_s"] = df["arrival_s"] - float(df["arrival_s"].iloc[0])
+    workload = workload.with_requests(df)
+    if args.rate_scale and args.rate_scale != 1.0:
+        workload = workload.scale_rate(args.rate_scale)
+    timeouts = {k: float(v) for k, v in _pairs(args.timeout, "--timeout").items()}
+    if timeouts:
+        classes = dict(workload.classes)
+        for name, seconds in timeouts.items():
+            if name not in classes:
+                raise ConfigError("--timeout", f"no class {name!r} in the workload (classes: {sorted(classes)})")
+            c = classes[name]
+            classes[name] = RequestClass(name=c.name, slo=c.slo, timeout_s=seconds,
+                                         cancel_probability=c.cancel_probability, cancel_after_s=c.cancel_after_s,
+                                         priority=c.priority)
+        from sim.workload.workload import Workload
+
+        workload = Workload(requests=workload.requests, classes=classes, source=workload.source, report=workload.report)
+    return workload
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from replay.backend import ReplayBackend
+    from replay.loadgen import ReplayOptions
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    knobs = _pairs(args.set, "--set")
+    _engine_config(args.set)  # a misspelt knob fails before anything starts
+    workload = _load_workload(args)
+    backend = ReplayBackend(
+        workload,
+        model=args.model,
+        gpu=args.gpu,
+        sim_model=args.sim_model,
+        url=args.url,
+        engine=args.launch or "vllm",
+        vllm_version=args.vllm_version,
+        vllm_executable=args.vllm_executable,
+        extra_args=tuple(args.vllm_arg or ()),
+        speed=args.speed,
+        out_dir=args.out,
+        options=ReplayOptions(sample_interval_wall_s=args.sample_interval, drain_timeout_s=args.drain_timeout),
+        coefficients=_pairs(args.coef, "--coef") or None,
+        profile=args.profile,
+    )
+    trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    for result, path in zip(trial.results, trial.paths):
+        req = result.requests
+        counts = req["status"].value_counts().to_dict()
+        e2e = req.loc[req["status"] == "finished", "e2e_s"]
+        print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
+              f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
+              f"saved to {path}")
+    return 0
+
+
+# ---- calibrate -----------------------------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from replay.calibrate import DEFAULT_FIT_PARAMS, calibrate, load_runs, save_profile
+
+    params = tuple(p.strip() for p in args.params.split(",")) if args.params else DEFAULT_FIT_PARAMS
+    runs = load_runs(args.results, model=args.model, gpu=args.gpu)
+    start = _coefficients(args.start_profile, None)
+    fit = calibrate(runs, params=params, start=start, max_evals=args.max_evals,
+                    fit_client_latency=not args.no_client_latency)
+    save_profile(fit, args.out)
+    print(fit.describe())
+    print(f"profile written to {args.out}")
+    return 0
+
+
+# ---- registration --------------------------------------------------------------------------------------
+def add_replay_parsers(subparsers) -> None:
+    """Register ``twin``, ``replay`` and ``calibrate`` on ``subparsers`` (from ``parser.add_subparsers()``)."""
+    twin = subparsers.add_parser(
+        "twin", help="serve an OpenAI-compatible digital twin driven by the simulator",
+        description="An OpenAI-compatible server (/v1/completions, /v1/models, /health, /metrics with vLLM's "
+                    "metric names) whose engine is kvtune's simulator, in wall-clock time or --speed times faster.",
+    )
+    twin.add_argument("--model", required=True, help="model profile (kvtune's models.yaml name or alias)")
+    twin.add_argument("--gpu", required=True, help="GPU profile (hardware.yaml name or alias)")
+    twin.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
+    twin.add_argument("--host", default=DEFAULT_HOST)
+    twin.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on the ready line)")
+    twin.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    twin.add_argument("--profile", help="latency profile YAML written by kvtune calibrate")
+    twin.add_argument("--coef", action="append", metavar="NAME=VALUE",
+                      help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
+    twin.add_argument("--predicted", action="append", metavar="CLASS=TOKENS",
+                      help="predicted output length per class, for admission_policy=predicted")
+    twin.add_argument("--served-model-name", help="model id in the API (default: the profile's name)")
+    twin.add_argument("--slack-ms", type=float, default=0.0,
+                      help="run the engine clock this far behind the wall clock and honour the client's "
+                           "X-Kvtune-Arrival header within it (exact arrival order; responses this much later)")
+    twin.add_argument("--log-level", default="warning")
+    twin.set_defaults(func=cmd_twin)
+
+    rep = subparsers.add_parser(
+        "replay", help="replay a trace against a real engine (or the twin) and record the request table",
+        description="Launch the engine with the config (or use --url), replay the trace open-loop with its timing, "
+                    "scrape /metrics, and save the request table and timeline.",
+    )
+    where = rep.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="an already running server (its config is whatever it was started with)")
+    where.add_argument("--launch", choices=("vllm", "twin"), help="start this engine with the config")
+    rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
+    rep.add_argument("--probe", action="store_true",
+                     help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
+    rep.add_argument("--start-index", type=int, default=0, help="skip this many requests first")
+    rep.add_argument("--head", type=int, default=0, help="replay only this many requests (0: all)")
+    rep.add_argument("--rate-scale", type=float, default=1.0, help="compress arrivals (x2 doubles the rate)")
+    rep.add_argument("--timeout", action="append", metavar="CLASS=SECONDS", help="client timeout of a class")
+    rep.add_argument("--model", required=True,
+                     help="model to serve (vllm: HF id or path; twin: profile name)")
+    rep.add_argument("--sim-model", help="kvtune model profile of --model (default: guessed from its name)")
+    rep.add_argument("--gpu", help="GPU profile (needed for --launch twin and for calibration)")
+    rep.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
+    rep.add_argument("--speed", type=float, default=1.0, help="replay this many times faster (twin only)")
+    rep.add_argument("--seed", action="append", default=None, help="seed (repeatable; default 0)")
+    rep.add_argument("--out", required=True, help="folder for the results")
+    rep.add_argument("--vllm-version", default=None,
+                     help="target vLLM release for the flags (default: the newest in optimizer/data/vllm_flags.yaml)")
+    rep.add_argument("--vllm-executable", default="vllm",
+                     help="command that runs vllm (e.g. 'python -m vllm.entrypoints.cli.main')")
+    rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
+    rep.add_argument("--profile", help="twin: latency profile YAML")
+    rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")
+    rep.add_argument("--sample-interval", type=float, default=0.25, help="wall seconds between /metrics samples")
+    rep.add_argument("--drain-timeout", type=float, default=None,
+                     help="give up on requests open this long after the last arrival (trace seconds)")
+    rep.add_argument("--log-level", default="warning")
+    rep.set_defaults(func=cmd_replay)
+
+    cal = subparsers.add_parser(
+        "calibrate", help="fit the latency model's coefficients to replay results",
+        description="Simulate each replayed run with candidate coefficients and fit them (Nelder-Mead on log "
+                    "coefficients) so that per-request TTFT and TPOT match the measurements.",
+    )
+    cal.add_argument("results", nargs="+", help="replay result folders (written by kvtune replay / ReplayBackend)")
+    cal.add_argument("--out", required=True, help="profile YAML to write")
+    cal.add_argument("--params", default=None,
+                     help="coefficients to fit, comma-separated (default overhead_s,per_seq_overhead_s,mfu,bw_eff)")
+    cal.add_argument("--model", help="override the model profile recorded in the results")
+    cal.add_argument("--gpu", help="override the GPU profile recorded in the results")
+    cal.add_argument("--start-profile", help="start from this profile's coefficients (default: built-in)")
+    cal.add_argument("--max-evals", type=int, default=400, help="simulations at most")
+    cal.add_argument("--no-client-latency", action="store_true",
+                     help="do not fit the client-side TTFT latency (HTTP, stream fan-out) as a nuisance parameter")
+    cal.set_defaults(func=cmd_calibrate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvtune", description="kvtune replay, digital twin and calibration")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_replay_parsers(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KvtuneError as exc:
+        print(f"kvtune {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

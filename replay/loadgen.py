@@ -1,0 +1,415 @@
+"""Open-loop load generator: replays a workload against an OpenAI-compatible server with the trace's timing.
+
+One asyncio task per request, started at the request's trace arrival time (divided by ``speed``) whatever the
+server is doing, with no limit on open connections: a slow server makes requests wait inside the server, never
+delays the next send (no coordinated omission).  Latencies are measured from the intended arrival time.
+
+Each request streams ``/v1/completions`` with a prompt of exactly ``prompt_tokens`` token ids (random ids,
+seeded by seed and request id, so requests share no prefix), ``max_tokens`` = the trace's output length
+(clipped to ``max_model_len - prompt``, which the simulator does as well) and ``ignore_eos``, asking for
+per-chunk usage so that multi-token chunks are counted.  A class's client timeout and the workload's cancel
+draws (``Workload.client_deadlines(seed)``, the same draws the simulator uses) close the stream at the
+deadline; the row is then ``timed_out`` / ``cancelled`` with ``end_s`` at the deadline.  HTTP 400 (e.g. a
+prompt over ``max_model_len``) is ``rejected``; other errors and streams that end early are ``unfinished``.
+
+``/metrics`` is scraped before and after, and every ``sample_interval_s`` during the run (raw text, parsed
+afterwards so that parsing never delays a send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+
+from replay.prom import TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
+from replay.results import ReplayResult, request_table_from_records
+from sim.errors import KvtuneError
+from sim.workload.workload import Workload
+
+log = logging.getLogger("kvtune.replay")
+
+ARRIVAL_HEADER = "X-Kvtune-Arrival"
+CLASS_HEADER = "X-Kvtune-Class"
+
+
+@dataclass
+class ReplayOptions:
+    """How to replay.  Times in options are trace seconds unless named ``*_wall_s``."""
+
+    #: Replay ``speed`` times faster than the trace (for the twin run with the same ``--speed``); all times in
+    #: the results are converted back to trace seconds.
+    speed: float = 1.0
+    #: Seeds the cancel draws and the prompt token ids.
+    seed: int = 0
+    #: Served model name; ``None`` = the first model of ``/v1/models``.
+    model: str | None = None
+    #: Clip ``max_tokens`` to ``max_model_len - prompt``; ``None`` = read from ``/v1/models`` (vLLM reports it).
+    max_model_len: int | None = None
+    #: Wall seconds between ``/metrics`` samples for the timeline (0: before and after only).
+    sample_interval_wall_s: float = 0.25
+    #: Give up on requests still open this long after the last arrival (trace seconds); they end ``unfinished``.
+    drain_timeout_s: float | None = None
+    #: Wall seconds between the start and trace time 0 (lets the first sends be prepared).
+    start_delay_wall_s: float = 0.3
+    #: Token ids are drawn uniformly from this range (valid for every vocabulary of 32k tokens or more).
+    token_id_range: tuple[int, int] = (1000, 30000)
+    #: Send the class's priority (vLLM's ``priority`` field) when it is not 0.
+    send_priority: bool = True
+    #: Keep every token's arrival time (``ReplayResult.token_times``).
+    record_tokens: bool = True
+    #: Extra HTTP headers (e.g. Authorization).
+    headers: dict[str, str] = field(default_factory=dict)
+    #: Per-request extra body fields.
+    extra_body: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Record:
+    """What the client saw of one request (wall times on the loop clock)."""
+
+    index: int
+    status: str = "unfinished"
+    sent: float = math.nan
+    first_token: float = math.nan
+    end: float = math.nan
+    tokens: int = 0
+    token_times: list[float] = field(default_factory=list)
+    error: str | None = None
+    http_status: int | None = None
+    finish_seen: bool = False
+
+
+class ServerError(KvtuneError):
+    """The server cannot be replayed against (unreachable, no model)."""
+
+
+class _Replay:
+    def __init__(self, base_url: str, workload: Workload, options: ReplayOptions):
+        if not options.speed > 0:
+            raise KvtuneError(f"speed must be > 0, got {options.speed!r}")
+        self.base_url = base_url.rstrip("/")
+        self.workload = workload
+        self.options = options
+        df = workload.requests
+        self.ids = df["request_id"].to_numpy(dtype=np.int64)
+        self.classes = df["class"].astype(str).to_numpy()
+        self.arrivals = df["arrival_s"].to_numpy(dtype=float)
+        self.prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
+        self.outputs = df["output_tokens"].to_numpy(dtype=np.int64)
+        timeout_at, cancel_at = workload.client_deadlines(options.seed)
+        self.timeout_at, self.cancel_at = timeout_at, cancel_at
+        self.priorities = workload.priorities()
+        self.records = [_Record(i) for i in range(len(df))]
+        self.samples: list[tuple[float, str]] = []
+        self.model = options.model
+        self.max_model_len = options.max_model_len
+        self.t0 = 0.0
+        self.unix_t0 = 0.0
+        #: Wall seconds the server's engine clock runs behind its arrivals (the twin's ``--slack-ms``, which it
+        #: exports as ``kvtune:twin_slack_seconds``; 0 for vLLM): what is received and every client deadline are
+        #: read on the engine's clock, so that the results are in trace time.
+        self.recv_offset = 0.0
+
+    # ---- clock ---------------------------------------------------------------------------------------
+    def trace_time(self, wall: float) -> float:
+        """Trace seconds of a wall time at which something was received (or a client deadline)."""
+        return (wall - self.t0 - self.recv_offset) * self.options.speed
+
+    def wall_time(self, trace_s: float) -> float:
+        """Wall time at which a request arriving at ``trace_s`` is sent."""
+        return self.t0 + trace_s / self.options.speed
+
+    def deadline_wall(self, trace_s: float) -> float:
+        """Wall time at which a client deadline at ``trace_s`` closes the stream."""
+        return self.t0 + self.recv_offset + trace_s / self.options.speed
+
+    # ---- setup ---------------------------------------------------------------------------------------
+    async def _discover(self, session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.get(self.base_url + "/v1/models") as resp:
+                if resp.status != 200:
+                    raise ServerError(f"{self.base_url}/v1/models answered HTTP {resp.status}")
+                data = (await resp.json()).get("data") or []
+        except aiohttp.ClientError as exc:
+            raise ServerError(f"cannot reach {self.base_url}: {exc}") from None
+        if not data:
+            raise ServerError(f"{self.base_url}/v1/models lists no model")
+        entry = data[0]
+        if self.model is not None:
+            entry = next((m for m in data if m.get("id") == self.model), None)
+            if entry is None:
+                served = [m.get("id") for m in data]
+                raise ServerError(f"{self.base_url} does not serve {self.model!r} (it serves {served})")
+        self.model = entry["id"]
+        if self.max_model_len is None and entry.get("max_model_len"):
+            self.max_model_len = int(entry["max_model_len"])
+
+    async def _scrape(self, session: aiohttp.ClientSession) -> str | None:
+        try:
+            async with session.get(self.base_url + "/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.text()
+        except aiohttp.ClientError:
+            return None
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def _body(self, i: int) -> bytes:
+        opts = self.options
+        n = int(self.prompts[i])
+        rng = np.random.default_rng([opts.seed, int(self.ids[i]) & 0x7FFFFFFF])
+        low, high = opts.token_id_range
+        ids = rng.integers(low, high, size=n)
+        max_tokens = int(self.outputs[i])
+        if self.max_model_len is not None and n < self.max_model_len:
+            max_tokens = max(1, min(max_tokens, self.max_model_len - n))
+        fields = {
+            "model": self.model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        if opts.send_priority and self.priorities[i] != 0:
+            fields["priority"] = int(self.priorities[i])
+        fields.update(opts.extra_body)
+        head = json.dumps(fields)[:-1]
+        return (head + ', "prompt": [' + ",".join(map(str, ids.tolist())) + "]}").encode()
+
+    async def _dispatch(self, session: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        tasks = []
+        lead = 0.05  # wall seconds ahead of a send at which its body is built
+        for i in range(len(self.records)):
+            start = self.wall_time(self.arrivals[i])
+            delay = start - lead - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = self._body(i)
+            tasks.append(loop.create_task(self._request(session, i, body, start)))
+        await asyncio.gather(*tasks)
+
+    async def _request(self, session: aiohttp.ClientSession, i: int, body: bytes, start: float) -> None:
+        loop = asyncio.get_running_loop()
+        rec = self.records[i]
+        delay = start - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        deadline = min(self.timeout_at[i], self.cancel_at[i])
+        abort_status = "timed_out" if self.timeout_at[i] <= self.cancel_at[i] else "cancelled"
+        # "<run epoch, Unix seconds>;<wall seconds after it>": the epoch is the same string for the whole run, so
+        # a server converts it to its own clock once and keeps the trace's arrival differences exact.
+        headers = {ARRIVAL_HEADER: f"{self.unix_t0!r};{float(self.arrivals[i]) / self.options.speed!r}",
+                   CLASS_HEADER: self.classes[i]}
+        when = self.deadline_wall(deadline) if deadline < math.inf else None
+        rec.sent = loop.time()
+        try:
+            async with asyncio.timeout_at(when):
+                async with session.post(self.base_url + "/v1/completions", data=body, headers=headers) as resp:
+                    rec.http_status = resp.status
+                    if resp.status != 200:
+                        text = (await resp.text())[:500]
+                        rec.status = "rejected" if resp.status == 400 else "unfinished"
+                        rec.error = f"HTTP {resp.status}: {text}"
+                        rec.end = loop.time()
+                        return
+                    try:
+                        await self._read_stream(resp, rec, loop)
+                    finally:
+                        if not rec.finish_seen:
+                            resp.close()  # drop the connection: the server sees the client leave
+            if not rec.finish_seen and rec.error is None:
+                rec.status = "unfinished"
+                rec.error = "stream ended without a finish reason"
+                rec.end = loop.time()
+        except TimeoutError:
+            if not rec.finish_seen:
+                rec.status = abort_status
+                rec.end = when
+        except (aiohttp.ClientError, json.JSONDecodeError, ValueError) as exc:
+            if not rec.finish_seen:
+                rec.status = "unfinished"
+                rec.error = f"{type(exc).__name__}: {exc}"[:500]
+                rec.end = loop.time()
+        except asyncio.CancelledError:
+            if not rec.finish_seen:
+                rec.status = "unfinished"
+                rec.error = "replay stopped (drain timeout)"
+                rec.end = loop.time()
+            raise
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: _Record, loop) -> None:
+        """Consume the SSE stream: count tokens (per-chunk usage when the server sends it, else one per chunk),
+        note when each came and the finish.  Whatever bytes are buffered are parsed in one go, stamped with the
+        time they were read."""
+        record_tokens = self.options.record_tokens
+        buf = b""
+        async for data in resp.content.iter_any():
+            t = loop.time()
+            buf += data
+            if b"\n" not in data:
+                continue
+            lines = buf.split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                chunk = json.loads(payload)
+                choices = chunk.get("choices")
+                if choices:
+                    usage = chunk.get("usage")
+                    if usage and usage.get("completion_tokens") is not None:
+                        count = int(usage["completion_tokens"])
+                    else:
+                        count = rec.tokens + 1
+                    new = count - rec.tokens
+                    if new > 0:
+                        if rec.tokens == 0:
+                            rec.first_token = t
+                        if record_tokens:
+                            rec.token_times.extend([t] * new)
+                        rec.tokens = count
+                    reason = choices[0].get("finish_reason")
+                    if reason:
+                        rec.end = t
+                        rec.finish_seen = True
+                        rec.status = "finished" if reason in ("length", "stop") else "unfinished"
+                        if rec.status != "finished":
+                            rec.error = f"finish_reason {reason}"
+                elif "error" in chunk:
+                    err = chunk["error"]
+                    rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+                    rec.status = "unfinished"
+                    rec.end = t
+                    return
+
+    async def _sample(self, session: aiohttp.ClientSession) -> None:
+        interval = self.options.sample_interval_wall_s
+        loop = asyncio.get_running_loop()
+        while True:
+            text = await self._scrape(session)
+            if text is not None:
+                self.samples.append((loop.time(), text))
+            await asyncio.sleep(interval)
+
+    # ---- run -----------------------------------------------------------------------------------------
+    async def run(self) -> ReplayResult:
+        opts = self.options
+        loop = asyncio.get_running_loop()
+        wall_start = time.time()
+        # Objects alive now never need collecting: keeps full GC passes (ms-long pauses) off the send path.
+        gc.collect()
+        gc.freeze()
+        try:
+            return await self._run(opts, loop, wall_start)
+        finally:
+            gc.unfreeze()
+
+    async def _run(self, opts: ReplayOptions, loop, wall_start: float) -> ReplayResult:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=opts.headers) as session:
+            await self._discover(session)
+            before_text = await self._scrape(session)
+            before_at = loop.time()
+            if before_text:
+                snap = parse_metrics(before_text)
+                slack = snap.total(TWIN_SLACK)
+                self.recv_offset = slack if slack == slack and slack > 0 else 0.0
+                twin_speed = snap.total(TWIN_SPEED)
+                if twin_speed == twin_speed and abs(twin_speed - opts.speed) > 1e-9 * twin_speed:
+                    raise ServerError(f"{self.base_url} is a twin running at speed {twin_speed:g} but the replay "
+                                      f"runs at speed {opts.speed:g}: give both the same speed")
+            self.t0 = loop.time() + opts.start_delay_wall_s
+            self.unix_t0 = float(time.time() + (self.t0 - loop.time()))
+            sampler = loop.create_task(self._sample(session)) if opts.sample_interval_wall_s > 0 else None
+            dispatcher = loop.create_task(self._dispatch(session))
+            try:
+                if opts.drain_timeout_s is not None:
+                    last = float(self.arrivals[-1]) if len(self.arrivals) else 0.0
+                    limit = self.deadline_wall(last + opts.drain_timeout_s) - loop.time()
+                    try:
+                        await asyncio.wait_for(asyncio.shield(dispatcher), timeout=max(limit, 0.0))
+                    except TimeoutError:
+                        dispatcher.cancel()
+                        try:
+                            await dispatcher
+                        except asyncio.CancelledError:
+                            pass
+                else:
+                    await dispatcher
+            finally:
+                if sampler is not None:
+                    sampler.cancel()
+                    try:
+                        await sampler
+                    except asyncio.CancelledError:
+                        pass
+            # Let the server's counters settle (aborts are applied at its next step boundary).
+            await asyncio.sleep(min(0.5, max(0.05, opts.sample_interval_wall_s)))
+            after_text = await self._scrape(session)
+            after_at = loop.time()
+        return self._result(before_text, before_at, after_text, after_at, wall_start)
+
+    def _result(self, before_text, before_at, after_text, after_at, wall_start) -> ReplayResult:
+        to_trace = self.trace_time
+        before = parse_metrics(before_text, to_trace(before_at)) if before_text else None
+        after = parse_metrics(after_text, to_trace(after_at)) if after_text else None
+        snaps: list[MetricsSnapshot] = []
+        if before is not None:
+            snaps.append(before)
+        snaps += [parse_metrics(text, to_trace(t)) for t, text in self.samples]
+        if after is not None:
+            snaps.append(after)
+        records = self.records
+        requests = request_table_from_records(self.workload, records, to_trace)
+        token_times = None
+        if self.options.record_tokens:
+            token_times = {
+                int(self.ids[r.index]): (np.asarray(r.token_times, dtype=float) - self.t0 - self.recv_offset)
+                * self.options.speed for r in records
+            }
+        lags = np.array([r.sent - self.wall_time(self.arrivals[r.index]) for r in records if r.sent == r.sent])
+        errors = [(int(self.ids[r.index]), r.error) for r in records if r.error]
+        info = {
+            "url": self.base_url,
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "speed": self.options.speed,
+            "seed": self.options.seed,
+            "started_unix": wall_start,
+            "wall_s": time.time() - wall_start,
+            "num_requests": len(records),
+            "twin_slack_s": self.recv_offset,
+            "send_lag_max_s": float(lags.max() * self.options.speed) if len(lags) else 0.0,
+            "send_lag_p99_s": float(np.quantile(lags, 0.99) * self.options.speed) if len(lags) else 0.0,
+            "send_lag_p50_s": float(np.quantile(lags, 0.5) * self.options.speed) if len(lags) else 0.0,
+            "num_samples": len(self.samples),
+            "errors": errors[:50],
+            "num_errors": len(errors),
+        }
+        return ReplayResult.from_snapshots(requests, snaps, before, after, token_times, info, self.workload)
+
+
+async def replay_async(base_url: str, workload: Workload, options: ReplayOptions | None = None) -> ReplayResult:
+    """Replay ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:8000``)."""
+    return await _Replay(base_url, workload, options or ReplayOptions()).run()
+
+
+def replay(base_url: str, workload: Workload, options: ReplayOptions | None = None, **kwargs) -> ReplayResult:
+    """Blocking :func:`replay_async`; keyword arguments override fields of ``options``."""
+    options = options or ReplayOptions()
+    if kwargs:
+        options = ReplayOptions(**{**options.__dict__, **kwargs})
+    return asyncio.run(replay_async(base_url, workload, options))
+
+
+__all__ = ["ReplayOptions", "ServerError", "replay", "replay_async"]

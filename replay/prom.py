@@ -1,0 +1,139 @@
+"""vLLM's Prometheus metric names and a parsed ``/metrics`` snapshot.
+
+Names are those of vLLM's V1 engine (vllm/v1/metrics/loggers.py); the V0 spelling of the KV usage gauge
+(``vllm:gpu_cache_usage_perc``) is read as a fallback.  Values are summed over label sets (several engines
+behind one server add up), except the usage gauge, which is averaged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+SWAPPED = "vllm:num_requests_swapped"  # V0 only
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_V0 = "vllm:gpu_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+#: Histogram observed once per engine step (its ``_count`` is the number of iterations).
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
+#: Histogram of preemptions per finished request (the twin exports it; absent in some vLLM versions).
+REQUEST_PREEMPTIONS = "vllm:request_num_preemptions"
+REQUEST_SUCCESS = "vllm:request_success_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+#: The twin's engine-clock slack in wall seconds (see replay.twin_engine); absent on vLLM.
+TWIN_SLACK = "kvtune:twin_slack_seconds"
+#: The twin's speed (simulated seconds per wall second); absent on vLLM.
+TWIN_SPEED = "kvtune:twin_speed"
+
+#: Gauges sampled during a replay for the timeline.
+GAUGES = (RUNNING, WAITING, SWAPPED, KV_USAGE)
+#: Counters whose before/after difference a replay reports.
+COUNTERS = (PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS)
+
+NAN = math.nan
+
+
+@dataclass
+class MetricsSnapshot:
+    """One scrape: every sample by name, as ``(labels, value)`` pairs, and when it was taken (trace seconds)."""
+
+    t_s: float
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        return name in self.samples
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum over label sets (matching ``labels``); NaN when the metric is absent."""
+        rows = self.samples.get(name)
+        if rows is None:
+            return NAN
+        return float(sum(v for lab, v in rows if all(lab.get(k) == want for k, want in labels.items())))
+
+    def mean(self, name: str) -> float:
+        rows = self.samples.get(name)
+        if not rows:
+            return NAN
+        return float(sum(v for _, v in rows) / len(rows))
+
+    def kv_usage(self) -> float:
+        """KV-cache usage in [0, 1] (V1 name, else the V0 name)."""
+        value = self.mean(KV_USAGE)
+        return value if value == value else self.mean(KV_USAGE_V0)
+
+    def iterations(self) -> float:
+        return self.total(ITERATION_TOKENS + "_count")
+
+    def histogram(self, name: str) -> dict[float, float]:
+        """Cumulative bucket counts ``{le: count}`` summed over label sets ({} when absent)."""
+        out: dict[float, float] = {}
+        for labels, value in self.samples.get(name + "_bucket", []):
+            le = float(labels.get("le", "inf"))
+            out[le] = out.get(le, 0.0) + value
+        return dict(sorted(out.items()))
+
+    def cache_config(self) -> dict[str, str]:
+        """Labels of ``vllm:cache_config_info`` (block_size, num_gpu_blocks, ...), {} when absent."""
+        rows = self.samples.get(CACHE_CONFIG_INFO + "_info") or self.samples.get(CACHE_CONFIG_INFO)
+        return dict(rows[0][0]) if rows else {}
+
+    def num_gpu_blocks(self) -> float:
+        value = self.cache_config().get("num_gpu_blocks")
+        try:
+            return float(value) if value not in (None, "", "None") else NAN
+        except ValueError:
+            return NAN
+
+    def summary(self) -> dict[str, float]:
+        """The scalar values a replay records before and after (NaN where absent)."""
+        return {
+            "num_preemptions_total": self.total(PREEMPTIONS),
+            "prompt_tokens_total": self.total(PROMPT_TOKENS),
+            "generation_tokens_total": self.total(GENERATION_TOKENS),
+            "iterations_total": self.iterations(),
+            "num_requests_running": self.total(RUNNING),
+            "num_requests_waiting": self.total(WAITING),
+            "num_requests_swapped": self.total(SWAPPED),
+            "kv_cache_usage_perc": self.kv_usage(),
+            "num_gpu_blocks": self.num_gpu_blocks(),
+            "requests_aborted_total": self.total(REQUEST_SUCCESS, finished_reason="abort"),
+            # The twin's own clock lag (absent on vLLM).
+            "twin_max_lag_s": self.total("kvtune:twin_max_lag_seconds"),
+        }
+
+
+def parse_metrics(text: str, t_s: float = NAN) -> MetricsSnapshot:
+    """Parse Prometheus text exposition (prometheus_client's parser) into a snapshot."""
+    snap = MetricsSnapshot(t_s=t_s)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            snap.samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return snap
+
+
+__all__ = [
+    "CACHE_CONFIG_INFO",
+    "COUNTERS",
+    "GAUGES",
+    "GENERATION_TOKENS",
+    "ITERATION_TOKENS",
+    "KV_USAGE",
+    "KV_USAGE_V0",
+    "MetricsSnapshot",
+    "PREEMPTIONS",
+    "PROMPT_TOKENS",
+    "REQUEST_PREEMPTIONS",
+    "REQUEST_SUCCESS",
+    "RUNNING",
+    "SWAPPED",
+    "TWIN_SLACK",
+    "TWIN_SPEED",
+    "WAITING",
+    "parse_metrics",
+]
