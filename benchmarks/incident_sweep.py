@@ -10,6 +10,7 @@ share, p99 E2E per class, timed-out count (class timeout 120 s) and output token
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from objectives import summarize
 from sim.engine.config import EngineConfig
@@ -29,7 +30,7 @@ def main() -> None:
     classes = {name: RequestClass(name, timeout_s=args.timeout_s) for name in base.classes}
     workload = type(base)(requests=base.requests, classes=classes, source=base.source)
     model, gpu = load_model("Llama-3-8B"), load_gpu(args.gpu)
-    print(f"Llama-3-8B on {gpu.name}, {len(workload)} requests of {workload.source} at {args.rate_scale}x, "
+    print(f"Llama-3-8B on {gpu.name}, {len(workload)} requests of {Path(workload.source).name} at {args.rate_scale}x, "
           f"client timeout {args.timeout_s:.0f} s\n")
     header = "| max_num_seqs | reserved | recompute share | preemptions | new-token busy | p99 E2E s (conv) | timed out | output tok/s |"
     print(header)
