@@ -174,6 +174,8 @@ class Simulation:
             if now > self.max_sim_time_s:
                 break
             self._expire_deadlines(now)
+            if len(scheduler.finished) >= total:
+                break  # the last requests ended by client deadline
             step = None
             if scheduler.has_unfinished():
                 try:

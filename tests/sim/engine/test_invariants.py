@@ -111,6 +111,8 @@ def test_invariants_hold_with_timeouts_and_cancels(workload, config_and_runs):
     assert len(table) == len(workload)
     assert table["request_id"].is_unique
     assert set(table["status"]) <= {s.value for s in FINAL_STATUSES}
+    if config.flavor == "vllm-v1" or config.preemption_mode != "swap":
+        assert result.aborted is None, "only V0 swap preemption can abort the engine"
     if result.aborted is None:
         assert not (table["status"] == Status.UNFINISHED.value).any()
     ended = table[table["status"] != Status.UNFINISHED.value]

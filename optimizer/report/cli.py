@@ -1,0 +1,74 @@
+"""``kvtune report SPEC [--storage URL] [--study-out DIR] --out DIR [--favor CLASS] [--whatif K=V[,K=V]]...
+[--sweep KNOB=V1,V2,...]``
+
+Wire it into the ``kvtune`` parser with :func:`add_report_parser` (as ``optimizer/cli.py`` does for tune/export).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report", help="write a self-contained HTML report (and PNG charts) of a study",
+        description="Write report.html (one self-contained page: plotly inlined, opens offline), report.json and "
+                    "images/*.png for a study that 'kvtune tune' ran: default vs recommended config per class, "
+                    "the Pareto front, per-class p99 against throughput, recompute and new-token busy share per "
+                    "trial, timelines of KV usage / queue / preemptions and the tail by cohort (both configs "
+                    "re-simulated).")
+    p.add_argument("spec", type=Path, help="study spec (YAML)")
+    p.add_argument("--storage", help="Optuna storage URL (default: the spec's storage, else sqlite:///<study out>/study.db)")
+    p.add_argument("--study-out", type=Path, help="the out folder 'kvtune tune' used, to find its default storage")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the report to")
+    p.add_argument("--favor", metavar="CLASS", help="recommend the Pareto point best for this class's SLO "
+                                                    "(default: highest throughput meeting every SLO)")
+    p.add_argument("--whatif", action="append", default=[], metavar="[LABEL:]KEY=VALUE[,KEY=VALUE]",
+                   help="also simulate the default and recommended configs with these overrides: gpu=H200, "
+                        "kv_cache_dtype=fp8, flavor=vllm-v1 (swap becomes CPU offload), rate_scale=1.5 (the "
+                        "study's request rate times 1.5), any engine knob; repeatable")
+    p.add_argument("--whatif-trials", choices=["picked", "all"], default="picked",
+                   help="which configs each what-if re-simulates: the default and recommended (picked, default) or "
+                        "every complete trial too (all; for small grid studies)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2,...",
+                   help="set one engine knob to each value on top of the default and the recommended config and "
+                        "chart the result (e.g. max_num_seqs=64,128,256,512); repeatable")
+    p.add_argument("--no-png", action="store_true", help="do not export PNG images of the charts")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from optimizer.report import write_report
+
+    command = "kvtune " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv and sys.argv[1:] else None
+    result = write_report(args.spec, out=args.out, storage=args.storage, study_out=args.study_out, favor=args.favor,
+                          whatifs=args.whatif, whatif_trials=args.whatif_trials, sweeps=args.sweep,
+                          png=not args.no_png,
+                          command=command)
+    print(result.summary())
+    if result.image_error and not args.no_png:
+        print(f"kvtune: warning: {result.image_error}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m optimizer.report.cli``) until ``kvtune`` wires the subcommand."""
+    from sim.errors import KvtuneError
+
+    parser = argparse.ArgumentParser(prog="kvtune")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_report_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KvtuneError as exc:
+        print(f"kvtune: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

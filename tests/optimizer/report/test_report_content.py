@@ -1,0 +1,290 @@
+"""The report's content: it recommends what ``kvtune export`` recommends, shows every chart the study has data for,
+and its numbers are the re-simulated default and recommended configs' summaries."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import optuna
+import pandas as pd
+import pytest
+
+from objectives import summarize
+from optimizer._export import choose
+from optimizer.report import ConfigRun, Sweep, WhatIf, build_charts, gather, timeline_frame, translate_flavor
+from optimizer.report._data import trial_frame, trial_metrics
+from optimizer.report._figures import cohort_chart, cohort_labels
+from sim.errors import ConfigError
+
+ALWAYS = ("pareto", "class-tail", "waste", "timeline", "cohort-tail")
+
+
+def test_report_files_and_charts(written_report):
+    html = written_report.html.read_text()
+    assert written_report.html.name == "report.html" and written_report.json.exists()
+    for chart in (*ALWAYS, "sweep-max_num_seqs", "whatif", "cohort-heatmap"):
+        assert chart in written_report.charts
+        assert f'id="chart-{chart}"' in html, chart
+    # One self-contained page: plotly.js inlined once, nothing fetched from a CDN.
+    assert html.count("Plotly.newPlot") == len(written_report.charts)
+    assert "<script src=" not in html and "<link " not in html
+    assert len(html) > 3_000_000  # plotly.min.js is ~4.7 MB
+    assert written_report.images == [] and "turned off" in written_report.image_error
+
+
+def test_recommendation_matches_export(tuned_study, written_report):
+    study = optuna.load_study(study_name="report-mini", storage=tuned_study["storage"])
+    pick = choose(study.get_trials(), tuned_study["ctx"])
+    doc = json.loads(written_report.json.read_text())
+    assert doc["pick"]["trial"] == pick.trial.number
+    assert doc["pick"]["feasible"] == pick.feasible
+    assert doc["recommended"]["knobs"] == pick.trial.user_attrs["knobs"]
+    assert doc["default"]["knobs"] == tuned_study["spec"].fixed_knobs()
+    assert sorted(doc["pareto_trials"]) == sorted(t.number for t in pick.front)
+
+
+def test_resimulated_numbers_are_the_runs_summaries(tuned_study, written_report):
+    """The default/recommended numbers on the page are ``summarize`` of the fresh runs' own tables."""
+    data = written_report.data
+    for run in (data.default, data.recommended):
+        assert run.ok and run.requests is not None and run.steps is not None
+        fresh = summarize(run.requests, run.steps, tuned_study["ctx"].classes).to_dict()
+        for key in ("output_tokens_per_s", "recompute_share", "new_token_busy_share", "class.chat.e2e_s.p99",
+                    "class.long_prompt.count.timed_out"):
+            assert fresh[key] == pytest.approx(run.metrics[key], nan_ok=True)
+    doc = json.loads(written_report.json.read_text())
+    chat = doc["recommended"]["classes"]["chat"]
+    assert chat["e2e_s.p99"] == pytest.approx(data.recommended.metrics["class.chat.e2e_s.p99"])
+    # With one replicate, the recommended run reproduces the trial's stored metrics exactly.
+    row = data.trials[data.trials["number"] == data.pick.trial.number].iloc[0]
+    assert row["output_tokens_per_s"] == pytest.approx(data.recommended.metrics["output_tokens_per_s"])
+    # The page states the per-class comparison with both values.
+    html = written_report.html.read_text()
+    value = data.default.metrics["class.chat.e2e_s.p99"]
+    assert f"{value:.4g}" in html
+
+
+def test_default_config_marked_on_pareto_chart(written_report):
+    charts = {c.id: c for c in build_charts(written_report.data)}
+    names = [t.name for t in charts["pareto"].figure.data]
+    assert "engine default config" in names
+    assert any(n.startswith("recommended") for n in names)
+    assert "Pareto front" in names
+
+
+def test_trial_table_reads_stored_attributes(tuned_study):
+    study = optuna.load_study(study_name="report-mini", storage=tuned_study["storage"])
+    trials = study.get_trials()
+    frame = trial_frame(trials, tuned_study["spec"].objectives, [])
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(frame) == len(complete)
+    t = complete[0]
+    metrics = trial_metrics(t)
+    # prompt buckets are stored together under "prompt_buckets" and come back under their flat keys
+    assert any(k.startswith("prompt.") and k.endswith(".e2e_s.p99") for k in metrics)
+    assert "knobs" not in metrics and "constraints" not in metrics
+    row = frame[frame["number"] == t.number].iloc[0]
+    assert row["objective.output_tokens_per_s"] == pytest.approx(t.values[0])
+    assert row["param.max_num_seqs"] == t.params["max_num_seqs"]
+    assert row["knob.num_gpu_blocks_override"] == 1200
+
+
+def test_failed_trials_listed_with_reason(tuned_study, tmp_path):
+    """A failed trial (an impossible config) is listed with its reason; the report still renders."""
+    from optimizer.report import write_report
+
+    storage = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(from_study_name="report-mini", from_storage=tuned_study["storage"], to_storage=storage)
+    study = optuna.load_study(study_name="report-mini", storage=storage)
+    trial = study.ask()
+    trial.set_user_attr("fail_reason", "TrialError: engine aborted: swap space exhausted")
+    trial.set_user_attr("fail_kind", "error")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    result = write_report(tuned_study["spec"], out=tmp_path / "r", storage=storage, context=tuned_study["ctx"],
+                          png=False)
+    html = result.html.read_text()
+    assert "Failed trials" in html and "swap space exhausted" in html
+
+
+def test_missing_storage_is_a_config_error(tuned_study, tmp_path):
+    from optimizer.report import write_report
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        write_report(tuned_study["spec"], out=tmp_path, storage=f"sqlite:///{tmp_path / 'nope.db'}", png=False)
+
+
+def test_study_without_complete_trials_renders(tuned_study, tmp_path):
+    """A study whose every trial failed still gets a page (saying so) with the default config's timeline."""
+    from optimizer.report import write_report
+
+    storage = f"sqlite:///{tmp_path / 'empty.db'}"
+    study = optuna.create_study(study_name="report-mini", storage=storage, directions=["maximize", "minimize"])
+    trial = study.ask()
+    trial.set_user_attr("fail_reason", "timed out after 1 s")
+    trial.set_user_attr("fail_kind", "timeout")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    result = write_report(tuned_study["spec"], out=tmp_path / "r", storage=storage, context=tuned_study["ctx"],
+                          png=False)
+    html = result.html.read_text()
+    assert "no complete trial" in html
+    assert "timeline" in result.charts and "pareto" not in result.charts
+
+
+# ---- what-ifs and sweeps ----------------------------------------------------------------------------------------
+def test_whatif_runs_on_other_gpu(written_report):
+    data = written_report.data
+    (whatif, runs), = data.whatifs
+    assert whatif.gpu == "H100-SXM"
+    default = next(r for r in runs if r.label == "default")
+    assert default.ok and default.gpu == "H100-SXM"
+    # num_gpu_blocks_override pins the cache, so the what-if changes speed and price, not capacity
+    assert default.num_gpu_blocks == data.default.num_gpu_blocks == 1200
+    assert default.price_per_hour_usd == 2.5
+    assert default.usd_per_million_output_tokens == pytest.approx(
+        2.5 / 3600 / default.metrics["output_tokens_per_s"] * 1e6)
+
+
+def test_sweep_sets_one_knob(written_report):
+    (sweep, by_base), = written_report.data.sweeps
+    assert sweep == Sweep("max_num_seqs", (32, 128, 512))
+    assert set(by_base) == {"default", "recommended"}
+    for runs in by_base.values():
+        assert [r.knobs["max_num_seqs"] for r in runs] == [32, 128, 512]
+        assert all(r.ok and r.requests is None for r in runs)  # summaries only
+
+
+@pytest.mark.parametrize("text, label, changes", [
+    ("gpu=H200", "gpu=H200", {"gpu": "H200"}),
+    ("H200 fp8: gpu=H200,kv_cache_dtype=fp8", "H200 fp8", {"gpu": "H200", "kv_cache_dtype": "fp8"}),
+    ("max_num_seqs=64", "max_num_seqs=64", {"max_num_seqs": 64}),
+    ("flavor=vllm-v1", "flavor=vllm-v1", {"flavor": "vllm-v1"}),
+])
+def test_whatif_parse(text, label, changes):
+    w = WhatIf.parse(text)
+    assert w.label == label and dict(w.changes) == changes
+
+
+@pytest.mark.parametrize("text, match", [
+    ("gpu=B300", "unknown GPU"),
+    ("max_num_seq=64", "did you mean 'max_num_seqs'"),
+    ("gpu", "KEY=VALUE"),
+])
+def test_whatif_parse_errors(text, match):
+    with pytest.raises(ConfigError, match=match):
+        WhatIf.parse(text)
+
+
+def test_sweep_parse_errors():
+    with pytest.raises(ConfigError, match="not an engine knob"):
+        Sweep.parse("gpu=H100-SXM,H200")
+    with pytest.raises(ConfigError, match="KNOB=V1"):
+        Sweep.parse("max_num_seqs=")
+
+
+def test_flavor_translation_maps_swap_to_offload_and_back():
+    v0 = {"flavor": "vllm-v0", "preemption_mode": "swap", "swap_space_gb": 32.0, "block_size": 8,
+          "enable_chunked_prefill": False, "max_num_seqs": 128}
+    v1 = translate_flavor(v0, "vllm-v1")
+    assert v1 == {"flavor": "vllm-v1", "kv_offloading_size_gb": 32.0, "block_size": 8, "max_num_seqs": 128}
+    back = translate_flavor({**v1, "watermark": 0.05, "scheduling_policy": "priority"}, "vllm-v0")
+    assert back["preemption_mode"] == "swap" and back["swap_space_gb"] == 32.0
+    assert "watermark" not in back and "kv_offloading_size_gb" not in back and back["scheduling_policy"] == "fcfs"
+    recompute = translate_flavor({"flavor": "vllm-v0", "preemption_mode": "recompute", "swap_space_gb": 4.0},
+                                 "vllm-v1")
+    assert recompute == {"flavor": "vllm-v1"}
+
+
+# ---- chart builders on hand-made data ---------------------------------------------------------------------------
+def test_timeline_samples_the_step_table():
+    steps = pd.DataFrame({
+        "step": [0, 1, 5], "num_steps": [1, 4, 1], "start_s": [0.0, 1.0, 9.0], "duration_s": [1.0, 8.0, 1.0],
+        "num_running": [1, 3, 2], "num_waiting": [5, 2, 0], "num_swapped": [0, 0, 0],
+        "prefill_tokens_new": [100, 0, 0], "prefill_tokens_recompute": [0, 0, 50], "decode_tokens": [0, 12, 2],
+        "kv_blocks_used": [10, 50, 100], "kv_blocks_total": [100, 100, 100], "swap_out_blocks": [0, 0, 0],
+        "swap_in_blocks": [0, 0, 0], "preempted": [0, 0, 2],
+    })
+    tl = timeline_frame(steps, bins=10)
+    assert len(tl) == 10
+    assert tl["kv_used_pct"].tolist() == [10.0] + [50.0] * 8 + [100.0]
+    assert tl["num_running"].tolist() == [1] + [3] * 8 + [2]
+    assert tl["preemptions"].sum() == 2 and tl["preemptions"].iloc[-1] == 2
+    assert tl["recompute_tokens"].sum() == 50
+    assert timeline_frame(steps.iloc[:0]).empty
+
+
+def test_cohort_chart_counts_timed_out_and_cancelled(written_report):
+    """Requests that did not finish appear in the cohort chart's bottom panel, per cohort and per config."""
+    data = written_report.data
+    base = dict(data.default.metrics)
+    base.update({"class.chat.count.timed_out": 7.0, "class.chat.count.cancelled": 3.0,
+                 "class.chat.count.rejected": 0.0, "class.chat.count.unfinished": 0.0})
+    fake = ConfigRun("default", {}, "L40S", metrics=base, num_gpu_blocks=1, block_size=16)
+    original = data.default
+    try:
+        data.default = fake
+        chart = cohort_chart(data)
+    finally:
+        data.default = original
+    bars = [t for t in chart.figure.data if t.type == "bar" and t.yaxis == "y3"]
+    lost = dict(zip(bars[0].x, bars[0].y))
+    assert lost["class chat"] == 10
+    assert "timed out 7" in bars[0].text[list(bars[0].x).index("class chat")]
+
+
+def test_cohort_labels_skip_empty_buckets():
+    metrics = {"prompt.0-512.count.total": 3.0, "prompt.512-1024.count.total": 0.0, "prompt.8192-inf.count.total": 1.0}
+    labels = cohort_labels([metrics], ["a"])
+    assert labels == [("class a", "class.a"), ("prompt 0-512", "prompt.0-512"), ("prompt 8192-inf", "prompt.8192-inf")]
+
+
+def test_gather_without_simulation(tuned_study):
+    study = optuna.load_study(study_name="report-mini", storage=tuned_study["storage"])
+    data = gather(tuned_study["spec"], tuned_study["ctx"], study.get_trials(), tuned_study["storage"], simulate=False)
+    assert data.default is None and data.recommended is None
+    assert data.pick is not None and data.front_numbers
+    assert set(data.trials["pareto"][data.trials["number"].isin(data.front_numbers)]) == {True}
+    charts = [c.id for c in build_charts(data)]
+    assert "pareto" in charts and "timeline" not in charts
+    assert all(math.isfinite(v) for v in data.trials["objective.output_tokens_per_s"])
+    assert re.match(r"^highest throughput", data.pick.rule)
+
+
+def test_whatif_rate_scale_reruns_a_faster_workload(tuned_study):
+    """``rate_scale`` replays the study's workload at a multiple of its request rate."""
+    study = optuna.load_study(study_name="report-mini", storage=tuned_study["storage"])
+    data = gather(tuned_study["spec"], tuned_study["ctx"], study.get_trials(), tuned_study["storage"],
+                  whatifs=[WhatIf.parse("half rate: rate_scale=0.5")])
+    (whatif, runs), = data.whatifs
+    assert whatif.label == "half rate" and whatif.rate_scale == 0.5 and whatif.gpu is None
+    default = next(r for r in runs if r.label == "default")
+    assert default.ok and "rate_scale" not in default.knobs
+    span = default.requests["arrival_s"].max() - default.requests["arrival_s"].min()
+    base = data.default.requests["arrival_s"].max() - data.default.requests["arrival_s"].min()
+    assert span == pytest.approx(2 * base)
+    assert default.metrics["all.count.total"] == data.default.metrics["all.count.total"]
+    with pytest.raises(ConfigError, match="rate_scale"):
+        WhatIf.parse("rate_scale=-1")
+
+
+def test_class_recompute_share_from_the_request_table():
+    requests = pd.DataFrame({"class": ["a", "a", "b"], "prompt_tokens": [100, 300, 50],
+                             "generated_tokens": [50, 50, 10], "recomputed_tokens": [0, 500, 0]})
+    run = ConfigRun("x", {}, "L40S", requests=requests)
+    assert run.class_recompute_share("a") == pytest.approx(500 / 1000)
+    assert run.class_recompute_share("b") == 0.0
+    assert math.isnan(ConfigRun("y", {}, "L40S").class_recompute_share("a"))
+
+
+def test_without_a_browser_the_page_is_still_written(tuned_study, tmp_path, monkeypatch):
+    """No Chrome/Chromium for kaleido: no PNGs, a note on the page and in report.json, the HTML as usual."""
+    import optimizer.report._images as images
+    from optimizer.report import write_report
+
+    monkeypatch.setattr(images, "find_browser", lambda: None)
+    result = write_report(tuned_study["spec"], out=tmp_path, storage=tuned_study["storage"],
+                          context=tuned_study["ctx"], png=True)
+    assert result.images == [] and "apt-get install -y chromium" in result.image_error
+    assert "PNG images of the charts were not written" in result.html.read_text()
+    assert json.loads(result.json.read_text())["image_error"] == result.image_error
