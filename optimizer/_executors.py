@@ -1,7 +1,8 @@
 """Trial executors: where trials run.  The study asks for up to ``capacity`` trials, submits them, and tells each
 result to Optuna as it comes back from :meth:`Executor.wait` (ask/tell, results in finishing order).
 
-- :class:`RayExecutor`: one Ray task per trial (one CPU each), on a local Ray or an existing cluster by address.
+- :class:`RayExecutor`: one Ray task per trial (one CPU each, and ``gpus_per_trial`` GPUs as a Ray resource for
+  replay trials), on a local Ray or an existing cluster by address.
   A trial past its timeout is cancelled (``ray.cancel(force=True)`` kills its worker); a worker that dies
   (``WorkerCrashedError`` and the like) fails only its trial.  Tasks are never retried.
 - :class:`InProcessExecutor`: one trial at a time in the calling process, for debugging and tests.  The timeout
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from optimizer._backend import TrialBackend
+from sim.errors import ConfigError
 
 _REASON_CHARS = 600
 
@@ -165,15 +167,18 @@ class RayExecutor(Executor):
     reuses the one this process already joined).  ``workers``: trials at once (default, and at most: one per CPU
     of the cluster when it starts).
     ``num_cpus``: CPUs of a local Ray that this executor starts.  ``runtime_env`` goes to ``ray.init``.
+    ``gpus_per_trial``: GPUs each trial task reserves (``num_gpus``; replay trials launching vLLM); Ray then never
+    places two trials on one GPU, and capacity is also at most the cluster's GPUs // ``gpus_per_trial``.
     """
 
     def __init__(self, address: str | None = None, *, workers: int | None = None, num_cpus: int | None = None,
-                 runtime_env: dict | None = None, cpus_per_trial: float = 1.0):
+                 runtime_env: dict | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0):
         self.address = address
         self.workers = workers
         self.num_cpus = num_cpus
         self.runtime_env = runtime_env
         self.cpus_per_trial = cpus_per_trial
+        self.gpus_per_trial = float(gpus_per_trial or 0.0)
         self._owns_ray = False
         self._started = False
         self._task: Any = None
@@ -200,20 +205,46 @@ class RayExecutor(Executor):
                 kwargs["runtime_env"] = self.runtime_env
             ray.init(**kwargs)
             self._owns_ray = True
-        cpus = ray.cluster_resources().get("CPU", 1)
-        slots = max(1, int(cpus // self.cpus_per_trial))
-        # More trials at once than the cluster has CPUs for would only queue them, eating into their timeouts.
+        try:
+            slots = self.slots(ray.cluster_resources(), self.cpus_per_trial, self.gpus_per_trial)
+        except ConfigError:
+            if self._owns_ray:
+                ray.shutdown()
+                self._owns_ray = False
+            raise
+        # More trials at once than the cluster has CPUs (GPUs) for would only queue them, eating into their timeouts.
         self._capacity = min(self.workers, slots) if self.workers else slots
-        self._task = ray.remote(_run_trial).options(num_cpus=self.cpus_per_trial, max_retries=0,
-                                                     retry_exceptions=False)
+        options: dict[str, Any] = {"num_cpus": self.cpus_per_trial, "max_retries": 0, "retry_exceptions": False}
+        if self.gpus_per_trial > 0:
+            options["num_gpus"] = self.gpus_per_trial
+        self._task = ray.remote(_run_trial).options(**options)
         self._started = True
+
+    @staticmethod
+    def slots(resources: Mapping[str, float], cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0) -> int:
+        """Trials a cluster with ``resources`` (``ray.cluster_resources()``) runs at once: its CPUs //
+        ``cpus_per_trial`` (at least 1), and with ``gpus_per_trial`` at most its GPUs // ``gpus_per_trial``.  A
+        cluster with fewer GPUs than one trial needs is a ConfigError on ``backend.gpus_per_trial``."""
+        slots = max(1, int(resources.get("CPU", 1) // cpus_per_trial))
+        if gpus_per_trial > 0:
+            gpus = float(resources.get("GPU", 0))
+            if gpus < gpus_per_trial:
+                raise ConfigError("backend.gpus_per_trial", f"each trial needs {gpus_per_trial:g} GPUs but the Ray "
+                                                            f"cluster has {gpus:g}; start Ray on GPU nodes (or set "
+                                                            f"backend.gpus_per_trial: 0 for the twin)")
+            slots = min(slots, int(gpus // gpus_per_trial))
+        return slots
 
     def describe(self) -> str:
         import ray
 
         where = self.address or "local"
-        cpus = int(ray.cluster_resources().get("CPU", 0)) if self._started else "?"
-        return f"Ray ({where}, {cpus} CPUs, {self._capacity} trials at once)"
+        resources = ray.cluster_resources() if self._started else {}
+        cpus = int(resources.get("CPU", 0)) if self._started else "?"
+        gpus = ""
+        if self.gpus_per_trial > 0:
+            gpus = f", {resources.get('GPU', 0):g} GPUs ({self.gpus_per_trial:g} per trial)"
+        return f"Ray ({where}, {cpus} CPUs{gpus}, {self._capacity} trials at once)"
 
     @property
     def capacity(self) -> int:

@@ -9,7 +9,9 @@ Files written to the output folder:
   predicted admission) have no vLLM flag: they are listed in a commented ``kvtune_policies:`` section with their
   rationale, so the file still loads in ``vllm serve``.
 - ``recommended.json``: the pick and why, the flags, the policies, and predicted per-class metrics of the
-  recommended config next to the engine's default config (both simulated afresh on the study's workload).
+  recommended config next to the engine's default config (both simulated afresh on the study's workload, also
+  for a study whose trials were replays: re-measuring both would launch engines again; ``default_metrics_backend``
+  says ``sim``, ``backend`` the study's backend, and ``trial_values`` hold what the trial measured).
 
 The pick among Pareto points: the highest throughput (``output_tokens_per_s``, else ``goodput_rps``) by default,
 or with ``favor=CLASS`` the lowest tail latency of that class relative to its SLO.  When no trial meets every SLO,
@@ -31,11 +33,11 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialError
-from optimizer._knobs import KVTUNE_POLICIES, VLLM_FLAGS
+from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._spec import StudySpec
 from optimizer._study import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget
-from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
+from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_model
 
@@ -199,21 +201,9 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     target = target or spec.vllm_version
     model = load_model(spec.model)
     config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len)
-    flavor_lacks = V0_ONLY if config.is_v1 else V1_ONLY
     flags: dict[str, Any] = {}
     notes: list[str] = []
-    for name, flag in VLLM_FLAGS.items():
-        if name in flavor_lacks:
-            continue
-        value = getattr(config, name)
-        if value is None:
-            continue
-        if name == "quantization" and value == "none":
-            continue
-        if name in ("kv_offloading_size_gb", "long_prefill_token_threshold") and not value:
-            continue
-        if name == "swap_space_gb" and config.preemption_mode != "swap":
-            continue
+    for name, flag, value in engine_flag_values(config):
         if not target.has_flag(flag):
             if name == "scheduler_reserve_full_isl":
                 notes.append(f"vLLM {target} has no --{flag}; kvtune simulated it {'on' if value else 'off'}")
@@ -403,7 +393,14 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "replicate_seeds": ctx.seeds,
         "predicted": results,
         "trial_values": dict(zip(spec.objectives, pick.trial.values)),
+        "backend": spec.backend.to_dict(),
+        "default_metrics_backend": "sim",
     }
+    if spec.backend.is_replay:
+        doc["default_metrics_note"] = (
+            f"trials were measured by replay ({spec.backend.engine or 'external server'}); 'predicted' holds fresh "
+            f"simulations of the recommended and the default config (replaying them would launch engines again), "
+            f"so compare those two with each other, and 'trial_values' for what the trial measured")
     (out / "recommended.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
     return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,

@@ -134,3 +134,25 @@ def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int) ->
         return out, (f"max_num_batched_tokens {budget} -> {seqs}: vLLM requires max_num_batched_tokens >= "
                      f"max_num_seqs ({seqs})")
     return out, None
+
+
+def engine_flag_values(config: Any):
+    """``(knob, flag, value)`` for every vLLM flag a resolved EngineConfig sets: knobs of the other flavor,
+    unset values, ``quantization: none``, zero offload/threshold and swap space without swap preemption are
+    left out.  Export (which notes what a target lacks) and replay (which refuses it) share this walk."""
+    from sim.engine.config import V0_ONLY, V1_ONLY
+
+    flavor_lacks = V0_ONLY if config.is_v1 else V1_ONLY
+    for name, flag in VLLM_FLAGS.items():
+        if name in flavor_lacks:
+            continue
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if name == "quantization" and value == "none":
+            continue
+        if name in ("kv_offloading_size_gb", "long_prefill_token_threshold") and not value:
+            continue
+        if name == "swap_space_gb" and config.preemption_mode != "swap":
+            continue
+        yield name, flag, value

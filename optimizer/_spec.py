@@ -18,6 +18,7 @@
     storage: null                        # Optuna storage URL; default sqlite:///<out>/study.db
     ray_address: null                    # an existing Ray cluster; default: a local one
     out: null                            # default runs/<name> (relative to the current directory)
+    backend: {kind: sim}                 # or replay: see BackendSpec (trials on a real engine or the twin)
 
 Every problem is a :class:`~sim.errors.ConfigError` whose field names the key (``budget.trials``,
 ``search.max_num_seqs.low``, ``engine.swap_space_gb``).
@@ -44,13 +45,18 @@ from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out")
+             "ray_address", "out", "backend")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 #: Parts of a spec that define what a trial measures: a stored study made from other values cannot be resumed.
+#: ``backend`` is among them (a replay measures a real engine or the twin, not the simulator), as its kind and
+#: engine only (``BackendSpec.identity``); a sim backend adds nothing, so sim studies keep their fingerprints.
 IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
-                 "objectives", "constraints", "replicates")
+                 "objectives", "constraints", "replicates", "backend")
+BACKEND_KINDS = ("sim", "replay")
+REPLAY_ENGINES = ("vllm", "twin")
+_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
 
 
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -156,6 +162,119 @@ class SamplerSpec:
         return out
 
 
+def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positive: bool = False) -> Any:
+    here = f"{where}.{key}" if where else key
+    value = d.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(here, f"must be a number, got {value!r}")
+    if positive and not value > 0:
+        raise ConfigError(here, f"must be > 0, got {value!r}")
+    if not positive and value < 0:
+        raise ConfigError(here, f"must be >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What runs a trial (``backend:``); default the simulator.
+
+        backend: {kind: sim}                                  # the default
+        backend: {kind: replay, engine: twin, speed: 20}      # the digital twin, launched per trial
+        backend: {kind: replay, engine: vllm}                 # vllm serve, launched per trial on its own GPUs
+        backend: {kind: replay, url: "http://host:8000"}      # a server already running: one trial at a time
+
+    Replay keys: ``engine`` (``vllm`` | ``twin``, launched per trial; default ``vllm``) or ``url`` (not both; the
+    server keeps the config it was started with, trials only record theirs); ``model`` (what vLLM serves: an HF
+    id or a path; default the HF repo of the spec's model profile; not for the twin, which simulates the spec's
+    model); ``speed`` (wall-clock speed-up, twin only: 1 for vllm); ``gpus_per_trial`` (a Ray resource each trial
+    reserves; default the spec's ``tensor_parallel_size`` for vllm, else 0; at least that for vllm, so two engines
+    never share a GPU); ``startup_timeout_s`` (engine start, default 1800 s) and ``twin_slack_ms`` (twin only,
+    default 250), both for a launched engine.
+    """
+
+    kind: str = "sim"
+    #: ``vllm`` or ``twin`` when launched per trial; ``None`` with ``url`` (and for sim).
+    engine: str | None = None
+    url: str | None = None
+    model: str | None = None
+    speed: float = 1.0
+    gpus_per_trial: float = 0.0
+    startup_timeout_s: float | None = None
+    twin_slack_ms: float | None = None
+
+    @property
+    def is_replay(self) -> bool:
+        return self.kind == "replay"
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "backend", *, tensor_parallel_size: int = 1) -> "BackendSpec":
+        if isinstance(d, str):
+            d = {"kind": d}
+        d = _mapping(d, where)
+        _check_keys(d, _BACKEND_KEYS, where)
+        kind = _str(d, "kind", where, "sim", BACKEND_KINDS)
+        if kind == "sim":
+            extra = [k for k in _BACKEND_KEYS if k != "kind" and d.get(k) is not None]
+            if extra:
+                raise ConfigError(f"{where}.{extra[0]}", "applies to kind replay only (this backend is kind sim)")
+            return cls()
+        url = _str(d, "url", where, None)
+        engine = _str(d, "engine", where, None, REPLAY_ENGINES)
+        if url is not None and engine is not None:
+            raise ConfigError(f"{where}.url", "give engine (an engine launched per trial) or url (a server already "
+                                              "running), not both")
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}.url", f"must be an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
+        if url is None and engine is None:
+            engine = "vllm"
+        model = _str(d, "model", where, None)
+        if model is not None and engine == "twin":
+            raise ConfigError(f"{where}.model", "the twin simulates the spec's model (model:); give backend.model "
+                                                "for engine vllm or url only")
+        speed = _number(d, "speed", where, 1.0, positive=True)
+        if engine == "vllm" and speed != 1.0:
+            raise ConfigError(f"{where}.speed", f"a real engine runs in real time: must be 1 for engine vllm, got "
+                                                f"{d['speed']!r} (speed is for the twin)")
+        default_gpus = float(tensor_parallel_size) if engine == "vllm" else 0.0
+        gpus = _number(d, "gpus_per_trial", where, default_gpus)
+        if engine == "vllm" and gpus < tensor_parallel_size:
+            raise ConfigError(f"{where}.gpus_per_trial", f"vLLM with tensor_parallel_size {tensor_parallel_size} "
+                                                         f"needs at least {tensor_parallel_size} GPUs per trial, "
+                                                         f"got {d['gpus_per_trial']!r}")
+        startup = _number(d, "startup_timeout_s", where, None, positive=True)
+        if startup is not None and url is not None:
+            raise ConfigError(f"{where}.startup_timeout_s", "applies to an engine launched per trial, not to url")
+        slack = _number(d, "twin_slack_ms", where, None)
+        if slack is not None and engine != "twin":
+            raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
+        return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
+                   startup_timeout_s=startup, twin_slack_ms=slack)
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.is_replay:
+            return {"kind": self.kind}
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.url is not None:
+            out["url"] = self.url
+        else:
+            out["engine"] = self.engine
+        for key in ("model", "startup_timeout_s", "twin_slack_ms"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out["speed"] = self.speed
+        out["gpus_per_trial"] = self.gpus_per_trial
+        return out
+
+    def identity(self) -> dict[str, Any] | None:
+        """What of the backend defines a trial's measurement: kind and engine (``external`` for a url); ``None``
+        for sim.  Operational settings (url, speed, GPUs, timeouts, slack) may change between resumes."""
+        if not self.is_replay:
+            return None
+        return {"kind": self.kind, "engine": self.engine or "external"}
+
+
 @dataclass(frozen=True)
 class StudySpec:
     """A tuning study; build with :meth:`from_dict` or :func:`load_study_spec`."""
@@ -179,6 +298,7 @@ class StudySpec:
     storage: str | None = None
     ray_address: str | None = None
     out: str | None = None
+    backend: BackendSpec = field(default_factory=BackendSpec)
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -278,6 +398,7 @@ class StudySpec:
             storage=_str(d, "storage", "", None),
             ray_address=_str(d, "ray_address", "", None),
             out=_str(d, "out", "", None),
+            backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
             base_dir=base_dir,
         )
 
@@ -328,12 +449,16 @@ class StudySpec:
             "storage": self.storage,
             "ray_address": self.ray_address,
             "out": self.out,
+            "backend": self.backend.to_dict(),
         }
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what a trial measures (compared when a stored study is resumed)."""
         full = self.to_dict()
-        ident = {key: full[key] for key in IDENTITY_KEYS}
+        ident = {key: full[key] for key in IDENTITY_KEYS if key != "backend"}
+        backend = self.backend.identity()
+        if backend is not None:  # absent for sim: stored sim studies (made before backend:) still resume
+            ident["backend"] = backend
         path = self.workload.trace_path()
         if path is not None:
             ident["workload"] = {**ident["workload"], "trace": str(path.resolve()) if path.exists() else str(path)}

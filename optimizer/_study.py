@@ -231,8 +231,11 @@ def _jsonable(value: Any) -> Any:
 class Tuner:
     """Runs (or resumes) a study until it has ``trials`` finished trials.
 
-    ``backend``: default :class:`SimBackend` on the spec's workload.  ``executor``: default :class:`RayExecutor`
-    (``address`` or the spec's ``ray_address``; ``workers`` trials at once, default one per CPU).
+    ``backend``: default per the spec's ``backend:`` -- :class:`SimBackend` on the spec's workload, or for
+    ``kind: replay`` a :class:`replay.ReplayBackend` (imported only then) launching vLLM or the twin per trial, or
+    replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
+    ``ray_address``; ``workers`` trials at once, default one per CPU, and per ``backend.gpus_per_trial`` GPUs:
+    each trial reserves them as a Ray resource).  With ``backend.url`` trials run one at a time (``workers`` 1).
     """
 
     def __init__(self, spec: StudySpec, *, trials: int | None = None, workers: int | None = None,
@@ -245,6 +248,15 @@ class Tuner:
         if self.target < 1:
             raise ConfigError("trials", f"must be >= 1, got {self.target}")
         self.workers = workers if workers is not None else spec.budget.workers
+        #: Why ``workers`` was overridden (said in the progress output), if it was.
+        self.workers_note: str | None = None
+        if spec.backend.is_replay and spec.backend.url is not None:
+            # One server: two trials at once would share (and disturb) it.
+            asked = f", not {self.workers}" if self.workers not in (None, 1) else ""
+            self.workers_note = (f"kvtune: backend.url: trials run one at a time against {spec.backend.url} "
+                                 f"(workers forced to 1{asked}); the server keeps the config it was started "
+                                 f"with, trials only record their knobs")
+            self.workers = 1
         self.out = spec.out_dir(out)
         self.storage = spec.storage_url(storage, self.out)
         self.address = address or spec.ray_address
@@ -263,7 +275,7 @@ class Tuner:
         spec = self.spec
         ctx = self.ctx or prepare(spec)
         self.ctx = ctx
-        backend = self.backend or SimBackend(ctx.workloads, spec.model, spec.gpu)
+        backend = self.backend or self.make_backend(ctx)
         backend.prepare(ctx.seeds)
         sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints))
         target = self.target
@@ -287,11 +299,18 @@ class Tuner:
         ran = 0
         if finished < target:
             executor = self.executor or RayExecutor(
-                self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None)
+                self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
+                gpus_per_trial=spec.backend.gpus_per_trial)
             inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
             try:
                 executor.start()
                 capacity = min(executor.capacity, self.workers) if self.workers else executor.capacity
+                if self.workers_note:
+                    progress.message(self.workers_note)
+                if self.backend is None and spec.backend.is_replay and spec.backend.url is None:
+                    progress.message(f"kvtune: backend replay: {spec.backend.engine} launched per trial "
+                                     f"(speed {spec.backend.speed:g}, {spec.backend.gpus_per_trial:g} GPUs per "
+                                     f"trial); results under {self.out / 'replays'}")
                 progress.message(f"kvtune: study {spec.name!r}: {finished}/{target} trials finished; running up to "
                                  f"{capacity} at once on {executor.describe()}; storage {self.storage}")
                 while True:
@@ -340,6 +359,29 @@ class Tuner:
             feasible=sum(1 for t in trials if is_feasible(t)),
             ran=ran, wall_s=time.monotonic() - t0, recovered=recovered,
         )
+
+    def make_backend(self, ctx: StudyContext) -> TrialBackend:
+        """The spec's backend on the built workloads: SimBackend, or a ReplayBackend (results under
+        ``<out>/replays``) for ``backend: {kind: replay}``."""
+        spec, b = self.spec, self.spec.backend
+        if not b.is_replay:
+            return SimBackend(ctx.workloads, spec.model, spec.gpu)
+        from optimizer._export import hf_model_id
+        from replay.backend import ReplayBackend  # aiohttp & co.: only studies that replay need them
+
+        if b.engine == "twin":
+            served = spec.model  # the twin simulates the spec's model profile
+        else:
+            served = b.model or hf_model_id(spec.model)
+        kwargs: dict[str, Any] = {}
+        if b.startup_timeout_s is not None:
+            kwargs["startup_timeout_s"] = b.startup_timeout_s
+        if b.twin_slack_ms is not None:
+            kwargs["twin_slack_ms"] = b.twin_slack_ms
+        return ReplayBackend(ctx.workloads, model=served, gpu=spec.gpu, sim_model=spec.model, url=b.url,
+                             engine=b.engine or "vllm", base_config=spec.fixed_knobs(),
+                             vllm_version=str(spec.vllm_version), speed=b.speed, out_dir=self.out / "replays",
+                             **kwargs)
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
         try:

@@ -34,7 +34,6 @@ from sim.workload.workload import Workload
 
 log = logging.getLogger("kvtune.replay")
 
-
 def guess_sim_model(model: str) -> str | None:
     """kvtune's profile name for a served model (``meta-llama/Meta-Llama-3-8B`` -> ``Llama-3-8B``), or None."""
     for candidate in (model, model.rstrip("/").rsplit("/", 1)[-1]):

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
+from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
 
 #: The version kvtune's V1 semantics were read from (DESIGN section 4), used when none is given for V1.
@@ -62,7 +62,7 @@ def _target(config: EngineConfig, vllm_version: str | None):
 def engine_args(config: EngineConfig, vllm_version: str | None = None, strict: bool = True) -> EngineArgs:
     """The ``vllm serve`` flags of ``config`` for ``vllm_version`` (default: the newest listed release of the
     config's engine).  Raises ConfigError (``strict``) for a knob the target cannot take."""
-    from optimizer._knobs import KVTUNE_POLICIES, VLLM_FLAGS
+    from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 
     target = _target(config, vllm_version)
     engine = "v1" if config.is_v1 else "v0"
@@ -81,20 +81,8 @@ def engine_args(config: EngineConfig, vllm_version: str | None = None, strict: b
     for name in KVTUNE_POLICIES:
         if getattr(config, name) != defaults[name]:
             refuse(name, "is a kvtune policy with no vLLM flag (replay it on the twin)")
-    flavor_lacks = V0_ONLY if config.is_v1 else V1_ONLY
     args: dict[str, Any] = {}
-    for name, flag in VLLM_FLAGS.items():
-        if name in flavor_lacks:
-            continue
-        value = getattr(config, name)
-        if value is None:
-            continue
-        if name == "quantization" and value == "none":
-            continue
-        if name in ("kv_offloading_size_gb", "long_prefill_token_threshold") and not value:
-            continue
-        if name == "swap_space_gb" and config.preemption_mode != "swap":
-            continue
+    for name, flag, value in engine_flag_values(config):
         if not target.has_flag(flag):
             if (name == "enable_prefix_caching" and not config.is_v1) or (name == "watermark" and not value):
                 continue  # the engine without the flag behaves as configured

@@ -9,6 +9,7 @@ SIGKILL, each after a timeout.  ``vllm_command`` and ``twin_command`` build the 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 from replay.flags import serve_command
 from sim.engine.config import EngineConfig
@@ -51,6 +53,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+#: Signals the engine must receive to stop cleanly (EngineProcess.stop sends SIGINT, then SIGTERM).
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def _stop_signals_unblocked() -> Iterator[None]:
+    """Unblock SIGINT/SIGTERM in this thread while an engine is spawned.  A child inherits the spawning thread's
+    signal mask across exec, and a Ray worker runs tasks with SIGINT blocked: an engine started from a trial task
+    then ignored EngineProcess.stop's SIGINT and every trial waited ``stop_timeout_s`` (60 s) for the SIGTERM."""
+    blocked: set = set()
+    if hasattr(signal, "pthread_sigmask"):
+        blocked = _STOP_SIGNALS & set(signal.pthread_sigmask(signal.SIG_BLOCK, ()))  # SIG_BLOCK of nothing: a query
+    if not blocked:
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+
 
 
 class EngineProcess:
@@ -95,10 +120,11 @@ class EngineProcess:
         argv = self.argv
         if self.die_with_parent and sys.platform.startswith("linux"):
             argv = [sys.executable, str(_GUARD), str(os.getpid()), *argv]
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
-            start_new_session=True,  # its own process group: stop() reaches workers it forks
-        )
+        with _stop_signals_unblocked():
+            self.proc = subprocess.Popen(
+                argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
+                start_new_session=True,  # its own process group: stop() reaches workers it forks
+            )
         _RUNNING.add(self)
         return self
 
