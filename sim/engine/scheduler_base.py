@@ -36,6 +36,9 @@ class SchedulerOutput:
     steady_decode: bool = False
     #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
     min_remaining_outputs: int = 0
+    #: How many leading entries of ``scheduled`` the all-decode fast path scheduled; it leaves their
+    #: processed-token count to update_from_output.
+    bulk_decode: int = 0
 
 
 class WaitingQueue:
@@ -141,7 +144,8 @@ class BaseScheduler(ABC):
         if num_steps > 1:
             # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
             block_size = self.block_size
-            extra = num_steps - 1
+            # A run is pure decode of every running request: all of them came from the fast path or none.
+            extra = num_steps if out.bulk_decode else num_steps - 1
             for req, _ in out.scheduled:
                 computed = req.num_computed_tokens + num_steps
                 req.num_computed_tokens = computed
@@ -155,6 +159,9 @@ class BaseScheduler(ABC):
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
         else:
+            if out.bulk_decode:
+                for req, _ in out.scheduled[:out.bulk_decode]:
+                    req.processed_tokens += 1
             for req, num_new in out.scheduled:
                 computed = req.num_computed_tokens + num_new
                 req.num_computed_tokens = computed

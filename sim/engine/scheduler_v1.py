@@ -110,12 +110,16 @@ class V1Scheduler(BaseScheduler):
         need = 0
         context = 0
         min_remaining = 1 << 62
+        growing = []
         for req in self.running:
             computed = req.num_computed_tokens
             if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
                     or computed < req.high_water):
                 return False
-            need += (computed + block_size) // block_size - req.blocks
+            blocks = (computed + block_size) // block_size
+            if blocks != req.blocks:
+                need += blocks - req.blocks
+                growing.append((req, blocks))
             context += computed + 1
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
@@ -123,12 +127,10 @@ class V1Scheduler(BaseScheduler):
         if need > self.pool.num_free:
             return False
         self.pool.allocate(need)
-        for req in self.running:
-            blocks = (req.num_computed_tokens + block_size) // block_size
-            if blocks != req.blocks:
-                req.blocks = blocks
-            req.processed_tokens += 1
+        for req, blocks in growing:
+            req.blocks = blocks
         count = len(self.running)
+        out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.scheduled = [(req, 1) for req in self.running]
         out.decode_tokens += count
         shape = out.shape

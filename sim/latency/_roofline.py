@@ -135,6 +135,7 @@ class RooflineModel(LatencyModel):
         self._fixed_s = c.overhead_s + c.per_layer_overhead_s * model.num_layers
         p = float(c.roofline_norm)
         self._p = None if math.isinf(p) else p
+        self._decode_fixed_cache: dict[int, float] = {}
 
         bf16_rate = gpu.bf16_tflops * 1e12 * c.mfu
         fp8_gemm = weight_dtype_bytes == 1 and bool(gpu.fp8_tflops)
@@ -225,8 +226,34 @@ class RooflineModel(LatencyModel):
             )
         return t
 
+    # ---- pure decode: fixed part per batch size + a term proportional to the context ----------------------
+    def _decode_fixed(self, batch_size: int) -> float:
+        """Everything in a pure-decode step of ``batch_size`` sequences but the attention term (cached: the hot
+        path asks for the same few batch sizes over and over)."""
+        fixed = self._decode_fixed_cache.get(batch_size)
+        if fixed is None:
+            b = float(batch_size)
+            fixed = self._decode_fixed_cache[batch_size] = float(self._time(b, b, 0.0, 0.0, 0.0))
+        return fixed
+
+    @property
+    def _decode_attention_per_token(self) -> float:
+        """Decode attention's compute and KV bytes are both proportional to the context, and the roof of two
+        proportional terms is proportional too: seconds per token of context."""
+        value = self.__dict__.get("_attn_s_per_ctx")
+        if value is None:
+            value = self.__dict__["_attn_s_per_ctx"] = float(self._roof(
+                self._attn_flops_per_pair / self._bf16_flops_per_s, self._kv_bytes_per_token / self._bytes_per_s))
+        return value
+
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.num_decode
+        if not shape.prefill_tokens and shape.num_decode and shape.num_seqs == shape.num_decode \
+                and not shape.prefill_attention and not shape.prefill_context:
+            t = self._decode_fixed(shape.num_decode) + self._decode_attention_per_token * shape.decode_context
+            if shape.swap_blocks:
+                t += self.swap_time(shape.swap_blocks, shape.swap_copies)
+            return t
         if tokens == 0:
             return self.swap_time(shape.swap_blocks, shape.swap_copies) if shape.swap_blocks else 0.0
         # Logits are computed once per scheduled sequence; a shape built by hand may leave num_seqs at 0.
@@ -248,18 +275,15 @@ class RooflineModel(LatencyModel):
         if batch_size <= 0:
             return np.zeros(num_steps)
         ctx = float(context_sum) + float(batch_size) * np.arange(num_steps, dtype=np.float64)
-        b = float(batch_size)
-        return np.asarray(self._time(b, b, 0.0, 0.0, ctx), dtype=np.float64)
+        return self._decode_fixed(batch_size) + self._decode_attention_per_token * ctx
 
     def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float] | None:
         """Along a pure-decode run only the attention term changes, and both its FLOPs and its KV bytes are
         proportional to the context, so the step time is affine in the step index."""
         if batch_size <= 0:
             return None
-        b = float(batch_size)
-        first = float(self._time(b, b, 0.0, 0.0, float(context_sum)))
-        second = float(self._time(b, b, 0.0, 0.0, float(context_sum + batch_size)))
-        return first, second - first
+        per_token = self._decode_attention_per_token
+        return self._decode_fixed(batch_size) + per_token * context_sum, per_token * batch_size
 
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under
