@@ -105,18 +105,22 @@ class EngineCore:
         self._pending = None
         out = result.output
         scheduler = self.scheduler
-        if self.record_steps:
-            pool = scheduler.pool
-            k = result.num_steps
-            self.step_rows.append((
-                self.num_iterations, k, self._pending_start, result.duration_s, len(scheduler.running),
-                len(scheduler.waiting), scheduler.num_swapped(), out.prefill_tokens_new,
-                out.prefill_tokens_recompute, out.decode_tokens * k, pool.num_used, pool.num_blocks,
-                out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
-            ))
-        self.num_iterations += result.num_steps
+        k = result.num_steps
+        self.num_iterations += k
         self.last_step_end = now
-        scheduler.update_from_output(out, now, result.num_steps)
+        if not self.record_steps:
+            scheduler.update_from_output(out, now, k)
+            return
+        pool = scheduler.pool
+        # The row describes the step itself: queue lengths before finished requests leave, and the blocks in use
+        # at its end (a run's last step included) before finished requests free theirs.
+        running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
+        grown = scheduler.update_from_output(out, now, k)
+        self.step_rows.append((
+            self.num_iterations - k, k, self._pending_start, result.duration_s, running, waiting, swapped,
+            out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
+            out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
+        ))
 
     # ------------------------------------------------------------------------------------------------
     def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:
@@ -140,8 +144,8 @@ class EngineCore:
         free = scheduler.pool.num_free
         context = out.shape.decode_context  # sum of every running request's tokens at the first step
         # Each request crosses a block boundary at most every block_size steps: if even that many new blocks
-        # fit, blocks cannot bound the run and the per-residue demand need not be computed.
-        demand = None
+        # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run
+        # grows by are allocated by update_from_output.)
         if batch * -(-(limit - 1) // block_size) > free:
             tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
             # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, then every
@@ -167,13 +171,6 @@ class EngineCore:
             if limit <= 1:
                 return StepResult(out, first, 1)
             total = float(durations[:limit].sum())
-        if demand is not None:
-            extra_blocks = int(demand[limit - 2])
-        else:
-            extra_blocks = sum(-(-(r.num_tokens + limit - 1) // block_size) for r in running) - sum(
-                r.blocks for r in running
-            )
-        scheduler.pool.allocate(extra_blocks)
         return StepResult(out, total, limit)
 
 

@@ -137,10 +137,13 @@ class BaseScheduler(ABC):
     def schedule(self, now: float) -> SchedulerOutput:
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
 
-    def update_from_output(self, out: SchedulerOutput, end_s: float, num_steps: int = 1) -> None:
+    def update_from_output(self, out: SchedulerOutput, end_s: float, num_steps: int = 1) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
-        is sampled for every request whose scheduled tokens reach its end, finished requests free blocks."""
+        is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
+        Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
+        are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
+        grown = 0
         if num_steps > 1:
             # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
             block_size = self.block_size
@@ -153,11 +156,13 @@ class BaseScheduler(ABC):
                 req.num_output_tokens += num_steps
                 req.processed_tokens += extra
                 blocks = -(-computed // block_size)
+                grown += blocks - req.blocks
                 req.blocks = blocks
                 if blocks > req.kv_blocks_peak:
                     req.kv_blocks_peak = blocks
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
+            self.pool.allocate(grown)
         else:
             if out.bulk_decode:
                 for req, _ in out.scheduled[:out.bulk_decode]:
@@ -186,6 +191,7 @@ class BaseScheduler(ABC):
                 end_s_req = end_s
             self._free(req)
             self._end(req, status, end_s_req)
+        return grown
 
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:
