@@ -53,16 +53,14 @@ class LruBlockStore:
     def evict(self, num_blocks: int) -> None:
         """Drop ``num_blocks`` blocks, oldest entries first."""
         entries = self.entries
+        self.num_blocks -= num_blocks
         while num_blocks > 0:
-            key, have = next(iter(entries.items()))
-            if have <= num_blocks:
-                del entries[key]
-                num_blocks -= have
-                self.num_blocks -= have
-            else:
+            key, have = entries.popitem(last=False)
+            if have > num_blocks:
                 entries[key] = have - num_blocks
-                self.num_blocks -= num_blocks
-                num_blocks = 0
+                entries.move_to_end(key, last=False)  # still the oldest
+                return
+            num_blocks -= have
 
 
 class GpuBlockPool:
