@@ -59,6 +59,25 @@ REPLAY_ENGINES = ("vllm", "twin")
 _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
 
 
+def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
+    """Refuse a study none of whose trials could start: size the KV cache with the most memory the search can
+    give it (gpu_memory_utilization, weight and KV dtypes at their most generous); if even that cannot hold the
+    weights and one max-length request, every trial would fail."""
+    from sim.engine.sizing import size_kv_cache
+
+    best: dict[str, Any] = {}
+    for domain in search.domains:
+        if domain.name == "gpu_memory_utilization":
+            best["gpu_memory_utilization"] = float(domain.high if domain.high is not None else max(domain.choices))
+        elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
+            best[domain.name] = "fp8"
+    try:
+        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len))
+    except ConfigError as exc:
+        raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
+                                 f"{fixed.tensor_parallel_size}: {exc}") from None
+
+
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     import difflib
 
@@ -351,6 +370,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
+        _check_model_fits(fixed, search, model, load_gpu(gpu_name, "gpu"))
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]

@@ -85,6 +85,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"study {result.name}: {result.finished}/{result.target} trials finished ({result.complete} complete, "
           f"{result.failed} failed, {result.feasible} feasible); ran {result.ran} now in {result.wall_s:.1f} s; "
           f"storage {result.storage}")
+    if result.complete == 0 and result.finished:
+        print("kvtune: error: no trial completed; each failed trial's reason is in its fail_reason attribute "
+              "(optuna-dashboard or the study storage)", file=sys.stderr)
+        return 1
     if args.no_export or result.complete == 0 or result.storage == "memory":
         return 0
     export = export_study(spec, storage=result.storage, out=tuner.out, context=tuner.ctx)

@@ -16,7 +16,12 @@ class ConfigError(KvtuneError):
 
     def __init__(self, field: str, message: str):
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+    def __reduce__(self):
+        # Rebuilt from the constructor's own arguments, so a Ray worker's error reaches the driver intact.
+        return type(self), (self.field, self.message)
 
 
 class TraceError(KvtuneError):
@@ -25,8 +30,12 @@ class TraceError(KvtuneError):
     def __init__(self, path: str, line: int | None, message: str):
         self.path = str(path)
         self.line = line
+        self.message = message
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.line, self.message)
 
 
 class EngineAborted(KvtuneError):

@@ -139,3 +139,11 @@ def test_storage_defaults_to_sqlite_in_out_dir(tmp_path):
     assert spec.storage_url(out=tmp_path) == f"sqlite:///{(tmp_path / 'study.db').resolve()}"
     assert spec.storage_url("postgresql://db/x") == "postgresql://db/x"
     assert spec.out_dir() == spec.out_dir(None) and str(spec.out_dir()).endswith("conv-l40s")
+
+
+def test_study_whose_model_never_fits_is_refused():
+    # 70B bf16 weights (141 GB) cannot fit one L40S even at the most generous utilisation the search allows.
+    error = _error(spec_dict(model="Llama-3-70B", gpu="L40S"))
+    assert error.field == "gpu" and "L40S" in str(error) and "weights" in str(error)
+    # On two H100s (TP 2) it fits, so the same spec is accepted.
+    StudySpec.from_dict(spec_dict(model="Llama-3-70B", gpu="H100-SXM", tensor_parallel_size=2))

@@ -89,3 +89,16 @@ def test_same_inputs_and_seed_give_identical_tables():
     other = Simulation(make_workload(rows, classes), EngineConfig(num_gpu_blocks_override=40, max_model_len=256),
                        load_model("Llama-3-8B"), load_gpu("H100-SXM"), seed=8).run()
     assert not other.requests["status"].equals(runs[0].requests["status"]) or not other.requests.equals(runs[0].requests)
+
+
+def test_user_errors_survive_pickling():
+    """A trial's ConfigError/TraceError crosses a Ray worker boundary by pickling; its message must arrive intact."""
+    import pickle
+
+    from sim.errors import TraceError
+
+    error = pickle.loads(pickle.dumps(ConfigError("gpu_memory_utilization", "weights do not fit")))
+    assert isinstance(error, ConfigError) and error.field == "gpu_memory_utilization"
+    assert str(error) == "gpu_memory_utilization: weights do not fit"
+    trace_error = pickle.loads(pickle.dumps(TraceError("t.csv", 7, "negative prompt_tokens")))
+    assert (trace_error.path, trace_error.line, str(trace_error)) == ("t.csv", 7, "t.csv:7: negative prompt_tokens")
