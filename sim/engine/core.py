@@ -3,7 +3,8 @@
 It also batches runs of identical decode steps: when a step is pure decode of every running request and
 nothing can be admitted until a request finishes, the next steps differ only in context length until a
 request finishes, a block boundary exhausts the free blocks, or the clock reaches the next arrival or client
-deadline.  Those steps are computed at once (numpy), so simulation work grows with events, not tokens.
+deadline.  Those steps are bounded and summed at once (in closed form when the latency model says step times
+are affine along the run, with numpy otherwise), so simulation work grows with events, not tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Callable
 import numpy as np
 
 from sim.engine.config import EngineConfig
-from sim.engine.request import Request
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 from sim.engine.scheduler_v0 import V0Scheduler
 from sim.engine.scheduler_v1 import V1Scheduler
@@ -197,4 +197,4 @@ def _affine_steps_before(first: float, increment: float, horizon_s: float, limit
     return k
 
 
-__all__ = ["EngineCore", "StepResult", "STEP_COLUMNS", "make_scheduler", "Request"]
+__all__ = ["EngineCore", "StepResult", "STEP_COLUMNS", "make_scheduler"]
