@@ -21,11 +21,15 @@ from sim.engine.config import EngineConfig
 from sim.engine.build import build_engine
 from sim.engine.request import Request, Status
 from sim.engine.sizing import KVSizing
-from sim.errors import EngineAborted
+from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
 from sim.tables import request_table, step_table
 from sim.workload.workload import Workload
+
+
+#: Tokens per ``hash_ids`` entry in Mooncake's traces (FAST'25 artifact: one id per 512-token block).
+MOONCAKE_HASH_BLOCK_TOKENS = 512
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Simulation:
         progress_every_s: float = 2.0,
         batch_decode_runs: bool = True,
         observer: Callable | None = None,
+        hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
     ):
         resolved = config.resolve(model.max_model_len)
         predicted = (
@@ -101,7 +106,10 @@ class Simulation:
         self.max_sim_time_s = max_sim_time_s
         self.progress = progress
         self.progress_every_s = progress_every_s
+        self.hash_block_tokens = hash_block_tokens
         self.requests = self._make_requests(workload, seed)
+        scheduler = self.core.scheduler
+        scheduler.shares_prefixes = scheduler.pool.enable_caching and any(r.prefix_keys for r in self.requests)
         self._deadlines: list[tuple[float, int]] = []
         self._next_arrival = 0
         self.env = simpy.Environment()
@@ -119,15 +127,37 @@ class Simulation:
         arrivals = df["arrival_s"].to_numpy(dtype=float)
         prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
         outputs = df["output_tokens"].to_numpy(dtype=np.int64)
+        keys = self._prefix_keys(df, prompts)
         return [
             Request(
                 index=i, request_id=int(ids[i]), class_name=classes[i], arrival_s=float(arrivals[i]),
                 prompt_tokens=int(prompts[i]), output_tokens_target=int(outputs[i]), max_model_len=max_len,
                 priority=int(priorities[i]), predicted_output=predicted.get(classes[i], 0) if predicted else 0,
-                timeout_at=float(timeout_at[i]), cancel_at=float(cancel_at[i]),
+                timeout_at=float(timeout_at[i]), cancel_at=float(cancel_at[i]), prefix_keys=keys[i],
             )
             for i in range(len(df))
         ]
+
+    def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
+        """Per request, keys of its leading full prompt blocks from the trace's ``hash_ids`` (each id names one
+        ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's traces):
+        kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``.  Requests without ids share nothing."""
+        empty: tuple[int, ...] = ()
+        if "hash_ids" not in df.columns or not self.config.enable_prefix_caching:
+            return [empty] * len(df)
+        block_size = self.config.block_size
+        per_hash = self.hash_block_tokens // block_size
+        if per_hash < 1 or self.hash_block_tokens % block_size:
+            raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
+                                            f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
+        keys = []
+        for ids, prompt in zip(df["hash_ids"].to_numpy(), prompts):
+            if ids is None or len(ids) == 0:
+                keys.append(empty)
+                continue
+            num_blocks = min(len(ids) * self.hash_block_tokens, int(prompt)) // block_size
+            keys.append(tuple(int(ids[i // per_hash]) * per_hash + i % per_hash for i in range(num_blocks)))
+        return keys
 
     # ---- processes -------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):

@@ -35,7 +35,7 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens",
+        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "shared_held", "shared_prev",
     )
 
     def __init__(
@@ -51,6 +51,7 @@ class Request:
         predicted_output: int = 0,
         timeout_at: float = math.inf,
         cancel_at: float = math.inf,
+        prefix_keys: tuple[int, ...] = (),
     ):
         self.index = index
         self.request_id = request_id
@@ -81,6 +82,11 @@ class Request:
         self.kv_blocks_peak = 0
         self.prefix_hit_tokens = 0
         self.processed_tokens = 0
+        #: Keys of the leading prompt blocks other requests may share (from the trace's ``hash_ids``).
+        self.prefix_keys = prefix_keys
+        #: Leading blocks this request holds as shared blocks now, and held when its blocks were last freed.
+        self.shared_held = 0
+        self.shared_prev = 0
 
     @property
     def num_tokens(self) -> int:

@@ -110,6 +110,8 @@ class BaseScheduler(ABC):
         self.finished: list[Request] = []
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
+        #: Some request has shared-prefix keys and the prefix cache is on (set by the run loop).
+        self.shares_prefixes = False
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -181,6 +183,8 @@ class BaseScheduler(ABC):
                     req.first_token_s = end_s
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
+        if self.shares_prefixes and num_steps == 1:
+            self._register_shared_blocks(out)
         for req in done:
             self.running.remove(req)
             status = Status.FINISHED
@@ -212,9 +216,24 @@ class BaseScheduler(ABC):
 
     def _free(self, req: Request) -> None:
         if req.blocks:
+            shared = req.shared_held
+            if shared:
+                self.pool.release_shared(req.prefix_keys[:shared])
+                req.shared_prev, req.shared_held = shared, 0
             full = req.num_computed_tokens // self.block_size
-            self.pool.release(req.index, req.blocks, full)
+            self.pool.release(req.index, req.blocks - shared, max(0, full - shared))
             req.blocks = 0
+
+    def _register_shared_blocks(self, out: SchedulerOutput) -> None:
+        """Blocks of a shared prefix become shareable once a request has computed them."""
+        block_size = self.block_size
+        for req, _ in out.scheduled:
+            keys = req.prefix_keys
+            if keys and req.shared_held < len(keys) and req.blocks:
+                full = min(len(keys), req.num_computed_tokens // block_size)
+                if full > req.shared_held:
+                    self.pool.register_shared(keys[req.shared_held:full])
+                    req.shared_held = full
 
     def _end(self, req: Request, status: Status, now: float) -> None:
         req.status = status

@@ -162,7 +162,16 @@ class V1Scheduler(BaseScheduler):
         # Prefix cache: a resumed request re-hits its own surviving full blocks; vLLM always recomputes
         # at least the last token (max_cache_hit_length = num_tokens - 1).
         max_hit = (num_tokens - 1) // block_size
-        gpu_hit = min(pool.cached_prefix(req.index), max_hit)
+        own = pool.cached_prefix(req.index)
+        shared_hit = shared_active = 0
+        if req.prefix_keys and pool.enable_caching:
+            # Shared prefix first (blocks keyed by the trace's hash ids, possibly computed by other requests),
+            # then this request's own cached blocks when they continue it.
+            shared_hit, shared_active = pool.shared_prefix(req.prefix_keys, max_hit)
+            own = min(own, max_hit - shared_hit) if shared_hit == req.shared_prev else 0
+            gpu_hit = shared_hit + own
+        else:
+            gpu_hit = min(own, max_hit)
         cpu_hit = min(self.cpu.cached_prefix(req.index), max_hit)
         load = cpu_hit - gpu_hit if cpu_hit > gpu_hit else 0
         computed = (gpu_hit + load) * block_size
@@ -176,19 +185,23 @@ class V1Scheduler(BaseScheduler):
         # The watermark and kvtune's reserve/headroom apply only while something runs, so an idle engine
         # always admits (a max-length request fits an empty cache: checked at start-up).
         keep_free = (self.watermark_blocks + self.reserved_blocks) if something_running else 0
-        if self.reserve_full_isl and self.blocks_for(num_tokens) + keep_free > free:
+        # Shared blocks that running requests already use cost no free block (cached ones do).
+        if self.reserve_full_isl and self.blocks_for(num_tokens) - shared_active + keep_free > free:
             return False
         need = self.blocks_for(computed + num_new)
-        if need + keep_free > free:
+        if need - shared_active + keep_free > free:
             return False
         if self.predicted_admission and something_running and not self._predicted_fits(req, free):
             return False
         # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
-        hit = pool.reuse_cached(req.index, gpu_hit) if gpu_hit else 0
-        pool.allocate(need - hit)
+        if shared_hit:
+            pool.acquire_shared(req.prefix_keys[:shared_hit])
+            req.shared_held = shared_hit
+        hit = pool.reuse_cached(req.index, gpu_hit - shared_hit) if gpu_hit > shared_hit else 0
+        pool.allocate(need - shared_hit - hit)
         req.blocks = need
         req.num_computed_tokens = computed
-        req.prefix_hit_tokens += hit * block_size
+        req.prefix_hit_tokens += (shared_hit + hit) * block_size
         if load:
             req.swapped_in_blocks += load
             out.swap_in_blocks += load

@@ -80,9 +80,10 @@ def configs(draw):
     return EngineConfig(**knobs), draw(st.booleans())
 
 
-def _run_checked(workload, config, batch_runs):
+def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
     sim = Simulation(workload, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
-                     latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=batch_runs)
+                     latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=batch_runs,
+                     hash_block_tokens=hash_block_tokens)
     scheduler = sim.core.scheduler
     pool = scheduler.pool
     resolved = sim.config
@@ -93,7 +94,13 @@ def _run_checked(workload, config, batch_runs):
         last_now[0] = now
         assert pool.num_used >= 0 and pool.num_empty >= 0 and pool.num_cached >= 0
         assert pool.num_used + pool.num_cached + pool.num_empty == pool.num_blocks
-        assert pool.num_used == sum(r.blocks for r in scheduler.running)
+        # A shared-prefix block is used once however many running requests hold it.
+        assert pool.num_used == sum(r.blocks - r.shared_held for r in scheduler.running) + len(pool.shared_refs)
+        holders: dict[int, int] = {}
+        for r in scheduler.running:
+            for key in r.prefix_keys[:r.shared_held]:
+                holders[key] = holders.get(key, 0) + 1
+        assert holders == pool.shared_refs
         assert len(scheduler.running) <= resolved.max_num_seqs
         assert sum(n for _, n in out.scheduled) <= resolved.max_num_batched_tokens
         assert len({id(r) for r, _ in out.scheduled}) == len(out.scheduled), "a request scheduled twice in a step"
@@ -152,3 +159,42 @@ def test_batched_decode_runs_match_single_steps(workload, config_and_runs):
     assert batched.requests[cols].equals(single.requests[cols])
     # Closed-form sums of a run and step-by-step sums differ only by float rounding.
     assert np.allclose(batched.requests["end_s"].fillna(-1), single.requests["end_s"].fillna(-1), rtol=0, atol=1e-9)
+
+
+@st.composite
+def shared_prefix_workloads(draw):
+    """Requests whose prompts start with one of three shared prefixes (hash ids of 32-token blocks)."""
+    n = draw(st.integers(2, 20))
+    rows, t, hashes = [], 0.0, []
+    for _ in range(n):
+        t += draw(st.sampled_from([0.0, 0.003, 0.02, 0.1]))
+        group = draw(st.integers(0, 2))
+        num_ids = draw(st.integers(0, 4))
+        prompt = draw(st.integers(1, 200))
+        rows.append((t, prompt, draw(st.integers(1, 40)), "a"))
+        hashes.append([group * 100 + j for j in range(num_ids)])
+    workload = make_workload(rows, {"a": RequestClass("a")})
+    workload.requests["hash_ids"] = hashes
+    return workload
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=shared_prefix_workloads(), config_and_runs=configs())
+def test_shared_prefix_blocks(workload, config_and_runs):
+    """With shared prefixes: conservation and reference counts hold at every step (observer), nothing is left
+    referenced at the end, and a finished request processed no more than prompt + generated - 1 + recomputed
+    tokens and no fewer than that minus what it found in the cache."""
+    config, batch_runs = config_and_runs
+    sim, result = _run_checked(workload, config, batch_runs, hash_block_tokens=32)
+    if result.aborted is not None:
+        return
+    pool = sim.core.scheduler.pool
+    assert pool.num_used == 0 and not pool.shared_refs
+    for req in sim.requests:
+        if req.status == Status.FINISHED:
+            full = req.prompt_tokens + req.num_output_tokens - 1 + req.recomputed_tokens
+            assert full - req.prefix_hit_tokens <= req.processed_tokens <= full
+    steps = result.steps
+    stepped = int((steps["prefill_tokens_new"] + steps["prefill_tokens_recompute"] + steps["decode_tokens"]).sum())
+    assert stepped == sum(r.processed_tokens for r in sim.requests)
+
