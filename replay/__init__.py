@@ -31,7 +31,6 @@ _EXPORTS = {
     "EngineStartError": "replay.launcher",
     "free_port": "replay.launcher",
     "twin_command": "replay.launcher",
-    "vllm_command": "replay.launcher",
     "engine_args": "replay.flags",
     "engine_flags": "replay.flags",
     "serve_command": "replay.flags",

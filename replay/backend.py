@@ -23,8 +23,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import pandas as pd
 
 from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
-from replay.flags import engine_args
-from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command, vllm_command
+from replay.flags import engine_args, serve_command
+from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command
 from replay.loadgen import ReplayOptions, ServerError, replay
 from replay.results import ReplayResult
 from sim.engine.config import EngineConfig
@@ -166,9 +166,9 @@ class ReplayBackend(TrialBackend):
             return twin_command(config, self.sim_model, self.gpu, host=self.host, port=port, speed=self.speed,
                                 served_model_name=self.served_model_name, profile=self.profile,
                                 coefficients=self.coefficients, slack_ms=self.twin_slack_ms)
-        return vllm_command(config, self.model, host=self.host, port=port, vllm_version=self.vllm_version,
-                            served_model_name=self.served_model_name, extra_args=self.extra_args,
-                            executable=self.vllm_executable)
+        return serve_command(self.model, config, host=self.host, port=port, vllm_version=self.vllm_version,
+                             served_model_name=self.served_model_name, extra_args=self.extra_args,
+                             executable=self.vllm_executable)
 
     @contextlib.contextmanager
     def server(self, config: EngineConfig, log_path: Path | None = None) -> Iterator[str]:

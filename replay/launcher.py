@@ -3,7 +3,7 @@
 ``EngineProcess`` runs any command (``vllm serve ...`` or the twin) in its own process group, with stdout and
 stderr going to a log file; ``wait_ready`` polls ``GET /health`` and fails early, with the log's tail, if the
 process exits first; ``stop`` sends SIGINT to the group (vLLM shuts down gracefully on it), then SIGTERM, then
-SIGKILL, each after a timeout.  ``vllm_command`` and ``twin_command`` build the argv for a trial's config.
+SIGKILL, each after a timeout.  ``replay.flags.serve_command`` and ``twin_command`` build the argv for a trial's config.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from replay.flags import serve_command
 from sim.engine.config import EngineConfig
 from sim.errors import KvtuneError
 
@@ -251,20 +250,4 @@ def twin_command(
     return argv, env
 
 
-def vllm_command(
-    config: EngineConfig,
-    model: str,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    vllm_version: str | None = None,
-    served_model_name: str | None = None,
-    extra_args: list[str] | tuple[str, ...] = (),
-    executable: str = "vllm",
-) -> tuple[list[str], dict[str, str]]:
-    """argv and environment of ``vllm serve MODEL`` with the trial's flags."""
-    return serve_command(model, config, host=host, port=port, vllm_version=vllm_version,
-                         served_model_name=served_model_name, extra_args=extra_args, executable=executable)
-
-
-__all__ = ["EngineProcess", "EngineStartError", "free_port", "twin_command", "vllm_command"]
+__all__ = ["EngineProcess", "EngineStartError", "free_port", "twin_command"]
