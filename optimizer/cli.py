@@ -62,13 +62,18 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "export", help="write the Pareto front and a recommended config of a study",
         description="Write pareto.csv, recommended.yaml (vllm serve --config for the spec's vllm_version) and "
                     "recommended.json (predicted per-class metrics next to the engine's default config).")
+    add_study_arguments(p, "folder to write the export to")
+    p.set_defaults(handler=cmd_export)
+
+
+def add_study_arguments(p: argparse.ArgumentParser, out_help: str) -> None:
+    """What ``export`` and ``report`` share: the spec, where its study is stored, the output folder, the pick."""
     p.add_argument("spec", type=Path, help="study spec (YAML)")
     p.add_argument("--storage", help="Optuna storage URL (default: the spec's storage, else sqlite:///<study out>/study.db)")
     p.add_argument("--study-out", type=Path, help="the out folder 'kvtune tune' used, to find its default storage")
-    p.add_argument("--out", type=Path, required=True, help="folder to write the export to")
+    p.add_argument("--out", type=Path, required=True, help=out_help)
     p.add_argument("--favor", metavar="CLASS", help="pick the Pareto point best for this class's SLO "
                                                     "(default: highest throughput meeting every SLO)")
-    p.set_defaults(handler=cmd_export)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
-"""``python -m replay twin|replay|calibrate ...``"""
+"""``python -m replay twin|replay|calibrate ...``: the same commands as ``kvtune twin|replay|calibrate``."""
 
 import sys
 
-from replay.cli import main
+from optimizer.cli import main
 
 sys.exit(main())

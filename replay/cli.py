@@ -2,7 +2,7 @@
 
 ``add_replay_parsers(subparsers)`` registers the three subcommands on an argparse subparsers object (kvtune's
 main CLI calls it); each sets ``func`` to a handler ``func(args) -> int``.  ``main(argv)`` runs them standalone
-(``python -m replay twin ...``), printing user errors (KvtuneError) as one line and exiting 2.
+(``kvtune twin ...``, also ``python -m replay twin ...``); ``optimizer.cli.main`` prints user errors as one line.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 from pathlib import Path
 
-from sim.errors import ConfigError, KvtuneError
+from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -245,21 +244,3 @@ def add_replay_parsers(subparsers) -> None:
     cal.add_argument("--no-client-latency", action="store_true",
                      help="do not fit the client-side TTFT latency (HTTP, stream fan-out) as a nuisance parameter")
     cal.set_defaults(func=cmd_calibrate)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvtune", description="kvtune replay, digital twin and calibration")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_replay_parsers(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KvtuneError as exc:
-        print(f"kvtune {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 
 def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,12 +19,9 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the Pareto front, per-class p99 against throughput, recompute and new-token busy share per "
                     "trial, timelines of KV usage / queue / preemptions and the tail by cohort (both configs "
                     "re-simulated).")
-    p.add_argument("spec", type=Path, help="study spec (YAML)")
-    p.add_argument("--storage", help="Optuna storage URL (default: the spec's storage, else sqlite:///<study out>/study.db)")
-    p.add_argument("--study-out", type=Path, help="the out folder 'kvtune tune' used, to find its default storage")
-    p.add_argument("--out", type=Path, required=True, help="folder to write the report to")
-    p.add_argument("--favor", metavar="CLASS", help="recommend the Pareto point best for this class's SLO "
-                                                    "(default: highest throughput meeting every SLO)")
+    from optimizer.cli import add_study_arguments
+
+    add_study_arguments(p, "folder to write the report to")
     p.add_argument("--whatif", action="append", default=[], metavar="[LABEL:]KEY=VALUE[,KEY=VALUE]",
                    help="also simulate the default and recommended configs with these overrides: gpu=H200, "
                         "kv_cache_dtype=fp8, flavor=vllm-v1 (swap becomes CPU offload), rate_scale=1.5 (the "
@@ -52,23 +48,3 @@ def cmd_report(args: argparse.Namespace) -> int:
     if result.image_error and not args.no_png:
         print(f"kvtune: warning: {result.image_error}", file=sys.stderr)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m optimizer.report.cli``) until ``kvtune`` wires the subcommand."""
-    from sim.errors import KvtuneError
-
-    parser = argparse.ArgumentParser(prog="kvtune")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    add_report_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args) or 0)
-    except KvtuneError as exc:
-        print(f"kvtune: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

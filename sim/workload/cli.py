@@ -11,7 +11,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import yaml
@@ -143,21 +143,3 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if workload.report is not None and workload.report.summary().count(";"):
         print(workload.report.summary(), file=out)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m sim.workload.cli workload ...``) for use before the kvtune CLI wires it in."""
-    from sim.errors import KvtuneError
-
-    parser = argparse.ArgumentParser(prog="kvtune")
-    add_workload_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except KvtuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,15 +32,20 @@ BASE_SPEC: dict[str, Any] = {
 }
 
 
-def spec_dict(**changes: Any) -> dict[str, Any]:
-    """BASE_SPEC with top-level keys replaced (``None`` removes a key)."""
-    d = copy.deepcopy(BASE_SPEC)
+def with_changes(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of ``base`` with top-level keys replaced (``None`` removes a key)."""
+    d = copy.deepcopy(base)
     for key, value in changes.items():
         if value is None:
             d.pop(key, None)
         else:
             d[key] = value
     return d
+
+
+def spec_dict(**changes: Any) -> dict[str, Any]:
+    """BASE_SPEC with top-level keys replaced (``None`` removes a key)."""
+    return with_changes(BASE_SPEC, **changes)
 
 
 def write_spec(folder: Path, d: dict[str, Any], name: str = "study.yaml") -> Path:

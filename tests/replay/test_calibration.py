@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from replay.calibrate import CalibrationRun, calibrate, load_profile, probe_workload
-from replay.cli import main
+from optimizer.cli import main
 from replay_test_helpers import GPU, MODEL
 from sim.engine.config import EngineConfig
 from sim.latency import LatencyCoefficients

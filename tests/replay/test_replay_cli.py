@@ -7,7 +7,8 @@ import json
 
 import pandas as pd
 
-from replay.cli import add_replay_parsers, cmd_calibrate, cmd_replay, cmd_twin, main
+from optimizer.cli import main
+from replay.cli import add_replay_parsers, cmd_calibrate, cmd_replay, cmd_twin
 from replay_test_helpers import MODEL
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from optimizer_test_helpers import with_changes
 from typing import Any
 
 #: The KV-pressure incident in miniature: 200 requests of the bundled Azure conversation trace at 4x its rate on
@@ -36,10 +36,4 @@ REPORT_SPEC: dict[str, Any] = {
 
 
 def report_spec_dict(**changes: Any) -> dict[str, Any]:
-    d = copy.deepcopy(REPORT_SPEC)
-    for key, value in changes.items():
-        if value is None:
-            d.pop(key, None)
-        else:
-            d[key] = value
-    return d
+    return with_changes(REPORT_SPEC, **changes)

@@ -8,7 +8,8 @@ import json
 import yaml
 from report_test_helpers import report_spec_dict
 
-from optimizer.report.cli import add_report_parser, main
+from optimizer.cli import main
+from optimizer.report.cli import add_report_parser
 
 
 def _spec_file(tmp_path):

@@ -6,7 +6,8 @@ import yaml
 
 from sim.errors import ConfigError, TraceError
 from sim.workload import bundled_trace_path, describe, load_trace
-from sim.workload.cli import add_workload_parser, main
+from optimizer.cli import main
+from sim.workload.cli import add_workload_parser
 
 
 def run(argv, capsys):
@@ -94,7 +95,7 @@ def test_errors_propagate_as_kvtune_errors(tmp_path, capsys):
         run(["workload", "generate", str(spec), "--out", str(tmp_path / "o.csv")], capsys)
 
 
-def test_standalone_main_prints_one_line(tmp_path, capsys):
+def test_kvtune_workload_prints_one_line_errors(tmp_path, capsys):
     rc = main(["workload", "describe", str(tmp_path / "missing.csv")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "missing.csv: no such file" in err
