@@ -205,7 +205,7 @@ class _Replay:
         # "<run epoch, Unix seconds>;<wall seconds after it>": the epoch is the same string for the whole run, so
         # a server converts it to its own clock once and keeps the trace's arrival differences exact.
         headers = {ARRIVAL_HEADER: f"{self.unix_t0!r};{float(self.arrivals[i]) / self.options.speed!r}",
-                   CLASS_HEADER: self.classes[i]}
+                   CLASS_HEADER: self.classes[i], "Content-Type": "application/json"}
         when = self.deadline_wall(deadline) if deadline < math.inf else None
         rec.sent = loop.time()
         try:
