@@ -2,6 +2,9 @@
 
 from sim.latency._base import LatencyModel, StepShape
 from sim.latency._constant import LinearStepModel
+from sim.latency._profile_file import (PROFILE_KIND, LatencyProfile, coefficients_from_mapping, load_profile,
+                                       read_profile)
 from sim.latency._roofline import LatencyCoefficients, RooflineModel
 
-__all__ = ["LatencyCoefficients", "LatencyModel", "LinearStepModel", "RooflineModel", "StepShape"]
+__all__ = ["LatencyCoefficients", "LatencyModel", "LatencyProfile", "LinearStepModel", "PROFILE_KIND",
+           "RooflineModel", "StepShape", "coefficients_from_mapping", "load_profile", "read_profile"]
