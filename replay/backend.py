@@ -25,7 +25,7 @@ import pandas as pd
 from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
 from replay.flags import engine_args, serve_command
 from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command
-from replay.loadgen import ReplayOptions, ServerError, replay
+from replay.loadgen import ReplayOptions, ReplayRequestError, ServerError, replay
 from replay.results import ReplayResult
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
@@ -113,7 +113,7 @@ class ReplayBackend(TrialBackend):
         engine: str = "vllm",
         base_config: dict[str, Any] | None = None,
         vllm_version: str | None = None,
-        vllm_executable: str = "vllm",
+        vllm_python: str | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
@@ -138,7 +138,9 @@ class ReplayBackend(TrialBackend):
         self.engine = engine
         self.base_config = dict(base_config or {})
         self.vllm_version = vllm_version
-        self.vllm_executable = vllm_executable
+        self.vllm_python = vllm_python
+        #: The vLLM environment launched per trial (engine vllm without url), found when the backend is made.
+        self.install = None
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
         self.host = host
@@ -158,6 +160,10 @@ class ReplayBackend(TrialBackend):
                 raise ConfigError("engine", "the twin needs a model profile (model or sim_model) and a gpu profile")
         if engine == "vllm" and not url and self.speed != 1.0:
             raise ConfigError("speed", "a real engine runs in real time: speed must be 1 (speed is for the twin)")
+        if engine == "vllm" and not url:
+            from replay.vllm_env import find_vllm
+
+            self.install = find_vllm(vllm_python)
 
     # ---- the engine ------------------------------------------------------------------------------------
     def command(self, config: EngineConfig, port: int) -> tuple[list[str], dict[str, str]]:
@@ -168,7 +174,7 @@ class ReplayBackend(TrialBackend):
                                 coefficients=self.coefficients, slack_ms=self.twin_slack_ms)
         return serve_command(self.model, config, host=self.host, port=port, vllm_version=self.vllm_version,
                              served_model_name=self.served_model_name, extra_args=self.extra_args,
-                             executable=self.vllm_executable)
+                             install=self.install)
 
     @contextlib.contextmanager
     def server(self, config: EngineConfig, log_path: Path | None = None) -> Iterator[str]:
@@ -199,7 +205,7 @@ class ReplayBackend(TrialBackend):
         knobs = {**self.base_config, **dict(params or {})}
         config = EngineConfig.from_dict(knobs, where="params")
         if self.engine == "vllm" and not self.url:
-            engine_args(config, self.vllm_version)  # fail before starting anything if vLLM cannot take it
+            self.command(config, 0)  # fail before starting anything if vLLM cannot take it
         seeds = [int(s) for s in seeds] or [0]
         workloads = {seed: self.workload(seed) for seed in seeds}
         self._trial += 1
@@ -217,13 +223,20 @@ class ReplayBackend(TrialBackend):
             with self.server(config, log_path) as url:
                 for seed in seeds:
                     opts = dataclasses.replace(self.options, seed=seed, speed=self.speed)
-                    result = replay(url, workloads[seed], opts)
+                    failure = None
+                    try:
+                        result = replay(url, workloads[seed], opts)
+                    except ReplayRequestError as exc:  # keep what was recorded, then fail the trial
+                        result, failure = exc.result, exc
                     result.info["engine"] = "external" if self.url else self.engine
                     results.append(result)
                     path = None
                     if trial_dir is not None:
                         path = result.save(trial_dir / f"seed-{seed}", extra={"engine": self.describe(config)})
                     paths.append(path)
+                    if failure is not None:
+                        saved = f"; recorded in {path}" if path is not None else ""
+                        raise ReplayRequestError(failure.message + saved)
         except (EngineStartError, ServerError) as exc:
             raise TrialError(str(exc)) from exc
         metrics = mean_metrics([replay_metrics(r, workloads[s].classes) for r, s in zip(results, seeds)])
@@ -239,7 +252,8 @@ class ReplayBackend(TrialBackend):
             "sim_model": self.sim_model,
             "gpu": self.gpu,
             "config": {k: v for k, v in config.explicit_knobs().items()},
-            "vllm_version": self.vllm_version if self.engine == "vllm" else None,
+            "vllm_version": ((self.vllm_version or (self.install.version if self.install else None))
+                             if self.engine == "vllm" else None),
             "speed": self.speed,
             "coefficients": self.coefficients or None,
             "profile": str(self.profile) if self.profile else None,
