@@ -155,6 +155,7 @@ class ReplayBackend(TrialBackend):
         self.served_model_name = served_model_name
         self.twin_slack_ms = float(twin_slack_ms)
         self._trial = 0
+        self.last_startup_s = math.nan
         if engine == "twin" and not url:
             if not self.sim_model or not gpu:
                 raise ConfigError("engine", "the twin needs a model profile (model or sim_model) and a gpu profile")
@@ -186,7 +187,10 @@ class ReplayBackend(TrialBackend):
         argv, env = self.command(config, port)
         proc = EngineProcess(argv, f"http://{self.host}:{port}", env={**env, **self.env}, log_path=log_path,
                              startup_timeout_s=self.startup_timeout_s, stop_timeout_s=self.stop_timeout_s)
+        t0 = time.perf_counter()
         with proc:
+            #: Wall seconds from the engine's start until /health answered (the last one started).
+            self.last_startup_s = time.perf_counter() - t0
             yield proc.base_url
 
     # ---- TrialBackend ----------------------------------------------------------------------------------
@@ -241,6 +245,8 @@ class ReplayBackend(TrialBackend):
             raise TrialError(str(exc)) from exc
         metrics = mean_metrics([replay_metrics(r, workloads[s].classes) for r, s in zip(results, seeds)])
         metrics["replay.wall_s"] = time.perf_counter() - t0
+        if not self.url:
+            metrics["replay.engine_startup_s"] = float(self.last_startup_s)
         return ReplayTrial(metrics=metrics, results=results, paths=paths, config=config.explicit_knobs(),
                            engine_log=str(log_path) if log_path else None, seeds=seeds)
 
