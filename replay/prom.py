@@ -108,6 +108,29 @@ class MetricsSnapshot:
         }
 
 
+@dataclass(frozen=True)
+class FamilySignature:
+    """A metric family's shape: its Prometheus type and label names (``le`` aside)."""
+
+    type: str
+    labels: frozenset[str]
+
+
+def metric_families(text: str, prefix: str = "vllm:") -> dict[str, FamilySignature]:
+    """Family name -> type and label names, for the families whose names start with ``prefix``; the ``_created``
+    gauges prometheus_client adds per counter and histogram are left out (they are the exporter's, not vLLM's)."""
+    out: dict[str, FamilySignature] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(prefix) or family.name.endswith("_created"):
+            continue
+        labels = set()
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                labels |= set(sample.labels)
+        out[family.name] = FamilySignature(family.type, frozenset(labels - {"le"}))
+    return out
+
+
 def parse_metrics(text: str, t_s: float = NAN) -> MetricsSnapshot:
     """Parse Prometheus text exposition (prometheus_client's parser) into a snapshot."""
     snap = MetricsSnapshot(t_s=t_s)
@@ -125,6 +148,7 @@ __all__ = [
     "ITERATION_TOKENS",
     "KV_USAGE",
     "KV_USAGE_V0",
+    "FamilySignature",
     "MetricsSnapshot",
     "PREEMPTIONS",
     "PROMPT_TOKENS",
@@ -135,5 +159,6 @@ __all__ = [
     "TWIN_SLACK",
     "TWIN_SPEED",
     "WAITING",
+    "metric_families",
     "parse_metrics",
 ]
