@@ -23,7 +23,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import pandas as pd
 
 from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
-from replay.flags import engine_args, serve_command
+from replay.compare import measured_engine_view
+from replay.flags import serve_command
 from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command
 from replay.loadgen import ReplayOptions, ReplayRequestError, ServerError, replay
 from replay.results import ReplayResult
@@ -59,6 +60,8 @@ def replay_metrics(result: ReplayResult, classes) -> dict[str, float]:
     d["replay.wall_s"] = float(result.info.get("wall_s", math.nan))
     d["replay.num_errors"] = float(result.info.get("num_errors", 0))
     d["replay.iterations"] = result.counter_delta("iterations_total")
+    for key, value in measured_engine_view(result).items():  # what only the server tells
+        d[f"engine.{key}"] = value
     return d
 
 
@@ -233,6 +236,7 @@ class ReplayBackend(TrialBackend):
                     except ReplayRequestError as exc:  # keep what was recorded, then fail the trial
                         result, failure = exc.result, exc
                     result.info["engine"] = "external" if self.url else self.engine
+                    result.info["engine_view"] = measured_engine_view(result)
                     results.append(result)
                     path = None
                     if trial_dir is not None:

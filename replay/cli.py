@@ -156,6 +156,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
               f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
               f"saved to {path}")
+        view = result.info.get("engine_view") or {}
+        if view:
+            print(f"  server: {view['num_gpu_blocks']:g} KV blocks of {view['block_size']:g}; finished requests "
+                  f"with <=1 preemption {view['request_num_preemptions_le_1']:g}, <=5 "
+                  f"{view['request_num_preemptions_le_5']:g} of {view['requests_finished']:g}; prefix-cache hits "
+                  f"{view['prefix_cache_hit_tokens']:g} tokens; peak waiting for capacity "
+                  f"{view['waiting_capacity_peak']:g}; peak KV usage {view['kv_cache_usage_peak']:.2f}")
     return 0
 
 

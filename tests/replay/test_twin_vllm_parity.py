@@ -54,8 +54,8 @@ def twin_run(tmp_path_factory):
     with EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log, startup_timeout_s=60,
                        stop_timeout_s=10) as proc:
         before = _scrape(proc.base_url)
-        result = asyncio.run(replay_async(proc.base_url, _sixty(), ReplayOptions(speed=40.0,
-                                                                                   sample_interval_wall_s=0)))
+        options = ReplayOptions(speed=40.0, sample_interval_wall_s=0.05, record_tokens=False)
+        result = asyncio.run(replay_async(proc.base_url, _sixty(), options))
         after = _scrape(proc.base_url)
     return before, after, result
 
@@ -120,3 +120,25 @@ def test_twin_counts_as_vllm_does_with_preemptions(twin_run):
     assert counts == [60, 60, 60, 60]
     # One inter-token latency per token after each request's first.
     assert snap.total("vllm:inter_token_latency_seconds_count") == snap.total("vllm:generation_tokens_total") - 60
+
+
+def test_engine_view_of_a_replay_lines_up_with_the_simulation(twin_run):
+    from replay.calibrate import coefficients_from
+    from replay.compare import ENGINE_VIEW_COLUMNS, compare_engine_views, measured_engine_view, simulated_engine_view
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import simulate
+
+    _, _, result = twin_run
+    measured = measured_engine_view(result)
+    assert list(measured) == list(ENGINE_VIEW_COLUMNS)
+    assert (measured["num_gpu_blocks"], measured["block_size"], measured["requests_finished"]) == (100, 32, 60)
+    assert measured["preemptions_total"] > 0
+    assert measured["request_num_preemptions_le_inf"] == 60 >= measured["request_num_preemptions_le_1"]
+    assert measured["waiting_capacity_peak"] >= 0 and 0 < measured["kv_cache_usage_peak"] <= 1
+    sim = simulate(_sixty(), EngineConfig.from_dict(KNOBS), load_model(TINY), load_gpu("vllm-cpu"), seed=0,
+                   coefficients=coefficients_from(None, {"overhead_s": 0.05}))
+    simulated = simulated_engine_view(sim.requests, sim.steps, sim.sizing.num_gpu_blocks, 32)
+    table = compare_engine_views(measured, simulated).set_index("column")
+    for column in ("prompt_tokens", "generation_tokens", "requests_finished", "num_gpu_blocks", "block_size",
+                   "request_num_preemptions_le_inf", "prefix_cache_hit_tokens"):
+        assert table.loc[column, "difference"] == 0, column
