@@ -56,7 +56,8 @@ IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "
                  "objectives", "constraints", "replicates", "backend")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
-_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
+_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
+                 "vllm_python", "vllm_args", "port")
 
 
 def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
@@ -210,7 +211,10 @@ class BackendSpec:
     model); ``speed`` (wall-clock speed-up, twin only: 1 for vllm); ``gpus_per_trial`` (a Ray resource each trial
     reserves; default the spec's ``tensor_parallel_size`` for vllm, else 0; at least that for vllm, so two engines
     never share a GPU); ``startup_timeout_s`` (engine start, default 1800 s) and ``twin_slack_ms`` (twin only,
-    default 250), both for a launched engine.
+    default 250), both for a launched engine; for engine vllm, ``vllm_python`` (the python of the environment
+    where vLLM is installed, or the venv folder; default ``$KVTUNE_VLLM_PYTHON``), ``vllm_args`` (extra server
+    arguments, e.g. ``["--enforce-eager"]``) and ``port`` (default a free one; with a fixed port trials run one at
+    a time).
     """
 
     kind: str = "sim"
@@ -222,6 +226,9 @@ class BackendSpec:
     gpus_per_trial: float = 0.0
     startup_timeout_s: float | None = None
     twin_slack_ms: float | None = None
+    vllm_python: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    port: int | None = None
 
     @property
     def is_replay(self) -> bool:
@@ -268,8 +275,20 @@ class BackendSpec:
         slack = _number(d, "twin_slack_ms", where, None)
         if slack is not None and engine != "twin":
             raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
+        vllm_python = _str(d, "vllm_python", where, None)
+        args = d.get("vllm_args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) and a for a in args)):
+            raise ConfigError(f"{where}.vllm_args", f"must be a list of strings such as [\"--enforce-eager\"], got "
+                                                    f"{args!r}")
+        for key, value in (("vllm_python", vllm_python), ("vllm_args", args)):
+            if value is not None and engine != "vllm":
+                raise ConfigError(f"{where}.{key}", "applies to engine vllm only (launched per trial)")
+        port = _int(d, "port", where, None, 1, 65535)
+        if port is not None and url is not None:
+            raise ConfigError(f"{where}.port", "applies to an engine launched per trial, not to url")
         return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
-                   startup_timeout_s=startup, twin_slack_ms=slack)
+                   startup_timeout_s=startup, twin_slack_ms=slack, vllm_python=vllm_python,
+                   vllm_args=tuple(args or ()), port=port)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.is_replay:
@@ -279,9 +298,11 @@ class BackendSpec:
             out["url"] = self.url
         else:
             out["engine"] = self.engine
-        for key in ("model", "startup_timeout_s", "twin_slack_ms"):
+        for key in ("model", "startup_timeout_s", "twin_slack_ms", "vllm_python", "port"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.vllm_args:
+            out["vllm_args"] = list(self.vllm_args)
         out["speed"] = self.speed
         out["gpus_per_trial"] = self.gpus_per_trial
         return out
