@@ -339,7 +339,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
 
     knobs = dict(pick.trial.user_attrs["knobs"])
     flags, policies, notes = vllm_config(knobs, spec)
-    backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
+    backend = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
     results: dict[str, dict[str, Any]] = {}
     fresh: dict[str, Any] = {}
     for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):

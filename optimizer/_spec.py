@@ -45,7 +45,7 @@ from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend")
+             "ray_address", "out", "backend", "latency_profile")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
@@ -53,7 +53,7 @@ _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 #: ``backend`` is among them (a replay measures a real engine or the twin, not the simulator), as its kind and
 #: engine only (``BackendSpec.identity``); a sim backend adds nothing, so sim studies keep their fingerprints.
 IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
-                 "objectives", "constraints", "replicates", "backend")
+                 "objectives", "constraints", "replicates", "backend", "latency_profile")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
 _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
@@ -339,6 +339,9 @@ class StudySpec:
     ray_address: str | None = None
     out: str | None = None
     backend: BackendSpec = field(default_factory=BackendSpec)
+    #: ``latency_profile``: a profile YAML (``kvtune calibrate``) whose coefficients simulated trials use; a
+    #: relative path is read from the spec's folder.  ``None``: the built-in coefficients.
+    latency_profile: str | None = None
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -355,6 +358,18 @@ class StudySpec:
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
         model_name = _str(d, "model", "", None)
         gpu_name = _str(d, "gpu", "", None)
+        profile = _str(d, "latency_profile", "", None)
+        if profile is not None:
+            from sim.latency import read_profile
+
+            path = Path(profile).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            try:
+                read_profile(path)
+            except ConfigError as exc:
+                raise ConfigError("latency_profile", str(exc)) from None
+            profile = str(path)
         model = load_model(model_name, "model")
         load_gpu(gpu_name, "gpu")
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
@@ -424,7 +439,7 @@ class StudySpec:
             name=name,
             description=_str(d, "description", "", ""),
             workload=workload,
-            model=model.name,
+            model=_reloadable(model.name, model_name),
             gpu=gpu_name,
             search=search,
             objectives=tuple(objectives),
@@ -440,10 +455,19 @@ class StudySpec:
             ray_address=_str(d, "ray_address", "", None),
             out=_str(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
+            latency_profile=profile,
             base_dir=base_dir,
         )
 
     # ------------------------------------------------------------------------------------------------------------
+    def coefficients(self):
+        """The latency coefficients simulated trials use (the ``latency_profile``'s), or None for the defaults."""
+        if self.latency_profile is None:
+            return None
+        from sim.latency import load_profile
+
+        return load_profile(self.latency_profile)
+
     def fixed_knobs(self) -> dict[str, Any]:
         """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
         return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
@@ -491,12 +515,15 @@ class StudySpec:
             "ray_address": self.ray_address,
             "out": self.out,
             "backend": self.backend.to_dict(),
+            "latency_profile": self.latency_profile,
         }
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what a trial measures (compared when a stored study is resumed)."""
         full = self.to_dict()
         ident = {key: full[key] for key in IDENTITY_KEYS if key != "backend"}
+        if ident.get("latency_profile") is None:  # absent unless set: studies stored before it still resume
+            ident.pop("latency_profile", None)
         backend = self.backend.identity()
         if backend is not None:  # absent for sim: stored sim studies (made before backend:) still resume
             ident["backend"] = backend
@@ -507,6 +534,16 @@ class StudySpec:
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _reloadable(name: str, given: str) -> str:
+    """The profile's name when it loads by name (a built-in model), else what was given (an HF folder or
+    config.json path): trials load the model again from what the spec records."""
+    try:
+        load_model(name)
+        return name
+    except ConfigError:
+        return given
 
 
 def load_study_spec(path: str | Path) -> StudySpec:

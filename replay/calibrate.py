@@ -213,9 +213,16 @@ def run_probes(
     out_dir: str | Path | None = None,
     pause_s: float = 0.3,
     progress: Callable[[int, ProbeGroup, ReplayResult], None] | None = None,
+    engine_cpu: Callable[[], float] | None = None,
+    model_ref: str | None = None,
+    gpu_ref: str | None = None,
 ) -> list["CalibrationRun"]:
     """Replay each probe group against the server at ``url`` (started with ``config``), one after the other;
-    the results are saved under ``out_dir`` (``NN-phase``) when given."""
+    the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_cpu``: returns the engine's
+    CPU seconds so far (e.g. :func:`engine_cpu_seconds` of its process group), recorded per run as
+    ``info["engine_cpu_s"]`` (see :func:`cpu_share`).  ``model_ref`` / ``gpu_ref``: how the saved results name
+    the profiles for a later ``kvtune calibrate RESULTS`` (default their names; give the HF folder or device
+    YAML path for profiles that are not built in)."""
     import time
 
     from replay.loadgen import ReplayOptions, replay
@@ -224,7 +231,10 @@ def run_probes(
     options = ReplayOptions(sample_interval_wall_s=0.0, record_tokens=False, start_delay_wall_s=0.2)
     resolved = config.resolve(model.max_model_len)
     for i, group in enumerate(groups):
+        cpu0 = engine_cpu() if engine_cpu is not None else math.nan
         result = replay(url, group.workload, options)
+        if engine_cpu is not None:
+            result.info["engine_cpu_s"] = engine_cpu() - cpu0
         bad = result.requests[result.requests["status"] != "finished"]
         if len(bad):
             first = result.info.get("errors") or [(None, "unfinished")]
@@ -233,8 +243,8 @@ def run_probes(
         source = f"{group.phase}: {group.name}"
         if out_dir is not None:
             path = Path(out_dir) / f"{i:02d}-{group.phase}"
-            result.save(path, extra={"engine": {"config": resolved.explicit_knobs(), "sim_model": model.name,
-                                                "gpu": gpu.name}, "probe": {"phase": group.phase,
+            result.save(path, extra={"engine": {"config": resolved.explicit_knobs(), "sim_model": model_ref or model.name,
+                                                "gpu": gpu_ref or gpu.name}, "probe": {"phase": group.phase,
                                                                            "name": group.name}})
             source = f"{group.phase}: {group.name} ({path})"
         runs.append(CalibrationRun(workload=group.workload, config=config, model=model, gpu=gpu, seed=0,
@@ -269,12 +279,63 @@ class CalibrationRun:
 ENGINE_TIMES = ("queue_time", "prefill_time", "decode_time")
 
 
+def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> float:
+    """CPU seconds used so far by an engine's model worker (vLLM's ``VLLM::Worker`` process in process group
+    ``pgid``), from /proc (Linux; 0 elsewhere).  The worker runs the forward passes and nothing else, so its CPU
+    time grows only while the engine steps (the engine core process also polls while idle)."""
+    import os
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        rest = stat[stat.rindex(")") + 2:].split()
+        if int(rest[2]) == pgid and any(comm.startswith(n[:15]) for n in names):
+            total += (int(rest[11]) + int(rest[12])) / tick
+    return total
+
+
+def cpu_share(result: ReplayResult) -> float:
+    """The engine's CPU seconds during a run (``info["engine_cpu_s"]``, recorded by whoever replayed it) per
+    second of the run's busy span (first arrival to last end): how much of a core the engine got.  On a shared
+    machine a CPU engine's steps stretch by its inverse; NaN when not recorded."""
+    cpu = float(result.info.get("engine_cpu_s", math.nan))
+    req = result.requests
+    span = float(req["end_s"].max() - req["arrival_s"].min()) if len(req) else math.nan
+    return cpu / span if cpu == cpu and span > 0 else math.nan
+
+
+def at_cpu_share(coefficients: LatencyCoefficients, share: float) -> LatencyCoefficients:
+    """The coefficients of the same engine given only ``share`` of its core: every step time divided by it (time
+    terms over ``share``, efficiencies times it; the roofline's p-norm is homogeneous, so the whole step scales)."""
+    if not (share > 0 and math.isfinite(share)):
+        return coefficients
+    f = 1.0 / share
+    c = coefficients.as_dict()
+    for key in ("overhead_s", "per_layer_overhead_s", "per_seq_overhead_s", "per_copy_overhead_s",
+                "allreduce_latency_s"):
+        c[key] *= f
+    for key in ("mfu", "mfu_fp8", "bw_eff", "link_eff", "allreduce_bw_eff"):
+        c[key] /= f
+    return LatencyCoefficients(**c)
+
+
 def engine_means(result: ReplayResult) -> dict[str, float]:
     """Means over a run's finished requests of vLLM's per-request latency histograms (``_sum`` / ``_count``
     deltas, exact), plus the client-side ``client_ttft`` and ``client_e2e`` means of the same requests.  The
     engine core stamps queue, prefill and decode time itself (vllm 0.32 v1/metrics/stats.py
     ``update_from_finished_request``: scheduled, first-token and last-token step timestamps), so they carry
-    neither HTTP nor API-server time: that is what the fit compares with the simulator.  {} when absent."""
+    neither HTTP nor API-server time: that is what the fit compares with the simulator.  ``cpu_share``: see
+    :func:`cpu_share` (when recorded).  {} when absent."""
     out: dict[str, float] = {}
     for key in ENGINE_TIMES:
         total = result.counter_delta(f"{key}_sum")
@@ -285,6 +346,9 @@ def engine_means(result: ReplayResult) -> dict[str, float]:
         done = result.requests[result.requests["status"] == "finished"]
         out["client_ttft"] = float(done["ttft_s"].mean())
         out["client_e2e"] = float(done["e2e_s"].mean())
+        share = cpu_share(result)
+        if share == share:
+            out["cpu_share"] = share
     return out
 
 
@@ -380,11 +444,13 @@ def run_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale: fl
                      num_compared=num_compared, residuals=residuals)
 
 
-def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale: float = 0.1) -> RunErrors:
+def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale: float = 0.1,
+                  cpu_normalize: bool = True) -> RunErrors:
     """Simulate ``run`` and compare its mean prefill and decode time (``first_token - first_scheduled`` and
     ``end - first_token`` of the finished requests) with the engine-side means vLLM measured (``run.engine``).
     Residuals: the robust log-ratios of both (decode left out when no request decodes); a run the simulation
-    does not finish counts as a factor-2 error."""
+    does not finish counts as a factor-2 error.  ``cpu_normalize``: compare with the measured times scaled by
+    the run's ``cpu_share`` (the engine's speed on a core of its own) where it was recorded."""
     sim = simulate(run.workload, run.config, run.model, run.gpu, coefficients=coefficients, seed=run.seed,
                    record_steps=False).requests
     done = sim[sim["status"] == "finished"]
@@ -392,7 +458,9 @@ def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale:
     ratios = []
     for key, values in (("prefill_time", done["first_token_s"] - done["first_scheduled_s"]),
                         ("decode_time", done["end_s"] - done["first_token_s"])):
-        measured = run.engine.get(key, math.nan)
+        # A CPU engine that got a share s of its core ran its steps 1/s times slower than on a core of its own:
+        # the fit is to the engine's speed on a dedicated core (times s), when the share was recorded.
+        measured = run.engine.get(key, math.nan) * (run.engine.get("cpu_share", 1.0) if cpu_normalize else 1.0)
         if not measured > 0:
             ratios.append(math.nan)
             continue
@@ -558,12 +626,25 @@ class CalibrationFit:
     phases: list[str] = field(default_factory=list)
     #: What was fitted: ``engine`` (vLLM's engine-side means) or ``client`` (per-request client timings).
     target: str = "client"
+    #: Median over the runs of the engine's CPU share (:func:`cpu_share`); NaN when not recorded.  With it the
+    #: engine target fits the engine's speed on a core of its own (``coefficients``), and the profile file holds
+    #: them at this share (:attr:`profile_coefficients`: the engine as it ran, on a machine as loaded).
+    cpu_share_median: float = math.nan
+
+    @property
+    def profile_coefficients(self) -> LatencyCoefficients:
+        """What the profile file gives ``simulate``/``tune``/``twin``: the fitted coefficients at the engine's
+        median CPU share (unchanged when no share was recorded, as on a GPU)."""
+        return at_cpu_share(self.coefficients, self.cpu_share_median)
 
     def describe(self) -> str:
         lines = [f"fitted {', '.join(self.params)} to {self.target}-side timings of {len(self.sources)} run(s) in "
                  f"{self.evaluations} simulations: loss {self.loss_start:.4g} -> {self.loss:.4g}"]
         for name in self.params:
             lines.append(f"  {name}: {getattr(self.start, name):.6g} -> {getattr(self.coefficients, name):.6g}")
+        if self.cpu_share_median == self.cpu_share_median:
+            lines.append(f"  the engine got {self.cpu_share_median:.0%} of a core (median over the runs): the values "
+                         f"above are its speed on a core of its own, the profile holds them at that share")
         if self.target == "engine":
             lines.append(f"  client-side latency beyond the engine (measured: client TTFT - engine queue+prefill, "
                          f"median over runs): {self.client.offset_s * 1e3:.1f} ms")
@@ -598,7 +679,7 @@ class CalibrationFit:
             "kind": PROFILE_KIND,
             "model": self.model,
             "gpu": self.gpu,
-            "coefficients": {k: float(v) for k, v in self.coefficients.as_dict().items()},
+            "coefficients": {k: float(v) for k, v in self.profile_coefficients.as_dict().items()},
             "fitted": list(self.params),
             "fit": {
                 "target": self.target,
@@ -612,6 +693,8 @@ class CalibrationFit:
                 "median_tpot_ratio": [float(math.exp(e.tpot_log_ratio)) for e in self.errors],
                 "phase_median_abs_error": {k: {"ttft": v[0], "tpot": v[1], "runs": v[2]}
                                            for k, v in self.phase_residuals().items()},
+                "cpu_share_median": self.cpu_share_median,
+                "dedicated_core_coefficients": {k: float(v) for k, v in self.coefficients.as_dict().items()},
             },
         }
 
@@ -699,11 +782,13 @@ def calibrate(
     fitted, client = split(x)
     if use_engine:
         client = frontend_latency(runs)
+    shares = [run.engine["cpu_share"] for run in runs if "cpu_share" in run.engine]
     return CalibrationFit(
         coefficients=fitted, start=start, params=params, loss_start=loss_start, loss=best, evaluations=evals,
         errors=[errors(run, fitted, client) for run in runs], model=runs[0].model.name, target="engine" if use_engine else "client",
         gpu=runs[0].gpu.name, sources=[run.source for run in runs], client=client,
         phases=[run.phase for run in runs],
+        cpu_share_median=float(np.median(shares)) if shares and use_engine else math.nan,
     )
 
 
@@ -729,7 +814,10 @@ __all__ = [
     "DEFAULT_FIT_PARAMS",
     "ENGINE_TIMES",
     "calibrate",
+    "at_cpu_share",
     "coefficients_from",
+    "cpu_share",
+    "engine_cpu_seconds",
     "engine_errors",
     "engine_means",
     "frontend_latency",

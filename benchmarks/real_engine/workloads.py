@@ -41,7 +41,7 @@ def _fit_context(prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np
     return prompt, output
 
 
-def azure(num_requests: int = 16, start: int = 300, rate: float = 1.2) -> Workload:
+def azure(num_requests: int = 14, start: int = 300, rate: float = 1.2) -> Workload:
     """``num_requests`` consecutive conversation requests from ``start``, arrivals rescaled to ``rate`` req/s."""
     trace = load_trace(bundled_trace_path())
     df = trace.requests.iloc[start:start + num_requests].copy()
@@ -63,7 +63,7 @@ def _servegen_lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
     return tokens, probs / probs.sum()
 
 
-def reasoning(num_requests: int = 10, rate: float = 0.6, timeout_s: float = 30.0, seed: int = 7) -> Workload:
+def reasoning(num_requests: int = 9, rate: float = 0.6, timeout_s: float = 25.0, seed: int = 7) -> Workload:
     """Long reasoning-like outputs: ServeGen DeepSeek-R1 lengths, outputs x0.3, Poisson arrivals at ``rate``."""
     rng = np.random.default_rng(seed)
     tin, pin = _servegen_lengths("input_tokens")
@@ -77,7 +77,7 @@ def reasoning(num_requests: int = 10, rate: float = 0.6, timeout_s: float = 30.0
                     source="servegen-deepseek-r1 lengths (client 0, window 0), outputs x0.3")
 
 
-def prefix(num_requests: int = 12, rate: float = 1.0, seed: int = 11) -> Workload:
+def prefix(num_requests: int = 10, rate: float = 1.0, seed: int = 11) -> Workload:
     """Shared prefixes: system prompt (1 hash block) [+ conversation block] + unique suffix."""
     rng = np.random.default_rng(seed)
     rows, hashes = [], []
