@@ -335,8 +335,13 @@ def engine_means(result: ReplayResult) -> dict[str, float]:
     engine core stamps queue, prefill and decode time itself (vllm 0.32 v1/metrics/stats.py
     ``update_from_finished_request``: scheduled, first-token and last-token step timestamps), so they carry
     neither HTTP nor API-server time: that is what the fit compares with the simulator.  ``cpu_share``: see
-    :func:`cpu_share` (when recorded).  {} when absent."""
+    :func:`cpu_share` (when recorded).  {} when absent, and for the digital twin."""
     out: dict[str, float] = {}
+    lag = result.metrics_after.get("twin_max_lag_s", math.nan)
+    if lag == lag:
+        # The twin (it exports kvtune:twin_max_lag_seconds) stamps these histograms on its wall clock, not at its
+        # steps' simulated boundaries: against it the client's view is the one to fit.
+        return out
     for key in ENGINE_TIMES:
         total = result.counter_delta(f"{key}_sum")
         count = result.counter_delta(f"{key}_count")
