@@ -78,7 +78,8 @@ def study(args) -> dict:
 
 
 def _median_metrics(rows: list[dict]) -> dict:
-    return {m: float(np.median([r[m] for r in rows])) for m in GAIN_METRICS}
+    return {m: float(np.nanmedian([r[m] for r in rows])) if any(r[m] == r[m] for r in rows) else math.nan
+            for m in GAIN_METRICS}
 
 
 def report(args) -> dict:
