@@ -354,6 +354,7 @@ def engine_means(result: ReplayResult) -> dict[str, float]:
         share = cpu_share(result)
         if share == share:
             out["cpu_share"] = share
+            out["engine_cpu_s"] = float(result.info["engine_cpu_s"])
     return out
 
 
@@ -475,6 +476,26 @@ def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale:
     robust = np.sign(r) * np.sqrt(_soft_l1(r, scale)) / math.sqrt(max(1, len(r)))
     return RunErrors(loss=float(robust @ robust), ttft_log_ratio=ratios[0], tpot_log_ratio=ratios[1],
                      num_compared=len(done), residuals=robust)
+
+
+#: A run whose engine used less CPU than this has too coarse a CPU share (10 ms clock ticks, the worker waking
+#: up): it is given the median share of the longer runs instead.
+MIN_SHARE_CPU_S = 1.0
+
+
+def _steady_shares(runs: Sequence[CalibrationRun]) -> list[CalibrationRun]:
+    """The runs with the CPU share of the short ones (``MIN_SHARE_CPU_S``) replaced by the median of the others."""
+    long = [r.engine["cpu_share"] for r in runs if "cpu_share" in r.engine
+            and r.engine.get("engine_cpu_s", math.inf) >= MIN_SHARE_CPU_S]
+    if not long:
+        return list(runs)
+    median = float(np.median(long))
+    out = []
+    for run in runs:
+        if "cpu_share" in run.engine and run.engine.get("engine_cpu_s", math.inf) < MIN_SHARE_CPU_S:
+            run = dataclasses.replace(run, engine={**run.engine, "cpu_share": median})
+        out.append(run)
+    return out
 
 
 def frontend_latency(runs: Sequence[CalibrationRun]) -> ClientLatency:
@@ -734,6 +755,7 @@ def calibrate(
     use_engine = target == "engine" or (target == "auto" and has_engine)
     if use_engine:
         fit_client_latency = False
+        runs = _steady_shares(runs)
     params = tuple(params)
     for name in params:
         if name not in BOUNDS:
