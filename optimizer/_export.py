@@ -35,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._spec import StudySpec
-from optimizer._study import StudyContext, is_feasible, open_study, prepare
+from optimizer._storage import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -61,8 +61,15 @@ def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]
 
 
 def pareto_front(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
-    """Non-dominated trials among ``trials`` (complete ones), in trial order."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    """Non-dominated trials among ``trials`` (complete ones), in trial order; a config that ran (or was drawn)
+    more than once is listed once, as its first trial."""
+    done, seen = [], set()
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.values is not None:
+            key = json.dumps(t.params, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                done.append(t)
     return [t for t in done if not any(_dominates(o.values, t.values, directions) for o in done if o is not t)]
 
 

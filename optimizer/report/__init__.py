@@ -73,7 +73,7 @@ def write_report(spec: Any, *, out: str | Path, storage: str | None = None, stud
     sets one knob to each value on top of the default and the recommended config.
     """
     from optimizer._spec import StudySpec, load_study_spec
-    from optimizer._study import open_study, prepare
+    from optimizer._storage import open_study, prepare
     from sim.errors import ConfigError
 
     t0 = time.perf_counter()
