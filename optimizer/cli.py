@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Error lines are cut to this many characters.
+MAX_ERROR_CHARS = 1000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -119,7 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except KvtuneError as exc:
-        print(f"kvtune: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        message = " ".join(str(exc).split())
+        if len(message) > MAX_ERROR_CHARS:  # a hostile value must not flood the terminal
+            message = message[: MAX_ERROR_CHARS - 3] + "..."
+        print(f"kvtune: error: {message}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))  # 2: bad input; a study that stopped itself says 1
     except KeyboardInterrupt as exc:
         terminated = type(exc).__name__ == "Terminated"

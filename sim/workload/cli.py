@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from sim.errors import ConfigError
+from sim.safe_yaml import read_yaml
 from sim.workload._arrivals import ArrivalSpec
 from sim.workload._detect import FORMATS
 from sim.workload._fit import describe, fit_workload
@@ -123,10 +124,7 @@ def load_spec_file(path: Path) -> WorkloadSpec:
     """A workload spec from YAML: the file itself, or its ``workload:`` section (a study spec)."""
     if not path.exists():
         raise ConfigError(str(path), "no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, str(path))
     if isinstance(data, dict) and "workload" in data:
         return WorkloadSpec.from_dict(data["workload"], "workload", base_dir=path.resolve().parent)
     if not isinstance(data, dict):
