@@ -121,9 +121,9 @@ def _sqlite_path(url: str) -> Path | None:
     return None
 
 
-def _ensure_sqlite_dir(url: str) -> None:
+def _ensure_sqlite_dir(url: str, create: bool = True) -> None:
     path = _sqlite_path(url)
-    if path is not None:
+    if path is not None and create:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -142,7 +142,12 @@ def storage_lock(url: str) -> Iterator[None]:
         return
     import fcntl
 
-    with open(f"{path}.lock", "a+") as handle:
+    try:
+        handle = open(f"{path}.lock", "a+")
+    except OSError:  # a read-only folder (export, report): nobody creates tables there
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -184,7 +189,7 @@ def open_study(ctx: StudyContext, storage: str, sampler: optuna.samplers.BaseSam
     """The spec's study in ``storage`` (created if ``create``); a stored study made from a different spec (other
     workload, space, objectives...) is refused, naming what differs."""
     spec = ctx.spec
-    _ensure_sqlite_dir(storage)
+    _ensure_sqlite_dir(storage, create)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for attempt in range(5):
         try:

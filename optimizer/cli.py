@@ -90,8 +90,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as the one error line every kvtune error is (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"kvtune: error: {self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvtune", description="Tune vLLM scheduler and KV-cache knobs against "
+    parser = _Parser(prog="kvtune", description="Tune vLLM scheduler and KV-cache knobs against "
                                                                 "per-class latency targets, by simulation.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
