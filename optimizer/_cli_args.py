@@ -7,7 +7,8 @@ import argparse
 import math
 from pathlib import Path
 
-__all__ = ["add_study_arguments", "finite_float", "non_negative_int", "positive_float", "positive_int", "seed_int"]
+__all__ = ["add_study_arguments", "finite_float", "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int",
+           "seed_int"]
 
 #: Seeds go to numpy's generators, which take 0 <= seed < 2**32.
 SEED_LIMIT = 2**32
@@ -50,10 +51,24 @@ def finite_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0-65535 (0: any free one), got {value}")
     return value
 
 
