@@ -386,8 +386,11 @@ class RayExecutor(Executor):
         for slot in due:
             try:
                 elapsed = ray.get(probes[id(slot)], timeout=0)
-            except Exception:  # no answer (the worker is wedged or gone): count from the submit
-                elapsed = now - slot.submitted
+            except Exception:  # no answer yet: a fresh worker still starting (slow on a loaded machine), or wedged
+                if now - slot.submitted <= slot.limit + self.startup_timeout_s:
+                    slot.deadline = now + min(slot.limit, 1.0)
+                    continue
+                elapsed = now - slot.submitted  # past start-up and limit together: give up on it
             if elapsed is None:  # the trial has not started yet (its worker is starting or receiving)
                 slot.deadline = now + min(slot.limit, 1.0)
                 continue

@@ -81,8 +81,9 @@ def test_ray_trials_that_raise_hang_or_die(tmp_path, local_ray):
     progress = io.StringIO()
     result = Tuner(spec, storage=storage, backend=backend, executor=RayExecutor(workers=2), progress=progress,
                    crash_retries=1).run()
-    assert result.finished == 6 and result.failed == 3 and result.complete == 3
     study = optuna.load_study(study_name=spec.name, storage=storage)
+    why = [(t.number, t.params, t.user_attrs.get("fail_reason")) for t in study.trials]
+    assert result.finished == 6 and result.failed == 3 and result.complete == 3, why
     killed = [t for t in study.trials if t.params["max_num_seqs"] == KILLED]
     # A dead worker is an infrastructure failure: its config ran once more (crash_retries=1), then counted.
     assert [t.user_attrs.get("retried", False) for t in killed] == [True, False]
