@@ -158,7 +158,7 @@ class Budget:
         _check_keys(d, _BUDGET_KEYS, where)
         timeout = d.get("trial_timeout_s", 600.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-            raise ConfigError(f"{where}.trial_timeout_s", f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
                                                           f"got {_short(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),

@@ -46,6 +46,7 @@ GRACE_PERIOD_S = 60
 DRIVER_ATTR = "kvtune.driver"
 _IDENTITY_ATTR = "kvtune.identity"
 _SPEC_ATTR = "kvtune.spec"
+_STARTS_ATTR = "kvtune.driver_starts"
 
 
 @dataclass
@@ -271,6 +272,15 @@ def _driver_gone(driver: Any) -> bool:
         return False
     started = _process_start(pid)
     return started is None or (driver.get("started") is not None and started != driver["started"])
+
+
+def claim_start(study: optuna.Study, url: str) -> int:
+    """How many drivers started on this study before this one (and count this one), under the storage lock: a
+    sampler seeded with it draws differently from a driver started at the same instant."""
+    with storage_lock(url):
+        starts = int(study.user_attrs.get(_STARTS_ATTR, 0))
+        study.set_user_attr(_STARTS_ATTR, starts + 1)
+    return starts
 
 
 def mark_driver(study: optuna.Study, trial: optuna.Trial, driver: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from optimizer._storage import (
     INTERRUPTED,
     MEMORY,
     StudyContext,
+    claim_start,
     driver_identity,
     heartbeat_enabled,
     is_feasible,
@@ -149,9 +150,11 @@ class Tuner:
         self.study = study
         # Seeded from the spec's seed and the trials already stored: a resumed or extended study draws new configs
         # instead of replaying the first run's draws (the samplers read the stored trials for everything else).
+        # Drivers started at the same instant see the same stored trials: each also counts as its own start.
         stored = len(study.get_trials(deepcopy=False))
+        start = claim_start(study, self.storage)
         study.sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints),
-                                     seed=(spec.sampler.seed + stored) % 2**32)
+                                     seed=(spec.sampler.seed + stored + 7919 * start) % 2**32)
         recovered = recover_interrupted(study)
         trials = study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if is_finished(t))
@@ -362,6 +365,9 @@ class _Run:
         self.inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
         #: Trials that drew the params of a trial in flight: told its outcome when it ends (number -> trials).
         self.followers: dict[int, list[tuple[optuna.Trial, dict[str, Any]]]] = {}
+        #: Trials that drew the params of a trial another driver runs: told its result once it is stored.
+        self.remote_followers: list[tuple[optuna.Trial, dict[str, Any], int]] = []
+        self.elsewhere: dict[str, int] = {}
         self.consecutive_crashes = 0
         self.driver = driver_identity()
         self.finished = 0
@@ -371,14 +377,20 @@ class _Run:
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
     def _stored(self) -> tuple[int, int, dict[str, FrozenTrial]]:
-        """(finished, running, {params: the trial whose result a repeat of them copies}) over every driver."""
+        """(finished, running, {params: the trial whose result a repeat of them copies}) over every driver; also
+        refreshes :attr:`elsewhere` (params of trials other drivers run now -> trial number)."""
         finished = running = 0
         done: dict[str, FrozenTrial] = {}
+        self.elsewhere = {}
+        mine = set(self.inflight) | {t.number for fs in self.followers.values() for t, _ in fs} | {
+            t.number for t, _, _ in self.remote_followers}
         for t in self.study.get_trials(deepcopy=False):
             if is_finished(t):
                 finished += 1
             elif t.state == TrialState.RUNNING:
                 running += 1
+                if t.params and t.number not in mine:
+                    self.elsewhere.setdefault(_params_key(t.params), t.number)
             if t.params and (t.state == TrialState.COMPLETE or (
                     t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS)):
                 done.setdefault(_params_key(t.params), t)
@@ -391,7 +403,9 @@ class _Run:
 
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-                for trial, _ in list(self.inflight.values()):
+                beating = (list(self.inflight.values()) + [f for fs in list(self.followers.values()) for f in fs]
+                           + [(t, k) for t, k, _ in list(self.remote_followers)])
+                for trial, _ in beating:
                     try:
                         storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
                     except Exception:  # a busy database: the next beat comes within the grace period
@@ -457,6 +471,9 @@ class _Run:
                 if leader is not None:
                     self.followers.setdefault(leader, []).append((trial, knobs))
                     continue
+                if key in self.elsewhere:  # another driver runs this config now: wait for its result
+                    self.remote_followers.append((trial, knobs, self.elsewhere[key]))
+                    continue
                 problem = tuner._check_config(knobs)
                 if problem is not None:
                     tuner._tell(study, trial, knobs, TrialOutcome(trial.number, None, "error", problem), progress)
@@ -469,13 +486,33 @@ class _Run:
             progress.running = len(self.inflight)
             progress.done = self.finished
             progress.update()
+            self._settle_remote_followers()
             if not self.inflight:
-                break
+                if not self.remote_followers:
+                    break
+                time.sleep(1.0)
+                continue
             for outcome in self.executor.wait(timeout_s=1.0):
                 entry = self.inflight.pop(outcome.number, None)
                 if entry is None:
                     continue
                 self._outcome(entry, outcome)
+
+    def _settle_remote_followers(self) -> None:
+        """Tell each remote follower the result its leader (another driver's trial) stored, once it is stored."""
+        waiting = []
+        for trial, knobs, number in self.remote_followers:
+            source = self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(  # noqa: SLF001
+                self.study._study_id, number))  # noqa: SLF001
+            if source.state == TrialState.RUNNING:
+                waiting.append((trial, knobs, number))
+            elif source.state == TrialState.COMPLETE or source.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS:
+                self.tuner._copy_result(self.study, trial, source, self.progress)
+                self._told()
+            else:  # it timed out, crashed or was interrupted: this config runs again, as its own trial
+                self.tuner._interrupt(self.study, trial, f"the other driver's trial {number} of this config ended "
+                                                         f"without a result; re-enqueued")
+        self.remote_followers = waiting
 
     def _told(self) -> None:
         self.finished += 1
@@ -522,9 +559,11 @@ class _Run:
 
     def interrupt_inflight(self, reason: str) -> None:
         """Tell every trial in flight (and each follower) as ``interrupted`` and enqueue it again."""
-        entries = list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+        entries = (list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+                   + [(t, k) for t, k, _ in self.remote_followers])
         self.inflight.clear()
         self.followers.clear()
+        self.remote_followers.clear()
         for trial, _ in entries:
             try:
                 self.tuner._interrupt(self.study, trial, f"{reason} while this trial ran; re-enqueued")
