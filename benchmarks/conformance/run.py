@@ -39,7 +39,9 @@ from benchmarks.conformance.conformance import (  # noqa: E402
     read_trace,
     run_kvtune,
     run_kvtune_batched,
+    shared_prefix_trace,
     synthetic_trace,
+    with_timeouts,
     trace_max_model_len,
     vllm_request_times,
     write_compact_steps,
@@ -52,7 +54,11 @@ AZURE_CONV = Path(os.environ.get("KVTUNE_AZURE_CONV", "/work/shared/data/traces/
 RECORD_DIR = REPO / "tests" / "sim" / "conformance" / "data"
 #: Cases kept as the recorded reference (small trace, incl. scarce blocks with preemptions).
 RECORD_CASES = ("tiny/ample", "tiny/scarce", "tiny/scarce-wm", "tiny/scarce-isl-off", "tiny/scarce-priority",
-                "tiny/scarce-apc", "tiny/scarce-lpt32")
+                "tiny/scarce-apc", "tiny/scarce-lpt32",
+                "tinyshp/medium", "tinyshp/scarce", "tinyshp/tight", "tinyshp/scarce-priority", "tinyshp/scarce-lpt32",
+                "tinyshp/scarce-bs32", "tinyabort/scarce", "tinyabort/scarce-apc-off", "tinyabort/tight-priority")
+#: Tokens per hash id in the shared-prefix traces (4 blocks of 16, 2 of 32).
+HASH_BLOCK_TOKENS = 64
 
 
 # ---- the matrix ---------------------------------------------------------------------------------------------
@@ -67,6 +73,17 @@ def make_traces(include_azure: bool = True) -> dict:
         "synlong": synthetic_trace(seed=2, num_requests=80, rate_per_s=6.0, prompt_median=1500, prompt_max=6000,
                                    output_median=150, output_max=500),
     }
+    # Shared prefixes: prompts start with a path of a prefix tree of hash ids (see shared_prefix_trace).
+    traces["tinyshp"] = shared_prefix_trace(seed=5, num_requests=60, rate_per_s=60.0,
+                                            hash_block_tokens=HASH_BLOCK_TOKENS, num_groups=3, max_ids=5,
+                                            suffix_median=100, suffix_max=600, output_median=30, output_max=150)
+    traces["shp"] = shared_prefix_trace(seed=6, num_requests=200, rate_per_s=20.0, hash_block_tokens=HASH_BLOCK_TOKENS,
+                                        num_groups=4, max_ids=8, suffix_median=150, suffix_max=2000,
+                                        output_median=100, output_max=500)
+    # Client deadlines (0.25-2 s) on half of the requests: aborts at step boundaries.
+    traces["tinyabort"] = with_timeouts(traces["tinyshp"], seed=7, timeouts_s=(0.25, 0.5, 1.0), share=0.5)
+    traces["abort"] = with_timeouts(traces["syn"], seed=8, timeouts_s=(0.5, 1.0, 2.0), share=0.5)
+    traces["shpabort"] = with_timeouts(traces["shp"], seed=9, timeouts_s=(0.5, 1.0, 2.0), share=0.5)
     if include_azure and AZURE_CONV.exists():
         # 200 conversation requests from the start of the trace, 4x faster than recorded (a busy server).
         traces["azure"] = azure_slice(str(AZURE_CONV), start=0, num_requests=200, speedup=4.0, max_len=8192)
@@ -83,6 +100,37 @@ def _blocks(df, bs: int = 16) -> dict:
         "scarce": max(need_min + 4, total // 16),
         "tight": need_min + 2,
     }
+
+
+def _family_variants(tname: str, b: dict, base: CaseConfig, scarce: CaseConfig, v) -> dict | None:
+    """The variants of the shared-prefix and abort families (None: the trace is one of the classic ones)."""
+    if tname in ("tinyshp", "shp"):
+        shp = {"prefix_caching": True, "hash_block_tokens": HASH_BLOCK_TOKENS}
+        return {
+            "medium": v(base, **shp),
+            "scarce": v(scarce, **shp),
+            "tight": v(base, num_gpu_blocks=b["tight"], **shp),
+            "scarce-priority": v(scarce, policy="priority", **shp),
+            "scarce-lpt32": v(scarce, long_prefill_token_threshold=32, **shp),
+            "scarce-wm": v(scarce, watermark=0.05, **shp),
+            "scarce-isl-off": v(scarce, reserve_full_isl=False, **shp),
+            "scarce-mbt512": v(scarce, max_num_batched_tokens=512, **shp),
+            "scarce-bs32": v(scarce, block_size=32, num_gpu_blocks=scarce.num_gpu_blocks // 2 + 1, **shp),
+            "tight-priority-seqs256-mbt8192": v(base, num_gpu_blocks=b["tight"], policy="priority", max_num_seqs=256,
+                                                max_num_batched_tokens=8192, **shp),
+            "scarce-apc-off": v(scarce, hash_block_tokens=HASH_BLOCK_TOKENS),
+        }
+    if tname in ("tinyabort", "abort", "shpabort"):
+        extra = {"hash_block_tokens": HASH_BLOCK_TOKENS} if tname != "abort" else {}
+        return {
+            "medium": v(base, **extra),
+            "scarce": v(scarce, prefix_caching=tname != "abort", **extra),
+            "scarce-apc-off": v(scarce, **extra),
+            "scarce-priority": v(scarce, policy="priority", prefix_caching=True, **extra),
+            "tight-priority": v(base, num_gpu_blocks=b["tight"], policy="priority", prefix_caching=True, **extra),
+            "scarce-lpt32": v(scarce, long_prefill_token_threshold=32, prefix_caching=True, **extra),
+        }
+    return None
 
 
 def make_cases(traces: dict) -> list[Case]:
@@ -123,8 +171,11 @@ def make_cases(traces: dict) -> list[Case]:
             "scarce-lpt32": v(scarce, long_prefill_token_threshold=32),
             "scarce-bs32": v(scarce, block_size=32, num_gpu_blocks=scarce.num_gpu_blocks // 2 + 1),
         }
-        if tname == "tiny":
-            keep = {c.split("/")[1] for c in RECORD_CASES}
+        family = _family_variants(tname, b, base, scarce, v)
+        if family is not None:
+            variants = family
+        if tname in ("tiny", "tinyabort"):
+            keep = {c.split("/")[1] for c in RECORD_CASES if c.startswith(tname + "/")}
             variants = {k: c for k, c in variants.items() if k in keep}
         for vname, cfg in variants.items():
             cases.append(Case(name=f"{tname}/{vname}", trace=tname, config=cfg))
@@ -162,6 +213,11 @@ def make_fuzz_cases(num_cases: int, seed: int) -> tuple[dict, list[Case]]:
         cases.append(Case(name=f"{tname}/random", trace=tname, config=cfg,
                           max_model_len=None if mml == longest else mml))
     return traces, cases
+
+
+def needs_driver(case: Case, df) -> bool:
+    """The replay script's own loop cannot build shared prefixes, abort, or run the async scheduler."""
+    return bool(case.config.hash_block_tokens or case.config.async_scheduling or "timeout_s" in df.columns)
 
 
 # ---- the vLLM side ------------------------------------------------------------------------------------------
@@ -396,7 +452,11 @@ def main() -> None:
             mml = case.max_model_len or trace_max_model_len(traces[case.trace])
             d = out_dir(case)
             shutil.rmtree(d, ignore_errors=True)
-            jobs.append({"trace": str(trace_paths[case.trace]), "args": case.config.replay_args(mml), "out_dir": str(d)})
+            job = {"trace": str(trace_paths[case.trace]), "args": case.config.replay_args(mml), "out_dir": str(d)}
+            if needs_driver(case, traces[case.trace]):
+                job["driver"] = {"hash_block_tokens": case.config.hash_block_tokens,
+                                 "async_scheduling": case.config.async_scheduling}
+            jobs.append(job)
         print(f"vLLM side: {len(jobs)} cases in {args.parallel} processes ...", file=sys.stderr)
         run_vllm_side(py, jobs, work, args.parallel)
 
