@@ -54,6 +54,11 @@ class CaseConfig:
     hash_block_tokens: int = 0
     #: vLLM side: ``AsyncScheduler`` instead of ``Scheduler``; kvtune side: the ``async_scheduling`` knob.
     async_scheduling: bool = False
+    #: ``vllm-v0``: compared with vLLM 0.8.5's V0 scheduler (``v0_side.py``); these three are its knobs.
+    flavor: str = "vllm-v1"
+    chunked_prefill: bool = False
+    preemption_mode: str = "recompute"
+    swap_space_gb: float = 0.0
     step_base_s: float = STEP_BASE_S
     step_per_token_s: float = STEP_PER_TOKEN_S
 
@@ -74,7 +79,20 @@ class CaseConfig:
     def engine_config(self, max_model_len: int):
         from sim.engine.config import EngineConfig
 
+        if self.flavor == "vllm-v0":
+            return EngineConfig(
+                flavor="vllm-v0", num_gpu_blocks_override=self.num_gpu_blocks, block_size=self.block_size,
+                max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                enable_chunked_prefill=self.chunked_prefill, preemption_mode=self.preemption_mode,
+                swap_space_gb=self.swap_space_gb, max_model_len=max_model_len,
+            )
+        knobs = {}
+        if "async_scheduling" in {f.name for f in dataclasses.fields(EngineConfig)}:
+            knobs["async_scheduling"] = self.async_scheduling  # explicit: the knob's default depends on version
+        elif self.async_scheduling:
+            raise ValueError("this kvtune has no async_scheduling engine knob")
         return EngineConfig(
+            **knobs,
             flavor="vllm-v1",
             num_gpu_blocks_override=self.num_gpu_blocks,
             block_size=self.block_size,
@@ -88,7 +106,23 @@ class CaseConfig:
             max_model_len=max_model_len,
         )
 
+    def v0_job_config(self, max_model_len: int, num_cpu_blocks: int) -> dict:
+        """What ``v0_side.py`` needs to build vLLM 0.8.5's Scheduler (CPU blocks: kvtune's sizing of the swap
+        space, so that both sides get the same count)."""
+        return {
+            "block_size": self.block_size, "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks,
+            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": max_model_len, "chunked": self.chunked_prefill, "preemption_mode": self.preemption_mode,
+            "step_base_s": self.step_base_s, "step_per_token_s": self.step_per_token_s,
+        }
+
     def label(self) -> str:
+        if self.flavor == "vllm-v0":
+            return " ".join([
+                "v0", f"seqs={self.max_num_seqs}", f"mbt={self.max_num_batched_tokens}", f"blocks={self.num_gpu_blocks}",
+                "chunked" if self.chunked_prefill else "unchunked", self.preemption_mode,
+                *([f"swap={self.swap_space_gb:g}GB"] if self.preemption_mode == "swap" else []),
+            ])
         parts = [
             f"seqs={self.max_num_seqs}", f"mbt={self.max_num_batched_tokens}", f"blocks={self.num_gpu_blocks}",
             f"wm={self.watermark:g}", f"isl={'on' if self.reserve_full_isl else 'off'}", self.policy,
@@ -381,13 +415,24 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
     statuses = {f"r{i}": _STATUS.get(s, s) for i, s in zip(range(len(rt)), rt.status)}
     return SideResult(
         steps, preemptions, {r: first.get(r, -1) for r in ids}, {r: finish.get(r, -1) for r in ids}, idle[0],
-        extra={"statuses": rt.status.value_counts().to_dict(), "num_iterations": result.num_iterations},
+        extra={"statuses": rt.status.value_counts().to_dict(), "num_iterations": result.num_iterations,
+               "aborted": result.aborted},
         status=statuses, abort_step={r: aborted.get(r, -1) for r in ids},
     )
 
 
 #: kvtune's final statuses as the vLLM side names them (a client deadline is an abort there).
 _STATUS = {"timed_out": "aborted", "cancelled": "aborted"}
+
+
+def kvtune_cpu_blocks(config: CaseConfig, max_model_len: int) -> int:
+    """The CPU (swap) blocks kvtune sizes for this config on the benchmark's model and GPU."""
+    from sim.engine.sizing import size_kv_cache
+    from sim.profiles import load_gpu, load_model
+
+    model = load_model("Llama-3-8B")
+    resolved = config.engine_config(max_model_len).resolve(model.max_model_len)
+    return size_kv_cache(model, load_gpu("H100-SXM"), resolved).num_cpu_blocks
 
 
 def run_kvtune_batched(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | None = None) -> pd.DataFrame:

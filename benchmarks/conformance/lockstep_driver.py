@@ -118,6 +118,34 @@ def drive(replay, argv: list[str], opts: dict) -> None:
     deadlines: list[tuple[float, int]] = []
     next_i, step, now, non_idle = 0, 0, 0.0, 0
     steps_rows = []
+    async_mode = bool(opts.get("async_scheduling"))
+    pending = None  # (scheduler output, model output, scheduled ids, step) not yet applied
+
+    def abort_due(t: float) -> None:
+        nonlocal non_idle
+        while deadlines and deadlines[0][0] <= t:
+            _, idx = heapq.heappop(deadlines)
+            rid = f"r{idx}"
+            if rid in live:
+                sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+                del live[rid]
+                by_id[rid]["status"], by_id[rid]["abort_step"] = "aborted", non_idle
+
+    def finish_pending() -> None:
+        nonlocal pending
+        so, mro, sched_ids, at = pending
+        pending = None
+        sched.update_from_output(so, mro)
+        for rid in sched_ids:
+            req = live.get(rid)
+            if req is None:
+                continue
+            rec = by_id[rid]
+            if rec["first_token_step"] < 0 and req.num_output_tokens > 0:
+                rec["first_token_step"] = at
+            if req.is_finished():
+                rec["finish_step"], rec["status"] = at, "finished"
+                del live[rid]
     while True:
         while next_i < len(order) and order[next_i]["arrival_s"] <= now + 1e-12:
             r = order[next_i]
@@ -132,14 +160,12 @@ def drive(replay, argv: list[str], opts: dict) -> None:
             live[r["rid"]] = req
             if r["deadline"] < math.inf:
                 heapq.heappush(deadlines, (r["deadline"], r["idx"]))
-        while deadlines and deadlines[0][0] <= now:
-            _, idx = heapq.heappop(deadlines)
-            rid = f"r{idx}"
-            if rid in live:
-                sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
-                del live[rid]
-                by_id[rid]["status"], by_id[rid]["abort_step"] = "aborted", non_idle
+        if not async_mode:
+            abort_due(now)
         if not live:
+            if pending is not None:
+                finish_pending()
+                continue
             if next_i >= len(order):
                 break
             now = max(now, order[next_i]["arrival_s"])
@@ -147,11 +173,9 @@ def drive(replay, argv: list[str], opts: dict) -> None:
         so = sched.schedule()
         sched_ids = list(so.num_scheduled_tokens.keys())
         total = so.total_num_scheduled_tokens
-        sampled = []
-        for rid in sched_ids:
-            req = live[rid]
-            # After schedule(), num_computed_tokens already includes this step's tokens.
-            sampled.append([FAKE_TOKEN] if req.num_computed_tokens >= req.num_tokens else [])
+        # After schedule(), num_computed_tokens already includes this step's tokens; a request samples a token
+        # unless this was a partial prefill chunk (``is_prefill_chunk``, set by _update_after_schedule).
+        sampled = [[] if live[rid].is_prefill_chunk else [FAKE_TOKEN] for rid in sched_ids]
         for rid in so.preempted_req_ids or ():
             by_id[rid]["preempts"] += 1
         if sched_ids or so.preempted_req_ids:
@@ -159,24 +183,23 @@ def drive(replay, argv: list[str], opts: dict) -> None:
         mro = ModelRunnerOutput(req_ids=sched_ids, req_id_to_index={rid: i for i, rid in enumerate(sched_ids)},
                                 sampled_token_ids=sampled)
         end = now + (args.step_base_s + args.step_per_token_s * total if total else 0.0)
-        sched.update_from_output(so, mro)
-        for rid in sched_ids:
-            req = live.get(rid)
-            if req is None:
-                continue
-            rec = by_id[rid]
-            if rec["first_token_step"] < 0 and req.num_output_tokens > 0:
-                rec["first_token_step"] = step
-            if req.is_finished():
-                rec["finish_step"], rec["status"] = step, "finished"
-                del live[rid]
+        if async_mode:
+            # EngineCore.step_with_batch_queue: schedule(N+1) runs before step N's output is applied; the
+            # aborts queue is processed just before that update_from_output(N).
+            if pending is not None:
+                abort_due(now)
+                finish_pending()
+            pending = (so, mro, sched_ids, step)
+        else:
+            pending = (so, mro, sched_ids, step)
+            finish_pending()
         steps_rows.append((step, now, total))
-        if total == 0 and next_i < len(order):
+        if total == 0 and next_i < len(order) and pending is None:
             now = max(end, order[next_i]["arrival_s"])
         else:
             now = end
         step += 1
-        if not live and next_i >= len(order):
+        if not live and next_i >= len(order) and pending is None:
             break
 
     os.makedirs(args.out_dir, exist_ok=True)
