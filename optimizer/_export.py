@@ -39,7 +39,7 @@ from optimizer._study import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
-from sim.profiles import load_model
+from sim.profiles import load_gpu, load_model
 
 THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
 _HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_share", "new_token_busy_share", "kv_utilization",
@@ -200,14 +200,15 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     kvtune's own policies that differ from their defaults, and notes on what could not be expressed."""
     target = target or spec.vllm_version
     model = load_model(spec.model)
-    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len)
+    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len, load_gpu(spec.gpu))
     flags: dict[str, Any] = {}
     notes: list[str] = []
     for name, flag, value in engine_flag_values(config):
         if not target.has_flag(flag):
             if name == "scheduler_reserve_full_isl":
                 notes.append(f"vLLM {target} has no --{flag}; kvtune simulated it {'on' if value else 'off'}")
-            elif (name == "enable_prefix_caching" and not config.is_v1) or (name == "watermark" and not value):
+            elif ((name == "enable_prefix_caching" and not config.is_v1) or (name == "watermark" and not value)
+                  or (name == "async_scheduling" and not value)):
                 pass  # the engine's behaviour without the flag is what kvtune simulated
             else:
                 notes.append(f"vLLM {target} has no --{flag}; kvtune simulated {name}={value!r}")

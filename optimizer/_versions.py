@@ -123,6 +123,14 @@ class VllmTarget:
         """``v0``/``v1``: the engines every release of this target ships."""
         return frozenset.intersection(*(r.engines for r in self.releases))
 
+    @property
+    def simulated_release(self) -> str:
+        """The release whose engine defaults a simulation of this target uses: the release itself, or for a
+        floor the newest listed release (what installing ``>=X`` gives today)."""
+        if self.floor:
+            return flag_table()[-1].version
+        return ".".join(str(p) for p in self.release)
+
     def has_flag(self, flag: str) -> bool:
         return flag.lstrip("-") in self.flags
 
