@@ -123,6 +123,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     knobs = _pairs(args.set, "--set")
     _engine_config(args.set)  # a misspelt knob fails before anything starts
+    if args.probe and "async_scheduling" not in knobs:
+        # The probe separates the host's per-step cost from the GPU's; with async scheduling (vLLM >= 0.17's
+        # default) they overlap and the host part is hidden, so the probe runs the engine without it.
+        knobs["async_scheduling"] = "false"
     workload = _load_workload(args)
     backend = ReplayBackend(
         workload,

@@ -35,6 +35,7 @@ def roofline_for(config: EngineConfig, model: ModelProfile, gpu: GpuProfile,
         weight_dtype_bytes=1 if config.quantization == "fp8" else 2,
         block_size=config.block_size,
         coefficients=coefficients,
+        async_scheduling=bool(config.async_scheduling),
     )
 
 

@@ -112,6 +112,11 @@ class BaseScheduler(ABC):
         self.copies_per_block = 1
         #: Some request has shared-prefix keys and the prefix cache is on (set by the run loop).
         self.shares_prefixes = False
+        #: vLLM's AsyncScheduler (0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) runs before
+        #: update_from_output(N), so a request finished by step N still holds its blocks and its running slot
+        #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
+        self.async_scheduling = bool(getattr(config, "async_scheduling", False))
+        self.deferred_free: list[Request] = []
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -193,9 +198,21 @@ class BaseScheduler(ABC):
                 end_s_req = req.deadline
             else:
                 end_s_req = end_s
-            self._free(req)
+            if self.async_scheduling:
+                self.deferred_free.append(req)
+            else:
+                self._free(req)
             self._end(req, status, end_s_req)
         return grown
+
+    def flush_deferred(self) -> bool:
+        """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
+        if not self.deferred_free:
+            return False
+        for req in self.deferred_free:
+            self._free(req)
+        self.deferred_free.clear()
+        return True
 
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:

@@ -16,7 +16,8 @@ from sim.runner import simulate
 
 # The twin's "true" engine: slower per step, lower compute and memory efficiency than kvtune's defaults.
 TRUE = {"overhead_s": 0.004, "per_seq_overhead_s": 3e-5, "mfu": 0.45, "bw_eff": 0.6}
-KNOBS = {"max_model_len": 4096}
+# The probe runs without async scheduling (replay/cli.py): host and GPU time add up and can be told apart.
+KNOBS = {"max_model_len": 4096, "async_scheduling": False}
 
 
 def test_probe_fit_is_exact_on_simulated_measurements():
