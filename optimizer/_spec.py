@@ -72,7 +72,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
     try:
-        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len))
+        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len, gpu))
     except ConfigError as exc:
         raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
@@ -335,7 +335,7 @@ class StudySpec:
         model_name = _str(d, "model", "", None)
         gpu_name = _str(d, "gpu", "", None)
         model = load_model(model_name, "model")
-        load_gpu(gpu_name, "gpu")
+        device = load_gpu(gpu_name, "gpu")
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -352,13 +352,14 @@ class StudySpec:
         for key in engine:
             check_knob(str(key), flavor, target, f"engine.{key}")
         try:
-            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp, **engine}, "engine")
-            fixed.resolve(model.max_model_len)
+            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
+                                            "engine_version": target.simulated_release, **engine}, "engine")
+            fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
             raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
         engine = {k: getattr(fixed, k) for k in engine}
-        resolved = fixed.resolve(model.max_model_len)
+        resolved = fixed.resolve(model.max_model_len, device)
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
             raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "
@@ -370,7 +371,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, load_gpu(gpu_name, "gpu"))
+        _check_model_fits(fixed, search, model, device)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]
@@ -424,8 +425,10 @@ class StudySpec:
 
     # ------------------------------------------------------------------------------------------------------------
     def fixed_knobs(self) -> dict[str, Any]:
-        """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
-        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
+        """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
+        fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
+        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size,
+                "engine_version": self.vllm_version.simulated_release, **self.engine}
 
     def default_config(self) -> EngineConfig:
         """The engine's default config for this deployment: vLLM defaults plus the study's fixed knobs."""

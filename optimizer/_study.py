@@ -34,7 +34,7 @@ from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
 from optimizer._spec import IDENTITY_KEYS, StudySpec
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
-from sim.profiles import load_model
+from sim.profiles import load_gpu, load_model
 from sim.workload.classes import RequestClass
 from sim.workload.workload import Workload
 
@@ -268,6 +268,7 @@ class Tuner:
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
+        self._device = load_gpu(spec.gpu)
 
     # ------------------------------------------------------------------------------------------------------------
     def run(self) -> StudyResult:
@@ -318,7 +319,7 @@ class Tuner:
                         trial = study.ask()
                         params = spec.search.suggest(trial, all_knobs=grid)
                         knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                        knobs, repaired = repair_knobs(knobs, params, self._model_max_len)
+                        knobs, repaired = repair_knobs(knobs, params, self._model_max_len, self._device)
                         if repaired:
                             trial.set_user_attr("repaired", repaired)
                         problem = self._check_config(knobs)
@@ -385,7 +386,7 @@ class Tuner:
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
         try:
-            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len)
+            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len, self._device)
         except ConfigError as exc:
             return f"invalid config: {exc}"
         if config.max_num_batched_tokens < config.max_num_seqs:

@@ -104,6 +104,9 @@ class CaseConfig:
             enable_prefix_caching=self.prefix_caching,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_model_len=max_model_len,
+            # The reference replay drives vLLM's lock-step Scheduler (vllm_sched_replay.py: async_scheduling=False);
+            # kvtune's V1 default follows vLLM 0.33 (async on), which frees finished requests one schedule later.
+            async_scheduling=False,
         )
 
     def v0_job_config(self, max_model_len: int, num_cpu_blocks: int) -> dict:

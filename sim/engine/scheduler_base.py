@@ -113,6 +113,11 @@ class BaseScheduler(ABC):
         self.finished: list[Request] = []
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
+        #: vLLM's AsyncScheduler (0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) runs before
+        #: update_from_output(N), so a request finished by step N still holds its blocks and its running slot
+        #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
+        self.async_scheduling = bool(getattr(config, "async_scheduling", False))
+        self.deferred_free: list[Request] = []
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -201,9 +206,21 @@ class BaseScheduler(ABC):
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
             # abort, which the engine core takes between steps (Scheduler.finish_requests).
             self.running.remove(req)
-            self._free(req)
+            if self.async_scheduling:
+                self.deferred_free.append(req)
+            else:
+                self._free(req)
             self._end(req, Status.FINISHED, end_s)
         return grown
+
+    def flush_deferred(self) -> bool:
+        """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
+        if not self.deferred_free:
+            return False
+        for req in self.deferred_free:
+            self._free(req)
+        self.deferred_free.clear()
+        return True
 
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:
