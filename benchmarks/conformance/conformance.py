@@ -88,7 +88,9 @@ class CaseConfig:
             )
         knobs = {}
         if "async_scheduling" in {f.name for f in dataclasses.fields(EngineConfig)}:
-            knobs["async_scheduling"] = self.async_scheduling  # explicit: the knob's default depends on version
+            # Explicit: kvtune's V1 default follows vLLM 0.33 (async on), while the lock-step reference replay drives
+            # vLLM's plain Scheduler (vllm_sched_replay.py: async_scheduling=False) unless the case says otherwise.
+            knobs["async_scheduling"] = self.async_scheduling
         elif self.async_scheduling:
             raise ValueError("this kvtune has no async_scheduling engine knob")
         return EngineConfig(
@@ -104,9 +106,6 @@ class CaseConfig:
             enable_prefix_caching=self.prefix_caching,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_model_len=max_model_len,
-            # The reference replay drives vLLM's lock-step Scheduler (vllm_sched_replay.py: async_scheduling=False);
-            # kvtune's V1 default follows vLLM 0.33 (async on), which frees finished requests one schedule later.
-            async_scheduling=False,
         )
 
     def v0_job_config(self, max_model_len: int, num_cpu_blocks: int) -> dict:
