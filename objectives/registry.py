@@ -139,6 +139,11 @@ class BoundConstraint(Constraint):
 _BOUND = re.compile(r"^\s*(\S+?)\s*(<=|>=)\s*(\S+)\s*$")
 
 
+def is_bound(text: object) -> bool:
+    """Whether a constraints entry is a bound (it has ``<=`` or ``>=``) rather than a class name."""
+    return isinstance(text, str) and ("<=" in text or ">=" in text)
+
+
 def parse_bound(text: str, classes: Mapping[str, RequestClass] | None = None) -> BoundConstraint:
     """``"p99_itl_s <= 0.2"`` -> a :class:`BoundConstraint`; a ``ConfigError`` for anything else."""
     match = _BOUND.match(text) if isinstance(text, str) else None

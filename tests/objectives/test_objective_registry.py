@@ -44,7 +44,7 @@ def test_named_objectives(summary):
 
 def test_objectives_read_the_flat_dict_too(summary):
     flat = summary.to_dict()
-    for name in ("goodput_rps", "p99_tpot_s:chat", "new_token_busy_share", "preemptions_per_request"):
+    for name in ("goodput_rps", "p99_tpot_s:chat", "new_token_busy_share", "preemptions_per_request", "p99_max_itl_s:chat"):
         obj = get_objective(name)
         a, b = obj.value(summary), obj.value(flat)
         assert a == b or (math.isnan(a) and math.isnan(b))
