@@ -42,8 +42,8 @@ from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_gpu, load_model
 
 THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
-_HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_share", "new_token_busy_share", "kv_utilization",
-             "preemptions_per_request.mean", "makespan_s")
+_HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_busy_share", "recompute_token_share",
+             "new_token_busy_share", "kv_utilization", "preemptions_per_request.mean", "makespan_s")
 _CLASS_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 

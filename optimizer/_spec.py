@@ -11,7 +11,7 @@
     engine: {max_model_len: 4096}        # fixed engine knobs (EngineConfig names)
     search: {...}                        # see optimizer/_space.py; omitted: the default space
     objectives: [output_tokens_per_s, "p99_e2e_s:conv"]
-    constraints: slo                     # every class SLO (default) | none | [class, ...]
+    constraints: slo                     # every class SLO (default) | none | [class | slo | "<objective> <= x", ...]
     replicates: 1                        # seeds per config (workload seed, seed+1, ...); metrics are their mean
     budget: {trials: 50, workers: null, trial_timeout_s: 600}
     sampler: {name: tpe, seed: 0}        # tpe | nsga2 | gp | random | grid
@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from objectives.registry import get_objective
+from objectives.registry import get_objective, is_bound, parse_bound
 from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
@@ -389,7 +389,13 @@ class StudySpec:
         constraints = d.get("constraints", "slo")
         if isinstance(constraints, list):
             if not all(isinstance(c, str) and c for c in constraints):
-                raise ConfigError("constraints", f"a list of class names, got {constraints!r}")
+                raise ConfigError("constraints", f"a list of class names and bounds, got {constraints!r}")
+            for i, item in enumerate(constraints):
+                if is_bound(item):
+                    try:
+                        parse_bound(item)
+                    except ConfigError as exc:
+                        raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
             constraints = tuple(constraints)
         elif constraints not in ("slo", "none"):
             raise ConfigError("constraints", f"must be 'slo', 'none' or a list of class names, got {constraints!r}")

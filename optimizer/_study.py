@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from objectives.registry import Constraint, Objective, get_objective, slo_constraints
+from objectives.registry import Constraint, Objective, get_objective, is_bound, parse_bound, slo_constraints
 from optimizer._backend import SimBackend, TrialBackend
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
@@ -78,20 +78,30 @@ def prepare(spec: StudySpec) -> StudyContext:
             objectives.append(get_objective(name, classes))
         except ConfigError as exc:
             raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
+    bounds = []
     if spec.constraints == "none":
         selected: dict[str, RequestClass] = {}
     elif spec.constraints == "slo":
         selected = classes
     else:
-        unknown = [c for c in spec.constraints if c not in classes]
+        for i, item in enumerate(spec.constraints):
+            if is_bound(item):
+                try:
+                    bounds.append(parse_bound(item, classes))
+                except ConfigError as exc:
+                    raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
+        names = [c for c in spec.constraints if not is_bound(c)]
+        if "slo" in names:
+            names = [n for n in names if n != "slo"] + [n for n in classes if n not in names]
+        unknown = [c for c in names if c not in classes]
         if unknown:
             raise ConfigError("constraints", f"names classes the workload does not have: {unknown}; "
                                              f"classes: {sorted(classes)}")
-        selected = {name: classes[name] for name in spec.constraints}
-        no_slo = [name for name, cls in selected.items() if not cls.slo.targets()]
+        selected = {name: classes[name] for name in names}
+        no_slo = [name for name, cls in selected.items() if not cls.slo.targets() and name in spec.constraints]
         if no_slo:
             raise ConfigError("constraints", f"classes {no_slo} have no SLO (workload.classes.<name>.slo)")
-    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected))
+    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected) + bounds)
 
 
 # ---- storage ---------------------------------------------------------------------------------------------------

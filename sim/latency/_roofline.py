@@ -322,6 +322,10 @@ class RooflineModel(LatencyModel):
             return None
         return gpu_first + self.coefficients.async_exposed_s, per_token * batch_size
 
+    def overhead_time(self, shape: StepShape) -> float:
+        """Host overhead plus the per-layer small kernels: what every step that computes tokens pays."""
+        return self._fixed_s
+
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under
         TP each GPU moves its own share of every block over its own link, in parallel."""
