@@ -11,7 +11,7 @@
     engine: {max_model_len: 4096}        # fixed engine knobs (EngineConfig names)
     search: {...}                        # see optimizer/_space.py; omitted: the default space
     objectives: [output_tokens_per_s, "p99_e2e_s:conv"]
-    constraints: slo                     # every class SLO (default) | none | [class, ...]
+    constraints: slo                     # every class SLO (default) | none | [class | slo | "<objective> <= x", ...]
     replicates: 1                        # seeds per config (workload seed, seed+1, ...); metrics are their mean
     budget: {trials: 50, workers: null, trial_timeout_s: 600}
     sampler: {name: tpe, seed: 0}        # tpe | nsga2 | gp | random | grid
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from objectives.registry import get_objective
+from objectives.registry import get_objective, is_bound, parse_bound
 from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
@@ -73,7 +73,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
     try:
-        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len))
+        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len, gpu))
     except ConfigError as exc:
         raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
@@ -360,7 +360,7 @@ class StudySpec:
         model_name = _str(d, "model", "", None)
         gpu_name = _str(d, "gpu", "", None)
         model = load_model(model_name, "model")
-        load_gpu(gpu_name, "gpu")
+        device = load_gpu(gpu_name, "gpu")
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -377,13 +377,14 @@ class StudySpec:
         for key in engine:
             check_knob(str(key), flavor, target, f"engine.{key}")
         try:
-            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp, **engine}, "engine")
-            fixed.resolve(model.max_model_len)
+            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
+                                            "engine_version": target.simulated_release, **engine}, "engine")
+            fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
             raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
         engine = {k: getattr(fixed, k) for k in engine}
-        resolved = fixed.resolve(model.max_model_len)
+        resolved = fixed.resolve(model.max_model_len, device)
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
             raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "
@@ -395,7 +396,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, load_gpu(gpu_name, "gpu"))
+        _check_model_fits(fixed, search, model, device)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]
@@ -413,7 +414,13 @@ class StudySpec:
         constraints = d.get("constraints", "slo")
         if isinstance(constraints, list):
             if not all(isinstance(c, str) and c for c in constraints):
-                raise ConfigError("constraints", f"a list of class names, got {constraints!r}")
+                raise ConfigError("constraints", f"a list of class names and bounds, got {constraints!r}")
+            for i, item in enumerate(constraints):
+                if is_bound(item):
+                    try:
+                        parse_bound(item)
+                    except ConfigError as exc:
+                        raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
             constraints = tuple(constraints)
         elif constraints not in ("slo", "none"):
             raise ConfigError("constraints", f"must be 'slo', 'none' or a list of class names, got {constraints!r}")
@@ -449,8 +456,10 @@ class StudySpec:
 
     # ------------------------------------------------------------------------------------------------------------
     def fixed_knobs(self) -> dict[str, Any]:
-        """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
-        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
+        """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
+        fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
+        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size,
+                "engine_version": self.vllm_version.simulated_release, **self.engine}
 
     def default_config(self) -> EngineConfig:
         """The engine's default config for this deployment: vLLM defaults plus the study's fixed knobs."""

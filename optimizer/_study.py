@@ -52,7 +52,7 @@ from optimizer._storage import (
 )
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
-from sim.profiles import load_model
+from sim.profiles import load_gpu, load_model
 
 #: Constraint values above this are stored as this (Optuna rejects NaN; some samplers choke on inf).
 MAX_VIOLATION = 1e6
@@ -133,6 +133,7 @@ class Tuner:
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
+        self._device = load_gpu(spec.gpu)
 
     # ------------------------------------------------------------------------------------------------------------
     def run(self) -> StudyResult:
@@ -226,7 +227,7 @@ class Tuner:
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
         try:
-            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len)
+            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len, self._device)
         except ConfigError as exc:
             return f"invalid config: {exc}"
         if config.max_num_batched_tokens < config.max_num_seqs:
@@ -458,7 +459,7 @@ class _Run:
                 running += 1
                 params = spec.search.suggest(trial, all_knobs=self.grid)
                 knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len)
+                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
                 if repaired:
                     trial.set_user_attr("repaired", repaired)
                 key = _params_key(trial.params)

@@ -79,7 +79,11 @@ def cmd_twin(args: argparse.Namespace) -> int:
 
 
 # ---- replay --------------------------------------------------------------------------------------------
-def _load_workload(args: argparse.Namespace):
+#: What the calibration probe runs with unless ``--set`` says otherwise (see cmd_replay).
+PROBE_KNOBS = {"async_scheduling": "false", "max_num_batched_tokens": "8192"}
+
+
+def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
     from sim.workload import bundled_trace_path, load_trace
     from sim.workload.classes import RequestClass
 
@@ -91,7 +95,9 @@ def _load_workload(args: argparse.Namespace):
         name = args.sim_model or guess_sim_model(args.model)
         if not name or not args.gpu:
             raise ConfigError("--probe", "the calibration probe needs the model and GPU profiles (--sim-model, --gpu)")
-        return probe_workload(load_model(name), load_gpu(args.gpu), _engine_config(args.set))
+        from sim.engine.config import EngineConfig
+
+        return probe_workload(load_model(name), load_gpu(args.gpu), EngineConfig.from_dict(knobs or {}, "--set"))
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser())
     df = workload.requests
     if args.start_index:
@@ -128,7 +134,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     knobs = _pairs(args.set, "--set")
     _engine_config(args.set)  # a misspelt knob fails before anything starts
-    workload = _load_workload(args)
+    if args.probe:
+        # The probe separates the host's per-step cost from the GPU's: with async scheduling (vLLM >= 0.17's
+        # default) they overlap and the host part is hidden, so the probe runs the engine without it; and its
+        # prefills must be one step each, which vLLM 0.33's 2048-token default budget on A100/L40S would chunk.
+        knobs = {**PROBE_KNOBS, **knobs}
+    workload = _load_workload(args, knobs)
     backend = ReplayBackend(
         workload,
         model=args.model,

@@ -39,10 +39,12 @@ NAN = math.nan
 #: Request-table columns a client cannot observe (NaN in replays).
 UNOBSERVED_REQUEST_COLUMNS = (
     "first_scheduled_s", "queue_wait_s", "resume_wait_s", "num_preemptions", "recomputed_tokens",
-    "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak", "prefix_hit_tokens",
+    "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak", "prefix_hit_tokens", "max_itl_s", "preempted_s",
+    "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
 )
 #: Step-table columns /metrics does not give (NaN in the timeline).
-UNOBSERVED_STEP_COLUMNS = ("prefill_tokens_recompute", "swap_out_blocks", "swap_in_blocks")
+UNOBSERVED_STEP_COLUMNS = ("prefill_tokens_recompute", "swap_out_blocks", "swap_in_blocks") + tuple(
+    c for c in STEP_COLUMNS if c.startswith("time_"))
 
 
 def request_table_from_records(workload: Workload, records, to_trace: Callable[[float], float]) -> pd.DataFrame:

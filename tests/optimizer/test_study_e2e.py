@@ -47,7 +47,7 @@ def test_study_end_to_end(tmp_path, local_ray):
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
         # Every metric of the summary, per class, is a user attribute; constraints as Optuna and kvtune store them.
-        for key in ("output_tokens_per_s", "goodput_rps", "recompute_share", "class.conv.e2e_s.p99",
+        for key in ("output_tokens_per_s", "goodput_rps", "recompute_busy_share", "class.conv.e2e_s.p99",
                     "class.conv.ttft_s.p99", "class.conv.tpot_s.p99", "class.conv.goodput_rps",
                     "class.conv.count.finished", "all.e2e_s.p99"):
             assert key in t.user_attrs, key

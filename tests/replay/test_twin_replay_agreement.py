@@ -93,7 +93,7 @@ def test_objectives_read_both_backends(agreement):
     assert set(sim_summary) <= set(rep_summary)
     assert rep_summary["output_tokens_per_s"] == pytest.approx(sim_summary["output_tokens_per_s"], rel=0.1)
     assert rep_summary["all.e2e_s.p50"] == pytest.approx(sim_summary["all.e2e_s.p50"], rel=0.1)
-    assert math.isnan(rep_summary["recompute_share"])  # recompute is not exported by vLLM
+    assert math.isnan(rep_summary["recompute_token_share"])  # recompute is not exported by vLLM
     assert 0 < rep_summary["kv_utilization"] <= 1
 
 
