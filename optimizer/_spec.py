@@ -40,7 +40,7 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError
-from sim.profiles import load_gpu, load_model
+from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
@@ -115,6 +115,19 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
+    """A profile name as written, or -- for a Hugging Face model folder / config.json or a device YAML -- its path,
+    relative to the spec's folder when the spec came from a file (absolute, so that resumes and Ray workers find
+    it)."""
+    lowered = {n.lower() for n in builtin}
+    if value.lower() in lowered or not ("/" in value or value.endswith((".json", ".yaml", ".yml"))):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    return str(path.resolve())
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -353,10 +366,12 @@ class StudySpec:
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
-        model_name = _str(d, "model", "", None)
-        gpu_name = _str(d, "gpu", "", None)
+        model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
+        gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
         model = load_model(model_name, "model")
         load_gpu(gpu_name, "gpu")
+        if not Path(model_name).is_absolute():
+            model_name = model.name  # a built-in profile (or one of its aliases): its canonical name
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -424,7 +439,7 @@ class StudySpec:
             name=name,
             description=_str(d, "description", "", ""),
             workload=workload,
-            model=model.name,
+            model=model_name,
             gpu=gpu_name,
             search=search,
             objectives=tuple(objectives),
