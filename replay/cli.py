@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 
 from optimizer._cli_args import non_negative_float, non_negative_int, port, positive_float, positive_int
@@ -148,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         url=args.url,
         engine=args.launch or "vllm",
         vllm_version=args.vllm_version,
-        vllm_executable=args.vllm_executable,
+        vllm_python=args.vllm_python,
         extra_args=tuple(args.vllm_arg or ()),
         speed=args.speed,
         out_dir=args.out,
@@ -156,7 +157,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
     )
-    trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    from optimizer._backend import TrialError
+
+    try:
+        trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    except TrialError as exc:  # the engine did not start, or the server cannot be reached: one line, exit 2
+        lines = str(exc).splitlines()
+        print(f"kvtune: error: {lines[0] if lines else exc}", file=sys.stderr)
+        return 2
     for result, path in zip(trial.results, trial.paths):
         req = result.requests
         counts = req["status"].value_counts().to_dict()
@@ -164,6 +172,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
               f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
               f"saved to {path}")
+        view = result.info.get("engine_view") or {}
+        if view:
+            print(f"  server: {view['num_gpu_blocks']:g} KV blocks of {view['block_size']:g}; finished requests "
+                  f"with <=1 preemption {view['request_num_preemptions_le_1']:g}, <=5 "
+                  f"{view['request_num_preemptions_le_5']:g} of {view['requests_finished']:g}; prefix-cache hits "
+                  f"{view['prefix_cache_hit_tokens']:g} tokens; peak waiting for capacity "
+                  f"{view['waiting_capacity_peak']:g}; peak KV usage {view['kv_cache_usage_peak']:.2f}")
     return 0
 
 
@@ -238,8 +253,10 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--out", required=True, help="folder for the results")
     rep.add_argument("--vllm-version", default=None,
                      help="target vLLM release for the flags (default: the newest in optimizer/data/vllm_flags.yaml)")
-    rep.add_argument("--vllm-executable", default="vllm",
-                     help="command that runs vllm (e.g. 'python -m vllm.entrypoints.cli.main')")
+    rep.add_argument("--vllm-python", default=None,
+                     help="python of the environment where vLLM is installed (or the venv folder); default "
+                          "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
+                          "with the flags of the release installed there")
     rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
     rep.add_argument("--profile", help="twin: latency profile YAML")
     rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")

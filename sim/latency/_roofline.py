@@ -157,8 +157,10 @@ class RooflineModel(LatencyModel):
 
         # ---- parameters, per GPU ---------------------------------------------------------------------
         vocab_params = model.vocab_size * model.hidden_size
-        body_params = model.params - 2 * vocab_params  # transformer layers: all but embedding and LM head
-        body_active = model.active_params - 2 * vocab_params
+        # Transformer layers: all but embedding and LM head (one matrix when they are tied).
+        vocab_matrices = 1 if getattr(model, "tie_word_embeddings", False) else 2
+        body_params = model.params - vocab_matrices * vocab_params
+        body_active = model.active_params - vocab_matrices * vocab_params
         self._body_flops_per_token = 2.0 * body_active / tp
         self._body_bytes = body_params * weight_dtype_bytes / tp
         self._lm_flops_per_seq = 2.0 * vocab_params / tp
