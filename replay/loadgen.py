@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from replay.prom import TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
+from replay.prom import SUMMARY_SAMPLES, TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
 from replay.results import ReplayResult, request_table_from_records
 from sim.errors import KvtuneError
 from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS
@@ -460,7 +460,7 @@ class _Replay:
         snaps: list[MetricsSnapshot] = []
         if before is not None:
             snaps.append(before)
-        snaps += [parse_metrics(text, to_trace(t)) for t, text in self.samples]
+        snaps += [parse_metrics(text, to_trace(t), SUMMARY_SAMPLES) for t, text in self.samples]
         if after is not None:
             snaps.append(after)
         records = self.records

@@ -193,6 +193,31 @@ class TwinStats:
             self.tpot.observe((last - first) / (generated - 1) if generated > 1 else 0.0)
 
 
+#: The histograms /metrics exports, in vLLM's order: name, help text (vLLM's), TwinStats attribute.
+HISTOGRAMS = (
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "request_prompt_tokens"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.", "request_generation_tokens"),
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "iteration_tokens"),
+    ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+     "request_max_num_generation_tokens"),
+    ("vllm:request_params_n", "Histogram of the n request parameter.", "request_params_n"),
+    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "request_params_max_tokens"),
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+     "tpot"),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue_time"),
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     "inference_time"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill_time"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode_time"),
+    ("vllm:request_num_preemptions", "Number of preemptions per finished request.", "request_preemptions"),
+    ("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding "
+     "cached tokens).", "request_prefill_kv_computed"),
+)
+
+
 class TwinCollector:
     """Exposes the engine's state under vLLM's metric names (labels ``model_name`` and ``engine``)."""
 
@@ -275,33 +300,8 @@ class TwinCollector:
         for reason in ADMISSION_REASONS:
             rejections.add_metric([self.model_name, reason], 0)
         yield rejections
-        yield histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", st.request_prompt_tokens)
-        yield histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                        st.request_generation_tokens)
-        yield histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                        st.iteration_tokens)
-        yield histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested "
-                        "generation tokens.", st.request_max_num_generation_tokens)
-        yield histogram("vllm:request_params_n", "Histogram of the n request parameter.", st.request_params_n)
-        yield histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-                        st.request_params_max_tokens)
-        yield histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", st.ttft)
-        yield histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", st.itl)
-        yield histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds "
-                        "per request.", st.tpot)
-        yield histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", st.e2e)
-        yield histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                        st.queue_time)
-        yield histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for "
-                        "request.", st.inference_time)
-        yield histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                        st.prefill_time)
-        yield histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                        st.decode_time)
-        yield histogram("vllm:request_num_preemptions", "Number of preemptions per finished request.",
-                        st.request_preemptions)
-        yield histogram("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during "
-                        "prefill (excluding cached tokens).", st.request_prefill_kv_computed)
+        for name, doc, attr in HISTOGRAMS:
+            yield histogram(name, doc, getattr(st, attr))
         yield self._cache_config_info()
         yield from self._own(eng)
 

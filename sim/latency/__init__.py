@@ -1,10 +1,10 @@
 """Iteration latency models: how long one engine step takes, given what the scheduler put in it."""
 
-from sim.latency._base import LatencyModel, StepShape
+from sim.latency._base import PART_NAMES, LatencyModel, StepParts, StepShape
 from sim.latency._constant import LinearStepModel
 from sim.latency._profile_file import (PROFILE_KIND, LatencyProfile, coefficients_from_mapping, load_profile,
                                        read_profile)
 from sim.latency._roofline import LatencyCoefficients, RooflineModel
 
-__all__ = ["LatencyCoefficients", "LatencyModel", "LatencyProfile", "LinearStepModel", "PROFILE_KIND",
-           "RooflineModel", "StepShape", "coefficients_from_mapping", "load_profile", "read_profile"]
+__all__ = ["LatencyCoefficients", "LatencyModel", "LatencyProfile", "LinearStepModel", "PART_NAMES", "PROFILE_KIND",
+           "RooflineModel", "StepParts", "StepShape", "coefficients_from_mapping", "load_profile", "read_profile"]

@@ -14,10 +14,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from sim.errors import ConfigError
 from sim.latency._roofline import LatencyCoefficients
+from sim.safe_yaml import read_yaml
 
 PROFILE_KIND = "kvtune-latency-profile"
 _FIELDS = tuple(f.name for f in dataclasses.fields(LatencyCoefficients))
@@ -55,14 +54,7 @@ def coefficients_from_mapping(values: dict, where: str = "coefficients") -> Late
 def read_profile(path: str | Path) -> LatencyProfile:
     """A profile file (``kvtune calibrate`` output, or a plain mapping of coefficients)."""
     path = Path(path).expanduser()
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError("profile", f"cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError("profile", f"{path}{line}: not valid YAML") from None
+    data = read_yaml(path, "profile")
     if not isinstance(data, dict):
         raise ConfigError("profile", f"{path}: expected a mapping")
     if "coefficients" in data or data.get("kind") == PROFILE_KIND:

@@ -20,14 +20,21 @@ SCARCE = {**BASE_KNOBS, "num_gpu_blocks_override": 100, "enable_prefix_caching":
 AMPLE = {**BASE_KNOBS, "num_gpu_blocks_override": 4096}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port_in(low: int = 18000, high: int = 18099) -> int:
-    """A free localhost port in [low, high] (the range kept for these engines)."""
+    """A free localhost port in [low, high] (the range kept for these engines), never one handed out before in
+    this session: an engine binds its port only minutes after it starts."""
     for port in range(low, high + 1):
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free port in {low}-{high}")
 

@@ -8,7 +8,7 @@ import io
 import urllib.request
 
 import pytest
-from real_engine_helpers import FAST_START, SCARCE, sixty_requests
+from real_engine_helpers import FAST_START, SCARCE, free_port_in, sixty_requests
 
 from replay import ReplayOptions, replay
 from replay.compare import measured_engine_view
@@ -116,7 +116,7 @@ def test_replay_backend_study_of_three_trials_on_the_real_engine(vllm_install, t
         "budget": {"trials": 3, "trial_timeout_s": 1500},
         "sampler": {"name": "random", "seed": 0},
         "backend": {"kind": "replay", "engine": "vllm", "vllm_python": vllm_install.python,
-                    "vllm_args": list(FAST_START), "gpus_per_trial": 1},
+                    "vllm_args": list(FAST_START), "gpus_per_trial": 1, "port": free_port_in()},
     })
     tuner = Tuner(spec, storage="memory", out=tmp_path / "study", executor=InProcessExecutor(),
                   progress=io.StringIO())

@@ -125,3 +125,19 @@ def test_simulate_takes_paths_and_a_bad_one_exits_2(tmp_path, capsys):
                  "--out", str(tmp_path / "out2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.yaml: no such device YAML" in err[0]
+
+
+def test_a_study_spec_keeps_a_model_path_relative_to_its_file(tmp_path):
+    from optimizer import StudySpec
+
+    write(tmp_path, {**LLAMA3_8B, "num_hidden_layers": 2}, "small")
+    (tmp_path / "dev.yaml").write_text(DEVICE)
+    spec = StudySpec.from_dict({
+        "name": "s", "workload": {"trace": "bundled", "max_requests": 10}, "model": "./small", "gpu": "dev.yaml",
+        "objectives": ["output_tokens_per_s"], "engine": {"max_model_len": 4096},
+    }, base_dir=tmp_path)
+    assert spec.model == str((tmp_path / "small").resolve()) and spec.gpu == str((tmp_path / "dev.yaml").resolve())
+    assert load_model(spec.model).num_layers == 2 and load_gpu(spec.gpu).name == "my-gpu"
+    builtin = StudySpec.from_dict({"name": "b", "workload": {"trace": "bundled", "max_requests": 10},
+                                   "model": "meta-llama-3-8b", "gpu": "H100", "objectives": ["output_tokens_per_s"]})
+    assert builtin.model == "Llama-3-8B"  # an alias still becomes the profile's name
