@@ -35,7 +35,7 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids",
+        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids", "appended_tokens",
     )
 
     def __init__(
@@ -87,6 +87,8 @@ class Request:
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
         self.block_ids: list[int] = []
+        #: V0: tokens appended to the request's block table (vllm/core/block/block_table.py ``_num_full_slots``).
+        self.appended_tokens = 0
 
     @property
     def num_tokens(self) -> int:
