@@ -89,7 +89,7 @@ class Simulation:
         observer: Callable | None = None,
         hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
     ):
-        resolved = config.resolve(model.max_model_len)
+        resolved = config.resolve(model.max_model_len, gpu)
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
             if resolved.admission_policy == "predicted" else None
