@@ -98,3 +98,18 @@ def test_cli_launch_without_a_vllm_environment_is_one_line_and_exit_2(tmp_path, 
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "no vLLM environment configured" in err[0]
+
+
+def test_a_local_model_folder_is_its_own_simulator_profile(tmp_path):
+    import json
+
+    from replay.backend import guess_sim_model
+    from sim.profiles import load_model
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(json.loads((Path(__file__).with_name("data") / "tiny-llama" /
+                                                                "config.json").read_text())))
+    assert guess_sim_model(str(folder)) == str(folder.resolve())
+    assert load_model(guess_sim_model(str(folder))).num_layers == 4  # calibration re-simulates with it
+    assert guess_sim_model("meta-llama/Meta-Llama-3-8B") == "Llama-3-8B"
