@@ -35,10 +35,21 @@ class GpuProfile:
     gpu_link_gbps: float
     price_per_hour_usd: float
     source: str
+    #: Device total as vLLM's memory profiler sees it (torch.cuda.mem_get_info), GiB, where a vLLM log published
+    #: it; ``None``: the nvidia-smi total less the H100's published difference (see ``vllm_total_bytes``).
+    vllm_total_gib: float | None = None
 
     @property
     def mem_bytes(self) -> float:
         return self.mem_gb * 1e9
+
+    @property
+    def vllm_total_bytes(self) -> float:
+        """What ``gpu_memory_utilization`` multiplies: the CUDA total, smaller than nvidia-smi's by the memory
+        the driver reserves (H100 80GB: 79.19-79.22 GiB in vLLM logs vs 79.65 GiB from nvidia-smi, 0.46 GiB)."""
+        if self.vllm_total_gib is not None:
+            return self.vllm_total_gib * 1024**3
+        return self.mem_bytes - 0.46 * 1024**3
 
 
 @dataclass(frozen=True)
