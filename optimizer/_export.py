@@ -34,6 +34,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
+from optimizer._robustness import describe as describe_robustness
+from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
 from optimizer._study import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget, version_validity
@@ -321,6 +323,7 @@ class ExportResult:
     recommended: dict[str, Any]
     default: dict[str, Any]
     files: list[Path]
+    robustness: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         lines = [f"recommended trial {self.trial} ({self.rule})"]
@@ -330,6 +333,8 @@ class ExportResult:
         if not self.feasible:
             lines.append("  no trial meets every SLO:")
             lines.extend(f"    {s}" for s in self.shortfalls)
+        if self.robustness:
+            lines.extend(f"  {line}" for line in describe_robustness(self.robustness))
         lines.append(f"wrote {', '.join(p.name for p in self.files)} to {self.out} "
                      f"({self.front_size} Pareto-optimal feasible trials)")
         return "\n".join(lines)
@@ -370,6 +375,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             fresh[label] = None
             results[label] = predicted(None, ctx, str(exc))
     falls = pick.shortfalls if not pick.feasible else []
+    robust = robustness(ctx, spec.model, spec.gpu, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
 
     model_id = hf_model_id(spec.model)
     target = spec.vllm_version
@@ -386,6 +392,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
+    header.extend(describe_robustness(robust))
     (out / "recommended.yaml").write_text(render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 
@@ -415,6 +422,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "default_config": spec.fixed_knobs(),
         "replicate_seeds": ctx.seeds,
         "predicted": results,
+        "robustness": robust,
         "trial_values": dict(zip(spec.objectives, pick.trial.values)),
         "backend": spec.backend.to_dict(),
         "default_metrics_backend": "sim",
@@ -427,7 +435,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     (out / "recommended.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
     return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
-                        results["recommended"], results["default"], files)
+                        results["recommended"], results["default"], files, robust)
 
 
 def _json_default(value: Any) -> Any:

@@ -3,5 +3,6 @@
 from sim.latency._base import LatencyModel, StepShape
 from sim.latency._constant import LinearStepModel
 from sim.latency._roofline import LatencyCoefficients, RooflineModel
+from sim.latency._scaled import ScaledLatency
 
-__all__ = ["LatencyCoefficients", "LatencyModel", "LinearStepModel", "RooflineModel", "StepShape"]
+__all__ = ["LatencyCoefficients", "LatencyModel", "LinearStepModel", "RooflineModel", "ScaledLatency", "StepShape"]
