@@ -246,6 +246,20 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     return flags, policies, notes
 
 
+def unused_host_tier(knobs: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> str | None:
+    """A CPU KV tier (V1 offload, V0 swap space) that the simulation never loaded a block from costs host memory
+    for no gain: say so, since a recommendation of many GiB of offload with no reuse is no improvement."""
+    if not metrics:
+        return None
+    offload = float(knobs.get("kv_offloading_size_gb") or 0.0)
+    swap = float(knobs.get("swap_space_gb") or 0.0) if knobs.get("preemption_mode") == "swap" else 0.0
+    size, flag = (offload, "--kv-offloading-size") if offload else (swap, "--swap-space")
+    if size <= 0 or float(metrics.get("swap_in_blocks", 0.0) or 0.0) > 0:
+        return None
+    return (f"the CPU KV tier ({flag} {size:g} GiB of pinned host memory) was never read in the simulation (no block "
+            f"loaded back): it costs host memory with no gain on this workload; drop {flag} unless traffic differs")
+
+
 def target_validity(config: EngineConfig, target: VllmTarget) -> dict[str, Any]:
     """Which listed releases of ``target`` a recommendation holds for (optimizer/_versions.py version_validity),
     counting only the flags of knobs whose value the engine does not get by default without the flag."""
@@ -375,6 +389,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             fresh[label] = None
             results[label] = predicted(None, ctx, str(exc))
     falls = pick.shortfalls if not pick.feasible else []
+    unused = unused_host_tier(knobs, fresh.get("recommended"))
+    if unused:
+        notes.append(unused)
     robust = robustness(ctx, spec.model, spec.gpu, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
 
     model_id = hf_model_id(spec.model)

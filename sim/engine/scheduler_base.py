@@ -117,6 +117,11 @@ class BaseScheduler(ABC):
         #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
         self.async_scheduling = bool(getattr(config, "async_scheduling", False))
         self.deferred_free: list[Request] = []
+        #: vLLM 0.33's OffloadingConnector (V1 CPU offload) stores write-through: every scheduled request's newly
+        #: full blocks are copied to the CPU tier after the step, on a separate stream that overlaps compute
+        #: (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, store jobs built each step), into an
+        #: LRU over all requests' blocks (v1/kv_offload/cpu/policies/lru.py).
+        self.write_through = config.is_v1 and num_cpu_blocks > 0
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -188,6 +193,8 @@ class BaseScheduler(ABC):
                     req.first_token_s = end_s
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
+        if self.write_through:
+            self._store_computed_blocks(out)
         if self.shares_prefixes and num_steps == 1:
             self._register_shared_blocks(out)
         for req in done:
@@ -204,6 +211,20 @@ class BaseScheduler(ABC):
                 self._free(req)
             self._end(req, status, end_s_req)
         return grown
+
+    def _store_computed_blocks(self, out: SchedulerOutput) -> None:
+        """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
+        copies overlap compute, so the step's duration does not include them)."""
+        block_size = self.block_size
+        cpu = self.cpu
+        stored = 0
+        for req, _ in out.scheduled:
+            if req.blocks:
+                new = cpu.offload(req.index, req.num_computed_tokens // block_size)
+                if new:
+                    req.swapped_out_blocks += new
+                    stored += new
+        out.swap_out_blocks += stored
 
     def flush_deferred(self) -> bool:
         """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
@@ -301,12 +322,13 @@ class BaseScheduler(ABC):
     def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float) -> None:
         """Free the victim's blocks (cached with prefix caching, offloaded with a CPU tier) and requeue it at
         the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
-        full = victim.num_computed_tokens // self.block_size
-        stored = self.cpu.offload(victim.index, full)
-        if stored:
-            victim.swapped_out_blocks += stored
-            out.swap_out_blocks += stored
-            out.swap_copies += stored * self.copies_per_block
+        if not self.write_through:  # write-through already stored the victim's computed blocks
+            full = victim.num_computed_tokens // self.block_size
+            stored = self.cpu.offload(victim.index, full)
+            if stored:
+                victim.swapped_out_blocks += stored
+                out.swap_out_blocks += stored
+                out.swap_copies += stored * self.copies_per_block
         self._free(victim)
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
