@@ -122,13 +122,33 @@ class BaseScheduler(ABC):
         #: (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, store jobs built each step), into an
         #: LRU over all requests' blocks (v1/kv_offload/cpu/policies/lru.py).
         self.write_through = config.is_v1 and num_cpu_blocks > 0
+        #: Loads from the CPU tier are asynchronous (OffloadingConnector.get_num_new_matched_tokens returns
+        #: load_kv_async): the request holds its blocks in Status.LOADING and is scheduled in a step after the
+        #: load has landed, instead of the load's time being charged to everyone in the step.  ``load_time``
+        #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
+        self.load_time = None
+        self.loading: list[tuple[float, Request]] = []
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0 or self.num_swapped() > 0
+        return bool(self.running) or len(self.waiting) > 0 or self.num_swapped() > 0 or bool(self.loading)
+
+    def next_load_ready_s(self) -> float:
+        """When the earliest asynchronous load lands (inf if none): an event for the run loop."""
+        return min(ready for ready, _ in self.loading) if self.loading else float("inf")
+
+    def _land_loads(self, now: float) -> None:
+        """Loads that have landed: their requests rejoin the front of the waiting queue, in arrival order."""
+        landed = [r for ready, r in self.loading if ready <= now]
+        if not landed:
+            return
+        self.loading = [(ready, r) for ready, r in self.loading if ready > now]
+        for req in sorted(landed, key=lambda r: (r.arrival_s, r.index), reverse=True):
+            req.status = Status.WAITING
+            self.waiting.prepend(req)
 
     def num_swapped(self) -> int:
         return 0
@@ -244,6 +264,8 @@ class BaseScheduler(ABC):
             self.waiting.remove(req)
         elif req.status == Status.SWAPPED:
             self._drop_swapped(req)
+        elif req.status == Status.LOADING:
+            self.loading = [(ready, r) for ready, r in self.loading if r is not req]
         else:
             return
         self._free(req)

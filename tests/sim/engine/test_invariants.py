@@ -96,9 +96,13 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
         assert pool.num_used >= 0 and pool.num_empty >= 0 and pool.num_cached >= 0
         assert pool.num_used + pool.num_cached + pool.num_empty == pool.num_blocks
         # A shared-prefix block is used once however many running requests hold it.
-        assert pool.num_used == sum(r.blocks - r.shared_held for r in scheduler.running) + len(pool.shared_refs)
+        # Requests loading their offloaded blocks back (async, Status.LOADING) hold blocks too, and keep them in
+        # the waiting queue once the load has landed until they are admitted.
+        holding = (list(scheduler.running) + [r for _, r in scheduler.loading]
+                   + [r for r in scheduler.waiting if r.blocks])
+        assert pool.num_used == sum(r.blocks - r.shared_held for r in holding) + len(pool.shared_refs)
         holders: dict[int, int] = {}
-        for r in scheduler.running:
+        for r in holding:
             for key in r.prefix_keys[:r.shared_held]:
                 holders[key] = holders.get(key, 0) + 1
         assert holders == pool.shared_refs
