@@ -8,12 +8,14 @@ import pandas as pd
 from sim.engine.core import STEP_COLUMNS
 from sim.engine.request import Request
 
+#: A request's share of the steps' time parts (transfer is not attributed per request: see its swapped blocks).
+REQUEST_TIME_COLUMNS = ("time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s")
 REQUEST_COLUMNS = (
     "request_id", "class", "arrival_s", "prompt_tokens", "output_tokens_target", "generated_tokens", "status",
     "first_scheduled_s", "first_token_s", "end_s", "ttft_s", "e2e_s", "tpot_s", "queue_wait_s", "resume_wait_s",
     "num_preemptions", "recomputed_tokens", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-    "prefix_hit_tokens",
-)
+    "prefix_hit_tokens", "max_itl_s", "preempted_s",
+) + REQUEST_TIME_COLUMNS
 
 
 def request_table(requests: list[Request]) -> pd.DataFrame:
@@ -33,6 +35,9 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
         "output_tokens_target": np.array([r.output_tokens_target for r in requests], dtype=np.int64),
         "generated_tokens": generated,
         "status": [r.status.value for r in requests],
+        # Finished at max_model_len before its output target (vLLM's finish reason "length"): capped, not complete.
+        "capped": np.array([r.status.value == "finished" and r.num_output_tokens < r.output_tokens_target
+                            for r in requests], dtype=bool),
         "first_scheduled_s": first_sched,
         "first_token_s": first_token,
         "end_s": end,
@@ -47,11 +52,14 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
         "swapped_in_blocks": np.array([r.swapped_in_blocks for r in requests], dtype=np.int64),
         "kv_blocks_peak": np.array([r.kv_blocks_peak for r in requests], dtype=np.int64),
         "prefix_hit_tokens": np.array([r.prefix_hit_tokens for r in requests], dtype=np.int64),
+        "max_itl_s": np.array([r.max_itl_s for r in requests], dtype=float),
+        "preempted_s": np.array([r.preempted_s for r in requests], dtype=float),
+        **{c: np.array([getattr(r, c) for r in requests], dtype=float) for c in REQUEST_TIME_COLUMNS},
     })
 
 
 def step_table(rows: list[tuple]) -> pd.DataFrame:
     """One row per step or per run of identical decode steps (``num_steps`` > 1)."""
     df = pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
-    int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+    int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s") and not c.startswith("time_")]
     return df.astype({c: "int64" for c in int_cols})

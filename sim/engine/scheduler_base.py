@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sim.engine.config import EngineConfig
 from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
+from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
 
@@ -39,6 +40,21 @@ class SchedulerOutput:
     #: How many leading entries of ``scheduled`` the all-decode fast path scheduled; it leaves their
     #: processed-token count to update_from_output.
     bulk_decode: int = 0
+
+
+def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
+    """``(new prefill, recompute, decode)`` tokens among the ``num_new`` scheduled for ``req`` from its current
+    ``num_computed_tokens``: below ``high_water`` is recompute, then prompt tokens are new prefill, the rest decode."""
+    computed = req.num_computed_tokens
+    end = computed + num_new
+    high = req.high_water
+    recompute = min(end, high) - computed
+    if recompute < 0:
+        recompute = 0
+    prefill_new = min(end, req.prompt_tokens) - (computed if computed > high else high)
+    if prefill_new < 0:
+        prefill_new = 0
+    return prefill_new, recompute, num_new - recompute - prefill_new
 
 
 class WaitingQueue:
@@ -100,7 +116,9 @@ class BaseScheduler(ABC):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.pool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        self.pool: GpuBlockPool | PrefixBlockPool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        #: The pool tracks hashed blocks one by one (shared prefixes; see :meth:`share_prefixes`).
+        self.blocks_hashed = False
         self.cpu = CpuBlockTier(num_cpu_blocks)
         self.waiting = WaitingQueue(priority=config.scheduling_policy == "priority")
         self.running: list[Request] = []
@@ -110,8 +128,6 @@ class BaseScheduler(ABC):
         self.finished: list[Request] = []
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
-        #: Some request has shared-prefix keys and the prefix cache is on (set by the run loop).
-        self.shares_prefixes = False
         #: vLLM's AsyncScheduler (0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) runs before
         #: update_from_output(N), so a request finished by step N still holds its blocks and its running slot
         #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
@@ -128,6 +144,13 @@ class BaseScheduler(ABC):
         #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
         self.load_time = None
         self.loading: list[tuple[float, Request]] = []
+
+    def share_prefixes(self) -> None:
+        """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
+        block-by-block pool.  Called by the run loop before the first request arrives."""
+        if not self.blocks_hashed:
+            self.pool = PrefixBlockPool(self.pool.num_blocks, self.block_size)
+            self.blocks_hashed = True
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -169,9 +192,13 @@ class BaseScheduler(ABC):
     def schedule(self, now: float) -> SchedulerOutput:
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
 
-    def update_from_output(self, out: SchedulerOutput, end_s: float, num_steps: int = 1) -> int:
+    def update_from_output(
+        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0
+    ) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
+        A run's first step ends at ``first_end_s`` and its last lasts ``last_gap_s`` (its longest, step times
+        only grow along a run): the inter-token gaps.
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
@@ -182,6 +209,13 @@ class BaseScheduler(ABC):
             # A run is pure decode of every running request: all of them came from the fast path or none.
             extra = num_steps if out.bulk_decode else num_steps - 1
             for req, _ in out.scheduled:
+                # Gaps: from its previous token to the run's first, then each step (the last is the longest).
+                gap = first_end_s - req.last_token_s
+                if gap < last_gap_s:
+                    gap = last_gap_s
+                if not gap <= req.max_itl_s:
+                    req.max_itl_s = gap
+                req.last_token_s = end_s
                 computed = req.num_computed_tokens + num_steps
                 req.num_computed_tokens = computed
                 req.high_water = computed
@@ -195,6 +229,11 @@ class BaseScheduler(ABC):
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
             self.pool.allocate(grown)
+            if self.blocks_hashed:
+                # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
+                cache_blocks = self.pool.cache_blocks
+                for req, _ in out.scheduled:
+                    cache_blocks(req, req.num_computed_tokens)
         else:
             if out.bulk_decode:
                 for req, _ in out.scheduled[:out.bulk_decode]:
@@ -210,26 +249,29 @@ class BaseScheduler(ABC):
                     continue  # a prefill chunk that did not reach the end: no token sampled
                 req.num_output_tokens += 1
                 if req.num_output_tokens == 1:
-                    req.first_token_s = end_s
+                    req.first_token_s = req.last_token_s = end_s
+                    req.end_stall(end_s)  # preempted before its first token
+                else:
+                    gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                    if not gap <= req.max_itl_s:
+                        req.max_itl_s = gap
+                    req.last_token_s = end_s
+                    if req.stalled_since == req.stalled_since:
+                        req.end_stall(end_s)
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
         if self.write_through:
             self._store_computed_blocks(out)
-        if self.shares_prefixes and num_steps == 1:
-            self._register_shared_blocks(out)
         for req in done:
+            # A request whose last token comes out of the step that crosses its client deadline is finished:
+            # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
+            # abort, which the engine core takes between steps (Scheduler.finish_requests).
             self.running.remove(req)
-            status = Status.FINISHED
-            if end_s > req.deadline:
-                status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
-                end_s_req = req.deadline
-            else:
-                end_s_req = end_s
             if self.async_scheduling:
                 self.deferred_free.append(req)
             else:
                 self._free(req)
-            self._end(req, status, end_s_req)
+            self._end(req, Status.FINISHED, end_s)
         return grown
 
     def _store_computed_blocks(self, out: SchedulerOutput) -> None:
@@ -275,29 +317,16 @@ class BaseScheduler(ABC):
         raise NotImplementedError
 
     def _free(self, req: Request) -> None:
-        if req.blocks:
-            shared = req.shared_held
-            if shared:
-                self.pool.release_shared(req.prefix_keys[:shared])
-                req.shared_prev, req.shared_held = shared, 0
-            full = req.num_computed_tokens // self.block_size
-            self.pool.release(req.index, req.blocks - shared, max(0, full - shared))
+        if self.blocks_hashed:
+            self.pool.free(req)
+        elif req.blocks:
+            self.pool.release(req.index, req.blocks, req.num_computed_tokens // self.block_size)
             req.blocks = 0
-
-    def _register_shared_blocks(self, out: SchedulerOutput) -> None:
-        """Blocks of a shared prefix become shareable once a request has computed them."""
-        block_size = self.block_size
-        for req, _ in out.scheduled:
-            keys = req.prefix_keys
-            if keys and req.shared_held < len(keys) and req.blocks:
-                full = min(len(keys), req.num_computed_tokens // block_size)
-                if full > req.shared_held:
-                    self.pool.register_shared(keys[req.shared_held:full])
-                    req.shared_held = full
 
     def _end(self, req: Request, status: Status, now: float) -> None:
         req.status = status
         req.end_s = now
+        req.end_stall(now)  # ended while preempted: the stall lasted until then
         self.finished.append(req)
 
     def _account(self, out: SchedulerOutput, req: Request, num_new: int, sign: int = 1) -> None:
@@ -305,14 +334,7 @@ class BaseScheduler(ABC):
         prefill, recompute and decode, and add their compute and KV reads to the step's shape."""
         computed = req.num_computed_tokens
         end = computed + num_new
-        recompute = min(end, req.high_water) - computed
-        if recompute < 0:
-            recompute = 0
-        new_start = computed if computed > req.high_water else req.high_water
-        prefill_new = min(end, req.prompt_tokens) - new_start
-        if prefill_new < 0:
-            prefill_new = 0
-        decode = num_new - recompute - prefill_new
+        prefill_new, recompute, decode = split_tokens(req, num_new)
         out.prefill_tokens_recompute += sign * recompute
         out.prefill_tokens_new += sign * prefill_new
         out.decode_tokens += sign * decode
@@ -327,6 +349,10 @@ class BaseScheduler(ABC):
             shape.prefill_tokens += sign * num_new
             shape.prefill_attention += sign * num_new * (computed + num_new / 2)
             shape.prefill_context += sign * end
+            if recompute:
+                shape.recompute_tokens += sign * recompute
+                shape.recompute_attention += sign * recompute * (computed + recompute / 2)
+                shape.recompute_context += sign * (computed + recompute)
         if sign > 0:
             out.scheduled.append((req, num_new))
         else:
@@ -355,6 +381,7 @@ class BaseScheduler(ABC):
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         victim.preempted_at = now
+        victim.stall(now)
         victim.status = Status.WAITING
         self.waiting.prepend(victim)
         out.preempted.append(victim)

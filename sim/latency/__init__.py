@@ -1,8 +1,9 @@
 """Iteration latency models: how long one engine step takes, given what the scheduler put in it."""
 
-from sim.latency._base import LatencyModel, StepShape
+from sim.latency._base import PART_NAMES, LatencyModel, StepParts, StepShape
 from sim.latency._constant import LinearStepModel
 from sim.latency._roofline import LatencyCoefficients, RooflineModel
 from sim.latency._scaled import ScaledLatency
 
-__all__ = ["LatencyCoefficients", "LatencyModel", "LinearStepModel", "RooflineModel", "ScaledLatency", "StepShape"]
+__all__ = ["LatencyCoefficients", "LatencyModel", "LinearStepModel", "PART_NAMES", "RooflineModel", "ScaledLatency",
+           "StepParts", "StepShape"]

@@ -161,8 +161,10 @@ class RooflineModel(LatencyModel):
 
         # ---- parameters, per GPU ---------------------------------------------------------------------
         vocab_params = model.vocab_size * model.hidden_size
-        body_params = model.params - 2 * vocab_params  # transformer layers: all but embedding and LM head
-        body_active = model.active_params - 2 * vocab_params
+        # Transformer layers: all but embedding and LM head (one matrix when they are tied).
+        vocab_matrices = 1 if getattr(model, "tie_word_embeddings", False) else 2
+        body_params = model.params - vocab_matrices * vocab_params
+        body_active = model.active_params - vocab_matrices * vocab_params
         self._body_flops_per_token = 2.0 * body_active / tp
         self._body_bytes = body_params * weight_dtype_bytes / tp
         self._lm_flops_per_seq = 2.0 * vocab_params / tp
@@ -325,6 +327,10 @@ class RooflineModel(LatencyModel):
         if gpu_first < host:
             return None
         return gpu_first + self.coefficients.async_exposed_s, per_token * batch_size
+
+    def overhead_time(self, shape: StepShape) -> float:
+        """Host overhead plus the per-layer small kernels: what every step that computes tokens pays."""
+        return self._fixed_s
 
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under
