@@ -12,6 +12,8 @@ class Status(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
+    #: vLLM's WAITING_FOR_REMOTE_KVS: its offloaded blocks are being loaded back from the CPU tier.
+    LOADING = "waiting_for_remote_kvs"
     FINISHED = "finished"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
