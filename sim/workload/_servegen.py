@@ -92,7 +92,7 @@ class Client:
 def client_numbers(folder: Path) -> list[int]:
     """Clients with a trace file in ``folder``, ascending."""
     if not folder.is_dir():
-        raise TraceError(str(folder), "is not a folder of ServeGen chunk-N-trace.csv / chunk-N-dataset.json files")
+        raise TraceError(str(folder), None, "is not a folder of ServeGen chunk-N-trace.csv and -dataset.json files")
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _TRACE.match(p.name)))
 
 
@@ -103,17 +103,17 @@ def _windows(path: Path) -> tuple[Window, ...]:
             if not row:
                 continue
             if len(row) != 6:
-                raise TraceError(f"{path}:{line_no}", f"expected 6 fields (start, rate, cv, distribution, shape, "
+                raise TraceError(str(path), line_no, f"expected 6 fields (start, rate, cv, distribution, shape, "
                                                       f"scale), got {len(row)}")
             try:
                 start, rate, shape, scale = float(row[0]), float(row[1]), float(row[4]), float(row[5])
             except ValueError:
-                raise TraceError(f"{path}:{line_no}", f"non-numeric field in {row!r}") from None
+                raise TraceError(str(path), line_no, f"non-numeric field in {row!r}") from None
             dist = row[3].strip()
             if rate < 0 or not math.isfinite(rate):
-                raise TraceError(f"{path}:{line_no}", f"rate_rps must be >= 0, got {row[1]!r}")
+                raise TraceError(str(path), line_no, f"rate_rps must be >= 0, got {row[1]!r}")
             if rate > 0 and (dist not in _DISTRIBUTIONS or not shape > 0 or not scale > 0):
-                raise TraceError(f"{path}:{line_no}", f"an active window needs distribution {list(_DISTRIBUTIONS)} "
+                raise TraceError(str(path), line_no, f"an active window needs distribution {list(_DISTRIBUTIONS)} "
                                                       f"with shape and scale > 0, got {row[3:]!r}")
             out.append(Window(start, rate, dist, shape, scale))
     return tuple(out)
@@ -125,11 +125,11 @@ def _pmf(text: Any, where: str) -> Pmf:
         tokens = np.array([int(k) for k in table], dtype=np.int64)
         probs = np.array([float(v) for v in table.values()], dtype=float)
     except (ValueError, SyntaxError, TypeError, AttributeError):
-        raise TraceError(where, "is not a {tokens: probability} mapping") from None
+        raise TraceError(where, None, "is not a {tokens: probability} mapping") from None
     keep = probs > 0
     tokens, probs = tokens[keep], probs[keep]
     if not len(tokens) or (tokens < 1).any() or not math.isfinite(probs.sum()):
-        raise TraceError(where, "needs token counts >= 1 with positive probabilities")
+        raise TraceError(where, None, "needs token counts >= 1 with positive probabilities")
     return Pmf(tokens, probs / probs.sum())
 
 
@@ -137,16 +137,16 @@ def _lengths(path: Path) -> tuple[tuple[float, Pmf, Pmf], ...]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise TraceError(str(path), f"cannot read a ServeGen dataset: {exc}") from None
+        raise TraceError(str(path), None, f"cannot read a ServeGen dataset: {exc}") from None
     out = []
     for key, entry in data.items():
         where = f"{path}[{key}]"
         if not isinstance(entry, dict) or not {"input_tokens", "output_tokens"} <= set(entry):
-            raise TraceError(where, "needs input_tokens and output_tokens")
+            raise TraceError(where, None, "needs input_tokens and output_tokens")
         out.append((float(key), _pmf(entry["input_tokens"], f"{where}.input_tokens"),
                     _pmf(entry["output_tokens"], f"{where}.output_tokens")))
     if not out:
-        raise TraceError(str(path), "has no length distributions")
+        raise TraceError(str(path), None, "has no length distributions")
     return tuple(sorted(out, key=lambda e: e[0]))
 
 
@@ -157,7 +157,7 @@ def load_client(folder: str, number: int) -> Client:
     trace, dataset = base / f"chunk-{number}-trace.csv", base / f"chunk-{number}-dataset.json"
     for path in (trace, dataset):
         if not path.is_file():
-            raise TraceError(str(path), f"missing: client {number} needs chunk-{number}-trace.csv and -dataset.json")
+            raise TraceError(str(path), None, f"missing: client {number} needs its -trace.csv and -dataset.json")
     return Client(number, _windows(trace), _lengths(dataset))
 
 
@@ -224,7 +224,7 @@ def servegen_frame(spec: ServeGenSpec, seed: int, base_dir: Path | None = None) 
     folder = spec.folder(base_dir)
     numbers = list(spec.clients) if spec.clients is not None else client_numbers(folder)
     if not numbers:
-        raise TraceError(str(folder), "has no chunk-N-trace.csv files")
+        raise TraceError(str(folder), None, "has no chunk-N-trace.csv files")
     end = spec.start_s + spec.duration_s
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(numbers))]
     parts = []
