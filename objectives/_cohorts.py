@@ -68,6 +68,8 @@ class StatusCounts:
     cancelled: int = 0
     rejected: int = 0
     unfinished: int = 0
+    #: Of the finished ones, those the engine stopped at max_model_len before their output target.
+    capped: int = 0
 
     @property
     def total(self) -> int:
@@ -159,6 +161,8 @@ class CohortInputs:
     moved: np.ndarray
     makespan_s: float
     transfer_per_block_s: float
+    #: Finished at max_model_len before the output target (the simulator's ``capped`` column; None: unknown).
+    capped: np.ndarray | None = None
 
     @classmethod
     def build(cls, requests: pd.DataFrame, samples: pd.DataFrame, checks: pd.DataFrame, makespan_s: float,
@@ -180,6 +184,7 @@ class CohortInputs:
             moved=blocks_moved(requests).to_numpy(),
             makespan_s=makespan_s,
             transfer_per_block_s=transfer_per_block_s,
+            capped=requests["capped"].to_numpy(dtype=bool) if "capped" in requests.columns else None,
         )
 
 
@@ -214,8 +219,9 @@ def cohort_stats(inputs: CohortInputs, rows: np.ndarray) -> CohortStats:
     status = inputs.status[rows]
     names, counts_ = np.unique(status, return_counts=True)
     by_status = dict(zip(names.tolist(), counts_.tolist()))
-    counts = StatusCounts(**{s: int(by_status.get(s, 0)) for s in STATUSES})
     finished = rows & (inputs.status == FINISHED)
+    capped = int((finished & inputs.capped).sum()) if inputs.capped is not None else 0
+    counts = StatusCounts(**{s: int(by_status.get(s, 0)) for s in STATUSES}, capped=capped)
     output = _sum(inputs.generated[finished])
     smp = inputs.samples
     applicable = smp["tpot_applicable"].astype(bool)

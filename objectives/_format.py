@@ -45,6 +45,9 @@ def format_summary(summary: Summary) -> str:
     lines = [_HEADER]
     lines += [_row(name, c) for name, c in summary.classes.items()]
     lines.append(_row("all", summary.overall))
+    if summary.overall.counts.capped:
+        lines.append(f"  of the finished, {summary.overall.counts.capped} capped: stopped at max_model_len before "
+                     f"their output target (finish reason length)")
     for title, cohorts in (("prompt", summary.prompt_buckets), ("output", summary.output_buckets),
                            ("preempted", summary.preemption_buckets)):
         rows = [(f"{title} {label}", c) for label, c in cohorts.items() if c.counts.total]

@@ -13,17 +13,8 @@ from optimizer._knobs import KVTUNE_POLICIES, VLLM_FLAGS, params_to_knobs
 from optimizer._samplers import make_sampler
 from optimizer._space import Domain, SearchSpace, default_search_space, parse_search_space
 from optimizer._spec import SAMPLERS, Budget, SamplerSpec, StudySpec, load_study_spec
-from optimizer._study import (
-    StudyContext,
-    StudyResult,
-    Tuner,
-    is_feasible,
-    is_finished,
-    open_study,
-    prepare,
-    recover_interrupted,
-    run_study,
-)
+from optimizer._storage import StudyContext, is_feasible, is_finished, open_study, prepare, recover_interrupted
+from optimizer._study import StudyResult, StudyStopped, Tuner, run_study
 from optimizer._versions import VllmTarget, default_target, flag_table
 
 __all__ = [
@@ -43,6 +34,7 @@ __all__ = [
     "StudyContext",
     "StudyResult",
     "StudySpec",
+    "StudyStopped",
     "TrialBackend",
     "TrialError",
     "TrialOutcome",

@@ -36,11 +36,12 @@ from objectives.registry import BoundConstraint
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._spec import StudySpec
-from optimizer._study import StudyContext, is_feasible, open_study, prepare
-from optimizer._versions import VllmTarget
+from optimizer._storage import StudyContext, is_feasible, open_study, prepare
+from optimizer._versions import VllmTarget, version_validity
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
-from sim.profiles import load_model
+from sim.outputs import atomic_write_text, probe_out_dir
+from sim.profiles import load_gpu, load_model
 
 THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
 _HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_busy_share", "recompute_token_share",
@@ -62,8 +63,15 @@ def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]
 
 
 def pareto_front(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
-    """Non-dominated trials among ``trials`` (complete ones), in trial order."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    """Non-dominated trials among ``trials`` (complete ones), in trial order; a config that ran (or was drawn)
+    more than once is listed once, as its first trial."""
+    done, seen = [], set()
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.values is not None:
+            key = json.dumps(t.params, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                done.append(t)
     return [t for t in done if not any(_dominates(o.values, t.values, directions) for o in done if o is not t)]
 
 
@@ -207,10 +215,15 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     kvtune's own policies that differ from their defaults, and notes on what could not be expressed."""
     target = target or spec.vllm_version
     model = load_model(spec.model)
-    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len)
+    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len, load_gpu(spec.gpu))
     flags: dict[str, Any] = {}
     notes: list[str] = []
     for name, flag, value in engine_flag_values(config):
+        if name == "async_scheduling" and config.is_v1 and not target.has_flag(flag):
+            # Releases without the flag schedule in lock-step: the same as async_scheduling=false.
+            if value:
+                notes.append(f"vLLM {target} has no --{flag}; kvtune simulated async scheduling on")
+            continue
         if not target.has_flag(flag):
             if name == "scheduler_reserve_full_isl":
                 notes.append(f"vLLM {target} has no --{flag}; kvtune simulated it {'on' if value else 'off'}")
@@ -237,7 +250,22 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
         policies.pop("admission_headroom", None)
     if not config.is_v1 and "v1" in target.engines:
         notes.append("this is a V0-engine config: start vLLM with the environment variable VLLM_USE_V1=0")
+    validity = target_validity(config, target)
+    if validity["differs"]:
+        notes.append(f"simulated with vLLM {validity['simulated_release']}'s engine; holds for "
+                     f"{', '.join(validity['holds_for']) or 'no listed release'}; differs on "
+                     + "; ".join(f"{v} ({', '.join(r)})" for v, r in validity["differs"].items())
+                     + " - target one of the releases it holds for, or re-run the study for the others")
     return flags, policies, notes
+
+
+def target_validity(config: EngineConfig, target: VllmTarget) -> dict[str, Any]:
+    """Which listed releases of ``target`` a recommendation holds for (optimizer/_versions.py version_validity),
+    counting only the flags of knobs whose value the engine does not get by default without the flag."""
+    silent = {("watermark", False), ("async_scheduling", False), ("enable_prefix_caching", False)}
+    knob_flags = frozenset(flag for name, flag, value in engine_flag_values(config)
+                           if (name, bool(value)) not in silent and name not in ("tensor_parallel_size",))
+    return version_validity(target, knob_flags)
 
 
 def render_recommended_yaml(flags: Mapping[str, Any], policies: Mapping[str, Any], notes: Sequence[str],
@@ -329,6 +357,7 @@ def _show(value: Any) -> str:
 def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path, favor: str | None = None,
                  study_out: str | Path | None = None, context: StudyContext | None = None) -> ExportResult:
     """Write pareto.csv, recommended.yaml and recommended.json for the spec's stored study to ``out``."""
+    out = probe_out_dir(out)  # before the work: a folder that cannot be written fails at once
     ctx = context or prepare(spec)
     url = spec.storage_url(storage, spec.out_dir(study_out))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
@@ -336,12 +365,10 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     study = open_study(ctx, url, create=False)
     trials = study.get_trials(deepcopy=False)
     pick = choose(trials, ctx, favor)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     files = []
 
     table = pareto_table(pick.front, ctx)
-    (out / "pareto.csv").write_text(table.to_csv(index=False))
+    atomic_write_text(out / "pareto.csv", table.to_csv(index=False))
     files.append(out / "pareto.csv")
 
     knobs = dict(pick.trial.user_attrs["knobs"])
@@ -373,7 +400,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
-    (out / "recommended.yaml").write_text(render_recommended_yaml(flags, policies, notes, header))
+    atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 
     doc = {
@@ -386,6 +413,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
                         "target_s": s.target_s, "excess": _finite(s.excess)} for s in falls],
         "vllm_version": str(target),
         "vllm_flag_sources": target.sources(),
+        "version_validity": target_validity(
+            EngineConfig.from_dict(dict(knobs), "knobs").resolve(load_model(spec.model).max_model_len,
+                                                                 load_gpu(spec.gpu)), target),
         "flavor": spec.flavor,
         "model": spec.model,
         "hf_model": model_id,
@@ -408,7 +438,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             f"trials were measured by replay ({spec.backend.engine or 'external server'}); 'predicted' holds fresh "
             f"simulations of the recommended and the default config (replaying them would launch engines again), "
             f"so compare those two with each other, and 'trial_values' for what the trial measured")
-    (out / "recommended.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    atomic_write_text(out / "recommended.json", json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
     return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
                         results["recommended"], results["default"], files)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from objectives.registry import get_objective, is_bound, parse_bound
 from optimizer._knobs import check_knob
@@ -40,7 +40,8 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError
-from sim.profiles import load_gpu, load_model
+from sim.profiles import gpu_names, load_gpu, load_model, model_names
+from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
@@ -56,7 +57,8 @@ IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "
                  "objectives", "constraints", "replicates", "backend")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
-_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
+_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
+                 "vllm_python", "vllm_args", "port")
 
 
 def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
@@ -72,10 +74,26 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
     try:
-        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len))
+        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len, gpu))
     except ConfigError as exc:
         raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
+
+
+#: Whole numbers in a spec beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
+MAX_INT = 2**53
+#: Seeds go to numpy's generators: 0 <= seed < 2**32.
+SEED_LIMIT = 2**32
+#: A trial timeout longer than this (a year) is a typo; datetime arithmetic on 1e308 s overflows.
+MAX_TIMEOUT_S = 365 * 86400.0
+#: Study names become folder and storage names: letters, digits and ``._-``, not starting with a dot.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a hostile value must not flood an error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -94,9 +112,12 @@ def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int 
     value = d.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
-        raise ConfigError(here, f"must be a whole number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+        raise ConfigError(here, f"must be a whole number, got {_short(value)}")
     value = int(value)
+    if abs(value) > MAX_INT:
+        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {_short(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(here, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -110,17 +131,30 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if value is None:
         return default
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(here, f"must be a non-empty string, got {value!r}")
+        raise ConfigError(here, f"must be a non-empty string, got {_short(value)}")
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
+    """A profile name as written, or -- for a Hugging Face model folder / config.json or a device YAML -- its path,
+    relative to the spec's folder when the spec came from a file (absolute, so that resumes and Ray workers find
+    it)."""
+    lowered = {n.lower() for n in builtin}
+    if value.lower() in lowered or not ("/" in value or value.endswith((".json", ".yaml", ".yml"))):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    return str(path.resolve())
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {value!r}")
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {_short(value)}")
     return value
 
 
@@ -137,8 +171,9 @@ class Budget:
         d = _mapping(d, where)
         _check_keys(d, _BUDGET_KEYS, where)
         timeout = d.get("trial_timeout_s", 600.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
+                                                          f"got {_short(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),
                    trial_timeout_s=float(timeout))
@@ -163,7 +198,7 @@ class SamplerSpec:
         d = _mapping(d, where)
         _check_keys(d, _SAMPLER_KEYS, where)
         name = _str(d, "name", where, "tpe", SAMPLERS)
-        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0),
+        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0, maximum=SEED_LIMIT - 1),
                    n_startup_trials=_int(d, "n_startup_trials", where, None, minimum=0),
                    population_size=_int(d, "population_size", where, None, minimum=2))
         if spec.n_startup_trials is not None and name not in ("tpe", "gp"):
@@ -186,8 +221,8 @@ def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positiv
     value = d.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(here, f"must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(here, f"must be a finite number, got {_short(value)}")
     if positive and not value > 0:
         raise ConfigError(here, f"must be > 0, got {value!r}")
     if not positive and value < 0:
@@ -210,7 +245,10 @@ class BackendSpec:
     model); ``speed`` (wall-clock speed-up, twin only: 1 for vllm); ``gpus_per_trial`` (a Ray resource each trial
     reserves; default the spec's ``tensor_parallel_size`` for vllm, else 0; at least that for vllm, so two engines
     never share a GPU); ``startup_timeout_s`` (engine start, default 1800 s) and ``twin_slack_ms`` (twin only,
-    default 250), both for a launched engine.
+    default 250), both for a launched engine; for engine vllm, ``vllm_python`` (the python of the environment
+    where vLLM is installed, or the venv folder; default ``$KVTUNE_VLLM_PYTHON``), ``vllm_args`` (extra server
+    arguments, e.g. ``["--enforce-eager"]``) and ``port`` (default a free one; with a fixed port trials run one at
+    a time).
     """
 
     kind: str = "sim"
@@ -222,6 +260,9 @@ class BackendSpec:
     gpus_per_trial: float = 0.0
     startup_timeout_s: float | None = None
     twin_slack_ms: float | None = None
+    vllm_python: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    port: int | None = None
 
     @property
     def is_replay(self) -> bool:
@@ -268,8 +309,20 @@ class BackendSpec:
         slack = _number(d, "twin_slack_ms", where, None)
         if slack is not None and engine != "twin":
             raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
+        vllm_python = _str(d, "vllm_python", where, None)
+        args = d.get("vllm_args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) and a for a in args)):
+            raise ConfigError(f"{where}.vllm_args", f"must be a list of strings such as [\"--enforce-eager\"], got "
+                                                    f"{args!r}")
+        for key, value in (("vllm_python", vllm_python), ("vllm_args", args)):
+            if value is not None and engine != "vllm":
+                raise ConfigError(f"{where}.{key}", "applies to engine vllm only (launched per trial)")
+        port = _int(d, "port", where, None, 1, 65535)
+        if port is not None and url is not None:
+            raise ConfigError(f"{where}.port", "applies to an engine launched per trial, not to url")
         return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
-                   startup_timeout_s=startup, twin_slack_ms=slack)
+                   startup_timeout_s=startup, twin_slack_ms=slack, vllm_python=vllm_python,
+                   vllm_args=tuple(args or ()), port=port)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.is_replay:
@@ -279,9 +332,11 @@ class BackendSpec:
             out["url"] = self.url
         else:
             out["engine"] = self.engine
-        for key in ("model", "startup_timeout_s", "twin_slack_ms"):
+        for key in ("model", "startup_timeout_s", "twin_slack_ms", "vllm_python", "port"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.vllm_args:
+            out["vllm_args"] = list(self.vllm_args)
         out["speed"] = self.speed
         out["gpus_per_trial"] = self.gpus_per_trial
         return out
@@ -328,14 +383,20 @@ class StudySpec:
         name = _str(d, "name", "", name)
         if name is None:
             raise ConfigError("name", "is required (or load the spec from a file: its stem is the default name)")
+        if not _NAME.match(name):
+            # The name is a folder under runs/ and a study in storage: no paths ("/any/path", "../x").
+            raise ConfigError("name", f"must be letters, digits and . _ - (no path, not starting with a dot), "
+                                      f"got {_short(name)}")
         for key in ("workload", "model", "gpu"):
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
-        model_name = _str(d, "model", "", None)
-        gpu_name = _str(d, "gpu", "", None)
+        model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
+        gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
         model = load_model(model_name, "model")
-        load_gpu(gpu_name, "gpu")
+        device = load_gpu(gpu_name, "gpu")
+        if not Path(model_name).is_absolute():
+            model_name = model.name  # a built-in profile (or one of its aliases): its canonical name
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -352,13 +413,14 @@ class StudySpec:
         for key in engine:
             check_knob(str(key), flavor, target, f"engine.{key}")
         try:
-            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp, **engine}, "engine")
-            fixed.resolve(model.max_model_len)
+            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
+                                            "engine_version": target.simulated_release, **engine}, "engine")
+            fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
             raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
         engine = {k: getattr(fixed, k) for k in engine}
-        resolved = fixed.resolve(model.max_model_len)
+        resolved = fixed.resolve(model.max_model_len, device)
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
             raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "
@@ -370,7 +432,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, load_gpu(gpu_name, "gpu"))
+        _check_model_fits(fixed, search, model, device)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]
@@ -409,7 +471,7 @@ class StudySpec:
             name=name,
             description=_str(d, "description", "", ""),
             workload=workload,
-            model=model.name,
+            model=model_name,
             gpu=gpu_name,
             search=search,
             objectives=tuple(objectives),
@@ -430,8 +492,10 @@ class StudySpec:
 
     # ------------------------------------------------------------------------------------------------------------
     def fixed_knobs(self) -> dict[str, Any]:
-        """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
-        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
+        """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
+        fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
+        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size,
+                "engine_version": self.vllm_version.simulated_release, **self.engine}
 
     def default_config(self) -> EngineConfig:
         """The engine's default config for this deployment: vLLM defaults plus the study's fixed knobs."""
@@ -497,14 +561,7 @@ class StudySpec:
 def load_study_spec(path: str | Path) -> StudySpec:
     """Read a study spec file; errors name the key and the file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("spec", f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("spec", f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    data = read_yaml(path, "spec")  # no aliases, bounded nesting: a hostile spec is one error line
     if not isinstance(data, Mapping):
         raise ConfigError("spec", f"{path} must hold a mapping (name:, workload:, ...), got {type(data).__name__}")
     try:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import sys
 from pathlib import Path
 
+from optimizer._cli_args import non_negative_float, non_negative_int, port, positive_float, positive_int
 from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -43,7 +46,7 @@ def _coefficients(profile: str | None, coefs: list[str] | None):
 # ---- twin ----------------------------------------------------------------------------------------------
 def cmd_twin(args: argparse.Namespace) -> int:
     from replay.twin_engine import TwinEngine
-    from replay.twin_server import serve
+    from replay.twin_server import DEFAULT_MAX_BODY_BYTES, serve
     from sim.profiles import load_gpu, load_model
 
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -68,13 +71,20 @@ def cmd_twin(args: argparse.Namespace) -> int:
               f"{engine.sizing.num_gpu_blocks} KV blocks of {engine.config.block_size}, "
               f"max_model_len {engine.max_model_len})", flush=True)
 
-    asyncio.run(serve(factory, served, host=args.host, port=args.port, on_ready=ready))
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    limit = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    asyncio.run(serve(factory, served, host=args.host, port=args.port, on_ready=ready, api_key=api_key,
+                      max_body_bytes=limit))
     engine = holder.get("engine")
     return 1 if engine is not None and engine.dead else 0
 
 
 # ---- replay --------------------------------------------------------------------------------------------
-def _load_workload(args: argparse.Namespace):
+#: What the calibration probe runs with unless ``--set`` says otherwise (see cmd_replay).
+PROBE_KNOBS = {"async_scheduling": "false", "max_num_batched_tokens": "8192"}
+
+
+def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
     from sim.workload import bundled_trace_path, load_trace
     from sim.workload.classes import RequestClass
 
@@ -86,7 +96,9 @@ def _load_workload(args: argparse.Namespace):
         name = args.sim_model or guess_sim_model(args.model)
         if not name or not args.gpu:
             raise ConfigError("--probe", "the calibration probe needs the model and GPU profiles (--sim-model, --gpu)")
-        return probe_workload(load_model(name), load_gpu(args.gpu), _engine_config(args.set))
+        from sim.engine.config import EngineConfig
+
+        return probe_workload(load_model(name), load_gpu(args.gpu), EngineConfig.from_dict(knobs or {}, "--set"))
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser())
     df = workload.requests
     if args.start_index:
@@ -123,7 +135,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     knobs = _pairs(args.set, "--set")
     _engine_config(args.set)  # a misspelt knob fails before anything starts
-    workload = _load_workload(args)
+    if args.probe:
+        # The probe separates the host's per-step cost from the GPU's: with async scheduling (vLLM >= 0.17's
+        # default) they overlap and the host part is hidden, so the probe runs the engine without it; and its
+        # prefills must be one step each, which vLLM 0.33's 2048-token default budget on A100/L40S would chunk.
+        knobs = {**PROBE_KNOBS, **knobs}
+    workload = _load_workload(args, knobs)
     backend = ReplayBackend(
         workload,
         model=args.model,
@@ -132,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         url=args.url,
         engine=args.launch or "vllm",
         vllm_version=args.vllm_version,
-        vllm_executable=args.vllm_executable,
+        vllm_python=args.vllm_python,
         extra_args=tuple(args.vllm_arg or ()),
         speed=args.speed,
         out_dir=args.out,
@@ -140,7 +157,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
     )
-    trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    from optimizer._backend import TrialError
+
+    try:
+        trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    except TrialError as exc:  # the engine did not start, or the server cannot be reached: one line, exit 2
+        lines = str(exc).splitlines()
+        print(f"kvtune: error: {lines[0] if lines else exc}", file=sys.stderr)
+        return 2
     for result, path in zip(trial.results, trial.paths):
         req = result.requests
         counts = req["status"].value_counts().to_dict()
@@ -148,6 +172,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
               f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
               f"saved to {path}")
+        view = result.info.get("engine_view") or {}
+        if view:
+            print(f"  server: {view['num_gpu_blocks']:g} KV blocks of {view['block_size']:g}; finished requests "
+                  f"with <=1 preemption {view['request_num_preemptions_le_1']:g}, <=5 "
+                  f"{view['request_num_preemptions_le_5']:g} of {view['requests_finished']:g}; prefix-cache hits "
+                  f"{view['prefix_cache_hit_tokens']:g} tokens; peak waiting for capacity "
+                  f"{view['waiting_capacity_peak']:g}; peak KV usage {view['kv_cache_usage_peak']:.2f}")
     return 0
 
 
@@ -178,17 +209,22 @@ def add_replay_parsers(subparsers) -> None:
     twin.add_argument("--gpu", required=True, help="GPU profile (hardware.yaml name or alias)")
     twin.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
     twin.add_argument("--host", default=DEFAULT_HOST)
-    twin.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on the ready line)")
-    twin.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    twin.add_argument("--port", type=port, default=8000, help="0 picks a free port (printed on the ready line)")
+    twin.add_argument("--speed", type=positive_float, default=1.0, help="simulated seconds per wall second")
     twin.add_argument("--profile", help="latency profile YAML written by kvtune calibrate")
     twin.add_argument("--coef", action="append", metavar="NAME=VALUE",
                       help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
     twin.add_argument("--predicted", action="append", metavar="CLASS=TOKENS",
                       help="predicted output length per class, for admission_policy=predicted")
     twin.add_argument("--served-model-name", help="model id in the API (default: the profile's name)")
-    twin.add_argument("--slack-ms", type=float, default=0.0,
+    twin.add_argument("--slack-ms", type=non_negative_float, default=0.0,
                       help="run the engine clock this far behind the wall clock and honour the client's "
                            "X-Kvtune-Arrival header within it (exact arrival order; responses this much later)")
+    twin.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1 requests, as vllm serve --api-key does "
+                           "(default: the VLLM_API_KEY environment variable, else none)")
+    twin.add_argument("--max-body-bytes", type=positive_int, default=None,
+                      help="largest request body accepted (default 8 MiB); larger ones get 413")
     twin.add_argument("--log-level", default="warning")
     twin.set_defaults(func=cmd_twin)
 
@@ -203,27 +239,29 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
-    rep.add_argument("--start-index", type=int, default=0, help="skip this many requests first")
-    rep.add_argument("--head", type=int, default=0, help="replay only this many requests (0: all)")
-    rep.add_argument("--rate-scale", type=float, default=1.0, help="compress arrivals (x2 doubles the rate)")
+    rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")
+    rep.add_argument("--head", type=non_negative_int, default=0, help="replay only this many requests (0: all)")
+    rep.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrivals (x2 doubles the rate)")
     rep.add_argument("--timeout", action="append", metavar="CLASS=SECONDS", help="client timeout of a class")
     rep.add_argument("--model", required=True,
                      help="model to serve (vllm: HF id or path; twin: profile name)")
     rep.add_argument("--sim-model", help="kvtune model profile of --model (default: guessed from its name)")
     rep.add_argument("--gpu", help="GPU profile (needed for --launch twin and for calibration)")
     rep.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
-    rep.add_argument("--speed", type=float, default=1.0, help="replay this many times faster (twin only)")
+    rep.add_argument("--speed", type=positive_float, default=1.0, help="replay this many times faster (twin only)")
     rep.add_argument("--seed", action="append", default=None, help="seed (repeatable; default 0)")
     rep.add_argument("--out", required=True, help="folder for the results")
     rep.add_argument("--vllm-version", default=None,
                      help="target vLLM release for the flags (default: the newest in optimizer/data/vllm_flags.yaml)")
-    rep.add_argument("--vllm-executable", default="vllm",
-                     help="command that runs vllm (e.g. 'python -m vllm.entrypoints.cli.main')")
+    rep.add_argument("--vllm-python", default=None,
+                     help="python of the environment where vLLM is installed (or the venv folder); default "
+                          "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
+                          "with the flags of the release installed there")
     rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
     rep.add_argument("--profile", help="twin: latency profile YAML")
     rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")
-    rep.add_argument("--sample-interval", type=float, default=0.25, help="wall seconds between /metrics samples")
-    rep.add_argument("--drain-timeout", type=float, default=None,
+    rep.add_argument("--sample-interval", type=positive_float, default=0.25, help="wall seconds between /metrics samples")
+    rep.add_argument("--drain-timeout", type=positive_float, default=None,
                      help="give up on requests open this long after the last arrival (trace seconds)")
     rep.add_argument("--log-level", default="warning")
     rep.set_defaults(func=cmd_replay)

@@ -1,6 +1,7 @@
 """What a replay produces: the request table and a step-like timeline (DESIGN section 3), and their files.
 
-Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``).  What a client cannot see is NaN:
+Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``), then ``reason`` (why a request did not
+finish: a rejection's message, an error; None for finished requests).  What a client cannot see is NaN:
 ``first_scheduled_s``, ``queue_wait_s``, ``resume_wait_s``, ``num_preemptions``, ``recomputed_tokens``,
 ``swapped_out_blocks``, ``swapped_in_blocks``, ``kv_blocks_peak``, ``prefix_hit_tokens``.  The run's total of
 preemptions comes from the server's counter (``ReplayResult.preemptions_total``).
@@ -30,6 +31,7 @@ import pandas as pd
 from replay.prom import MetricsSnapshot, REQUEST_PREEMPTIONS
 from sim.engine.core import STEP_COLUMNS
 from sim.errors import KvtuneError
+from sim.outputs import atomic_write, atomic_write_text
 from sim.tables import REQUEST_COLUMNS
 from sim.workload.classes import SLO, RequestClass
 from sim.workload.workload import Workload
@@ -41,6 +43,8 @@ UNOBSERVED_REQUEST_COLUMNS = (
     "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak", "prefix_hit_tokens", "max_itl_s", "preempted_s",
     "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
 )
+#: Column after the simulator's request columns: why the request did not finish (the server's message).
+REASON_COLUMN = "reason"
 #: Step-table columns /metrics does not give (NaN in the timeline).
 UNOBSERVED_STEP_COLUMNS = ("prefill_tokens_recompute", "swap_out_blocks", "swap_in_blocks") + tuple(
     c for c in STEP_COLUMNS if c.startswith("time_"))
@@ -77,7 +81,10 @@ def request_table_from_records(workload: Workload, records, to_trace: Callable[[
     for col in REQUEST_COLUMNS:
         if col not in out.columns:
             out[col] = NAN
-    return out[list(REQUEST_COLUMNS)]
+    out = out[list(REQUEST_COLUMNS)]
+    # Why a request was not ``finished`` (the server's error message, a finish reason, ...); None otherwise.
+    out[REASON_COLUMN] = pd.Series([r.error for r in records], dtype=object)
+    return out
 
 
 def _delta(after: float, before: float) -> float:
@@ -173,20 +180,20 @@ class ReplayResult:
         """Preemptions during the run (``vllm:num_preemptions_total`` after minus before)."""
         return self.counter_delta("num_preemptions_total")
 
-    # ---- files ---------------------------------------------------------------------------------------
+    # ---- files (each written to a temporary file and renamed: a full disk leaves no truncated file) ------
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """Write ``requests.parquet``, ``steps.parquet``, ``samples.parquet``, ``tokens.parquet``,
         ``workload.parquet`` and ``replay.json`` (info, counters, classes, ``extra``) into folder ``path``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.requests.to_parquet(path / "requests.parquet", index=False)
-        self.steps.to_parquet(path / "steps.parquet", index=False)
-        self.samples.to_parquet(path / "samples.parquet", index=False)
+        _write_parquet(self.requests, path / "requests.parquet")
+        _write_parquet(self.steps, path / "steps.parquet")
+        _write_parquet(self.samples, path / "samples.parquet")
         if self.token_times is not None:
             ids = np.concatenate([np.full(len(v), k, dtype=np.int64) for k, v in self.token_times.items()]) \
                 if self.token_times else np.zeros(0, dtype=np.int64)
             times = np.concatenate(list(self.token_times.values())) if self.token_times else np.zeros(0)
-            pd.DataFrame({"request_id": ids, "t_s": times}).to_parquet(path / "tokens.parquet", index=False)
+            _write_parquet(pd.DataFrame({"request_id": ids, "t_s": times}), path / "tokens.parquet")
         meta = {
             "info": self.info,
             "metrics_before": self.metrics_before,
@@ -196,10 +203,10 @@ class ReplayResult:
         if self.workload is not None:
             wl = self.workload.requests
             cols = [c for c in wl.columns if c != "hash_ids"]
-            wl[cols].to_parquet(path / "workload.parquet", index=False)
+            _write_parquet(wl[cols], path / "workload.parquet")
             meta["classes"] = {name: dataclasses.asdict(c) for name, c in self.workload.classes.items()}
             meta["workload_source"] = self.workload.source
-        (path / "replay.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+        atomic_write_text(path / "replay.json", json.dumps(meta, indent=2, default=_json_default))
         return path
 
     @classmethod
@@ -256,6 +263,7 @@ def _json_default(obj):
 
 
 __all__ = [
+    "REASON_COLUMN",
     "ReplayResult",
     "UNOBSERVED_REQUEST_COLUMNS",
     "UNOBSERVED_STEP_COLUMNS",
@@ -263,3 +271,8 @@ __all__ = [
     "samples_frame",
     "timeline_from_samples",
 ]
+
+
+def _write_parquet(frame: pd.DataFrame, target: Path) -> None:
+    with atomic_write(target) as tmp:
+        frame.to_parquet(tmp, index=False)

@@ -89,7 +89,7 @@ class Simulation:
         observer: Callable | None = None,
         hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
     ):
-        resolved = config.resolve(model.max_model_len)
+        resolved = config.resolve(model.max_model_len, gpu)
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
             if resolved.admission_policy == "predicted" else None
@@ -109,7 +109,8 @@ class Simulation:
         self.hash_block_tokens = hash_block_tokens
         self.requests = self._make_requests(workload, seed)
         scheduler = self.core.scheduler
-        scheduler.shares_prefixes = scheduler.pool.enable_caching and any(r.prefix_keys for r in self.requests)
+        if scheduler.pool.enable_caching and any(r.prefix_keys for r in self.requests):
+            scheduler.share_prefixes()
         self._deadlines: list[tuple[float, int]] = []
         self._next_arrival = 0
         self.env = simpy.Environment()

@@ -35,6 +35,9 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
         "output_tokens_target": np.array([r.output_tokens_target for r in requests], dtype=np.int64),
         "generated_tokens": generated,
         "status": [r.status.value for r in requests],
+        # Finished at max_model_len before its output target (vLLM's finish reason "length"): capped, not complete.
+        "capped": np.array([r.status.value == "finished" and r.num_output_tokens < r.output_tokens_target
+                            for r in requests], dtype=bool),
         "first_scheduled_s": first_sched,
         "first_token_s": first_token,
         "end_s": end,

@@ -82,7 +82,13 @@ class EngineCore:
         Returns ``None`` when nothing can be scheduled.  The caller advances the clock by ``duration_s`` and
         then calls :meth:`end_step`.
         """
-        out = self.scheduler.schedule(now)
+        scheduler = self.scheduler
+        out = scheduler.schedule(now)
+        # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
+        # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
+        # next, frees them.  When that left nothing to run, vLLM's next schedule() follows at once.
+        if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
+            out = scheduler.schedule(now)
         shape = out.shape
         shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
         shape.swap_copies = out.swap_copies
@@ -115,6 +121,7 @@ class EngineCore:
         first_end = self._pending_start + result.first_s
         if not self.record_steps:
             scheduler.update_from_output(out, now, k, first_end, result.last_s)
+            self._flush_if_idle()
             return
         parts = self.latency.run_parts(out.shape, result.duration_s, k)
         _attribute(out, parts, k)
@@ -128,6 +135,13 @@ class EngineCore:
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
             out.swap_out_blocks, out.swap_in_blocks, len(out.preempted), *parts.as_tuple(),
         ))
+        self._flush_if_idle()
+
+    def _flush_if_idle(self) -> None:
+        """With nothing left to schedule, vLLM runs no further schedule() before update_from_output frees the
+        requests that just finished (async scheduling): free them now, not at the next arrival."""
+        if self.scheduler.deferred_free and not self.scheduler.has_unfinished():
+            self.scheduler.flush_deferred()
 
     # ------------------------------------------------------------------------------------------------
     def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:

@@ -11,7 +11,7 @@ import pytest
 from replay_test_helpers import GPU, MODEL
 from objectives import summarize
 from replay import ReplayBackend, ReplayOptions
-from replay.results import UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
+from replay.results import REASON_COLUMN, UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
 from sim.engine.core import STEP_COLUMNS
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
@@ -60,13 +60,18 @@ def test_e2e_percentiles_within_10_percent(agreement, q):
     sim_e2e = offline.requests.loc[offline.requests["status"] == "finished", "e2e_s"].quantile(q)
     rep = trial.results[0].requests
     rep_e2e = rep.loc[rep["status"] == "finished", "e2e_s"].quantile(q)
-    assert rep_e2e == pytest.approx(sim_e2e, rel=0.10)
+    # 10% for the model, plus what this machine's load did to the replay: the client's measured send lag (trace
+    # seconds, i.e. wall lag x SPEED), once for the request going out late and once for its answer read late.
+    # On a quiet machine the lag is milliseconds and the bound is the 10%; under CPU contention it widens by
+    # exactly what was measured, instead of failing on the machine's load.
+    lag = trial.results[0].info["send_lag_p99_s"]
+    assert abs(rep_e2e - sim_e2e) <= 0.10 * sim_e2e + 2 * lag, (rep_e2e, sim_e2e, lag)
 
 
 def test_tables_have_the_simulators_columns(agreement):
     _, _, trial = agreement
     result = trial.results[0]
-    assert list(result.requests.columns) == list(REQUEST_COLUMNS)
+    assert list(result.requests.columns) == [*REQUEST_COLUMNS, REASON_COLUMN]
     for col in UNOBSERVED_REQUEST_COLUMNS:
         assert result.requests[col].isna().all(), col  # not observable by a client: NaN, never invented
     assert list(result.steps.columns) == list(STEP_COLUMNS)
