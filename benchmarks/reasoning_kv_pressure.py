@@ -1,12 +1,13 @@
 """The reasoning-traffic incident as the runs show it: load up, preemptions per request up, a cohort's p99 up.
 
 The workload of studies/reasoning-kv-pressure.yaml (ServeGen DeepSeek-R1 client 35; Llama-3-8B on one L40S) at
-vLLM 0.33's L40S defaults (max_num_batched_tokens 2048, max_num_seqs 256), at rising rates, next to the same
-engine with twice the KV blocks (the "ample KV" reference).  Prints per run: preemptions per request (mean, p99,
+vLLM 0.33's defaults for the GPU (``sim.engine.defaults``: max_num_batched_tokens 2048, max_num_seqs 256, async
+scheduling on for an L40S), at rising rates, next to the same engine with twice the KV blocks (the "ample KV"
+reference).  Prints per run: preemptions per request (mean, p99,
 max, share >= 2), p99 E2E and TTFT of the short and long classes and of the preempted cohorts, GPU busy share,
 busy time by what it served against the token shares, queue and resume waits, and who the victims are.
 
-    python benchmarks/reasoning_kv_pressure.py [--rates 0.04,0.055,0.065] [--spec studies/reasoning-kv-pressure.yaml]
+    python benchmarks/reasoning_kv_pressure.py [--rates 0.04,0.055,0.065,0.07,0.075] [--spec studies/reasoning-kv-pressure.yaml]
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
 
-#: vLLM 0.33 defaults for an L40S (vllm/engine/arg_utils.py, per-device defaults of the V1 engine).
-L40S_DEFAULTS = {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -33,19 +30,21 @@ def _pct(x: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="studies/reasoning-kv-pressure.yaml")
-    ap.add_argument("--rates", default="0.04,0.055,0.065", help="rate_scale values (the study uses 0.065)")
+    ap.add_argument("--rates", default="0.04,0.055,0.065,0.07,0.075", help="rate_scale values (the study uses 0.07)")
     args = ap.parse_args()
     spec = load_study_spec(args.spec)
     base_scale = spec.workload.rate_scale
     base = spec.workload.build(spec.workload.seed)
     model, gpu = load_model(spec.model), load_gpu(spec.gpu)
-    print(f"{spec.model} on {gpu.name}, {len(base)} requests ({base.source}); vLLM 0.33 L40S defaults "
-          f"{L40S_DEFAULTS}\n")
+    resolved = EngineConfig().resolve(model.max_model_len, gpu)
+    print(f"{spec.model} on {gpu.name}, {len(base)} requests ({base.source}); engine defaults: max_num_batched_tokens "
+          f"{resolved.max_num_batched_tokens}, max_num_seqs {resolved.max_num_seqs}, async_scheduling "
+          f"{resolved.async_scheduling}\n")
     rows = []
     for rate in (float(r) for r in args.rates.split(",")):
         workload = base.scale_rate(rate / base_scale)
         for label, extra in (("defaults", {}), ("2x KV", {"double": True})):
-            knobs = dict(L40S_DEFAULTS)
+            knobs: dict = {}
             if extra:
                 blocks = simulate(workload.head(1), EngineConfig(**knobs), model, gpu).sizing.num_gpu_blocks
                 knobs["num_gpu_blocks_override"] = 2 * blocks
