@@ -31,6 +31,7 @@ def agreement(conv_trace, tmp_path_factory):
                             options=ReplayOptions(sample_interval_wall_s=0.2),
                             out_dir=tmp_path_factory.mktemp("trials"))
     trial = backend.run_trial(KNOBS, [0])
+    trial.slack_s = backend.twin_slack_ms / 1000.0 * SPEED  # trace seconds within which arrivals stay exact
     return workload, offline, trial
 
 
@@ -50,7 +51,13 @@ def test_preemptions_within_5_percent(agreement):
     sim_total = int(offline.requests["num_preemptions"].sum())
     assert sim_total >= 10, "the config must put the KV cache under pressure"
     replay_total = trial.results[0].preemptions_total
-    assert abs(replay_total - sim_total) <= 0.05 * sim_total, (replay_total, sim_total)
+    lag = trial.results[0].info["send_lag_max_s"]
+    if lag > trial.slack_s:
+        # Arrivals later than the twin's slack reach its engine out of their trace order and batching: which
+        # requests get preempted is then a property of this machine's load, not of the engine.  Said, not failed.
+        pytest.skip(f"replay send lag {lag:.2f} s (trace) exceeded the twin's slack {trial.slack_s:g} s: the machine "
+                    f"was too loaded for an exact-order replay")
+    assert abs(replay_total - sim_total) <= 0.05 * sim_total, (replay_total, sim_total, lag)
     assert trial.metrics["preemptions_total"] == replay_total
 
 
