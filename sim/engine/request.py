@@ -12,6 +12,8 @@ class Status(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
+    #: vLLM's WAITING_FOR_REMOTE_KVS: its offloaded blocks are being loaded back from the CPU tier.
+    LOADING = "waiting_for_remote_kvs"
     FINISHED = "finished"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
@@ -89,8 +91,6 @@ class Request:
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
         self.block_ids: list[int] = []
-        #: V0: tokens appended to the request's block table (vllm/core/block/block_table.py ``_num_full_slots``).
-        self.appended_tokens = 0
         #: When its last output token came out, and the longest gap between two of its output tokens.
         self.last_token_s = math.nan
         self.max_itl_s = math.nan
@@ -102,6 +102,8 @@ class Request:
         self.time_recompute_s = 0.0
         self.time_decode_s = 0.0
         self.time_overhead_s = 0.0
+        #: V0: tokens appended to the request's block table (vllm/core/block/block_table.py ``_num_full_slots``).
+        self.appended_tokens = 0
 
     @property
     def num_tokens(self) -> int:
