@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-CANDIDATES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+CANDIDATES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args", "vllm.entrypoints.openai.cli_args")
 
 
 def main() -> int:
