@@ -144,8 +144,8 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult."""
+    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``)."""
         from objectives import summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
@@ -166,7 +166,7 @@ class SimBackend(TrialBackend):
                 config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
             latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
         result = simulate(workload, config, model, gpu, seed=seed, record_steps=self.record_steps,
-                          coefficients=self.coefficients, latency=latency)
+                          coefficients=self.coefficients, latency=latency, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()

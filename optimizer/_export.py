@@ -32,6 +32,7 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives.registry import BoundConstraint
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._robustness import describe as describe_robustness
@@ -94,6 +95,8 @@ class Shortfall:
         return (self.p99_s - self.target_s) / self.target_s
 
     def __str__(self) -> str:
+        if not self.class_name:  # a bound on an objective (objectives.BoundConstraint)
+            return f"{self.metric}: {self.p99_s:.3g} misses the bound"
         return (f"class {self.class_name}: p99 {self.metric} {self.p99_s:.3g} s > target {self.target_s:g} s "
                 f"(+{100 * self.excess:.1f}%)")
 
@@ -101,6 +104,10 @@ class Shortfall:
 def shortfalls(metrics: Mapping[str, Any], ctx: StudyContext) -> list[Shortfall]:
     out = []
     for c in ctx.constraints:
+        if isinstance(c, BoundConstraint):
+            if c.violation(metrics) > 0:
+                out.append(Shortfall("", c.name, c.objective.value(metrics), c.bound))
+            continue
         cls_name, metric, target = c.class_name, c.metric, c.target_s  # SloConstraint fields
         p99 = float(metrics.get(f"class.{cls_name}.{metric}.p99", math.nan))
         if c.violation(metrics) > 0:
@@ -385,7 +392,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
 
     knobs = dict(pick.trial.user_attrs["knobs"])
     flags, policies, notes = vllm_config(knobs, spec)
-    backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
+    backend = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
     results: dict[str, dict[str, Any]] = {}
     fresh: dict[str, Any] = {}
     for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):

@@ -167,7 +167,9 @@ class EngineCore:
             limit = max(1, min(limit, reach))
             if limit <= 1:
                 return StepResult(out, first, 1)
-        free = scheduler.pool.num_free
+        # Blocks that must stay free after every step of the run (V0 checks a free block per decode, see
+        # V0Scheduler._append_touched): a run stops before a step that would leave fewer.
+        free = scheduler.pool.num_free - scheduler.decode_run_free_reserve
         context = out.shape.decode_context  # sum of every running request's tokens at the first step
         # Each request crosses a block boundary at most every block_size steps: if even that many new blocks
         # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run

@@ -117,6 +117,8 @@ class BaseScheduler(ABC):
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.pool: GpuBlockPool | PrefixBlockPool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        #: Free blocks a batched decode run must leave after each of its steps (see EngineCore._decode_run).
+        self.decode_run_free_reserve = 0
         #: The pool tracks hashed blocks one by one (shared prefixes; see :meth:`share_prefixes`).
         self.blocks_hashed = False
         self.cpu = CpuBlockTier(num_cpu_blocks)
@@ -221,6 +223,7 @@ class BaseScheduler(ABC):
                 req.high_water = computed
                 req.num_output_tokens += num_steps
                 req.processed_tokens += extra
+                req.appended_tokens = computed  # V0 block table: each step appended the previous token
                 blocks = -(-computed // block_size)
                 grown += blocks - req.blocks
                 req.blocks = blocks
@@ -367,7 +370,7 @@ class BaseScheduler(ABC):
             req.preempted_at = float("nan")
         req.status = Status.RUNNING
 
-    def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float) -> None:
+    def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float, requeue: bool = True) -> None:
         """Free the victim's blocks (cached with prefix caching, offloaded with a CPU tier) and requeue it at
         the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
         if not self.write_through:  # write-through already stored the victim's computed blocks
@@ -383,7 +386,8 @@ class BaseScheduler(ABC):
         victim.preempted_at = now
         victim.stall(now)
         victim.status = Status.WAITING
-        self.waiting.prepend(victim)
+        if requeue:
+            self.waiting.prepend(victim)
         out.preempted.append(victim)
 
     def _predicted_fits(self, req: Request, free: int) -> bool:

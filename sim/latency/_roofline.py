@@ -332,6 +332,13 @@ class RooflineModel(LatencyModel):
         """Host overhead plus the per-layer small kernels: what every step that computes tokens pays."""
         return self._fixed_s
 
+    def hidden_overhead_time(self, shape: StepShape) -> float:
+        """With async scheduling the host's fixed overhead overlaps the GPU's work but for ``async_exposed_s``
+        (``_combine``): that much of :meth:`overhead_time` is in no step's duration."""
+        if not self.async_scheduling:
+            return 0.0
+        return max(0.0, self.coefficients.overhead_s - self.coefficients.async_exposed_s)
+
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under
         TP each GPU moves its own share of every block over its own link, in parallel."""
