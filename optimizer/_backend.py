@@ -1,8 +1,11 @@
 """Trial backends: what runs one trial.  ``run(params, seeds)`` takes an engine config (EngineConfig knob names)
 and the replicate seeds, and returns the flat metrics (``Summary.to_dict()`` keys), averaged over the replicates.
 
-:class:`SimBackend` simulates; a replay backend (a real engine on a GPU) implements the same interface.  A backend
-is pickled to the workers, so it carries what it needs (the built workloads) rather than paths only the driver has.
+:class:`SimBackend` simulates.  Other kinds (a spec's ``backend: {kind: ...}``) are registered by the packages that
+provide them, through :func:`register_backend` -- the replay package registers ``replay`` (a real engine or the
+twin) when kvtune's plugins are loaded (:mod:`optimizer._plugins`) -- so that the optimizer never imports them.
+A backend is pickled to the workers, so it carries what it needs (the built workloads) rather than paths only the
+driver has.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ import math
 import time
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from sim.errors import ConfigError
 from sim.workload.workload import Workload
+
+if TYPE_CHECKING:
+    from optimizer._spec import StudySpec
+    from optimizer._study import StudyContext
 
 
 class TrialError(Exception):
@@ -34,6 +43,36 @@ class TrialBackend(ABC):
 
     def prepare(self, seeds: Sequence[int]) -> None:
         """Called once in the driver before the backend is shipped to workers (build what they need)."""
+
+
+#: A backend factory: ``factory(spec, ctx, out_dir)`` -> the TrialBackend of ``spec.backend`` on the workloads
+#: ``ctx`` built (``out_dir``: the study's output folder, for what the backend saves).
+BackendFactory = Callable[["StudySpec", "StudyContext", Path], TrialBackend]
+_FACTORIES: dict[str, BackendFactory] = {}
+
+
+def register_backend(kind: str, factory: BackendFactory) -> None:
+    """Make ``backend: {kind: KIND}`` run trials on ``factory``'s backends (a later registration replaces it)."""
+    _FACTORIES[kind] = factory
+
+
+def backend_factory(kind: str) -> BackendFactory:
+    """The factory registered for ``kind`` (after loading kvtune's plugins); ConfigError when none is."""
+    from optimizer._plugins import load_plugins
+
+    if kind not in _FACTORIES:
+        load_plugins()
+    try:
+        return _FACTORIES[kind]
+    except KeyError:
+        known = ", ".join(sorted(["sim", *_FACTORIES])) or "none"
+        raise ConfigError("backend.kind", f"no trial backend {kind!r} is registered (known: {known}); is the "
+                                          f"package that provides it installed?") from None
+
+
+def registered_backends() -> list[str]:
+    """Kinds with a registered factory (``sim`` is built in and not listed)."""
+    return sorted(_FACTORIES)
 
 
 def mean_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -66,12 +105,16 @@ class SimBackend(TrialBackend):
 
     name = "sim"
 
-    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True):
+    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True,
+                 kv_scale: float = 1.0, time_scale: float = 1.0):
         self._source = workload
         self.model = model
         self.gpu = gpu
         self.coefficients = coefficients
         self.record_steps = record_steps
+        #: Robustness re-simulations: KV blocks and every step time scaled by these factors (1: as modelled).
+        self.kv_scale = float(kv_scale)
+        self.time_scale = float(time_scale)
         self._workloads: dict[int, Workload] = {}
 
     def workload(self, seed: int) -> Workload:
@@ -101,8 +144,8 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult."""
+    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``)."""
         from objectives import summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
@@ -110,8 +153,20 @@ class SimBackend(TrialBackend):
 
         workload = self.workload(seed)
         config = EngineConfig.from_dict(dict(params), "knobs")
-        result = simulate(workload, config, load_model(self.model), load_gpu(self.gpu), seed=seed,
-                          record_steps=self.record_steps, coefficients=self.coefficients)
+        model, gpu = load_model(self.model), load_gpu(self.gpu)
+        latency = None
+        if self.kv_scale != 1.0 or self.time_scale != 1.0:
+            from sim.engine.build import roofline_for
+            from sim.engine.sizing import size_kv_cache
+            from sim.latency import ScaledLatency
+
+            resolved = config.resolve(model.max_model_len, gpu)
+            if self.kv_scale != 1.0:
+                blocks = size_kv_cache(model, gpu, resolved).num_gpu_blocks
+                config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
+            latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
+        result = simulate(workload, config, model, gpu, seed=seed, record_steps=self.record_steps,
+                          coefficients=self.coefficients, latency=latency, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()

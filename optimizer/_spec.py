@@ -40,13 +40,13 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError, short_repr
-from sim.profiles import load_gpu, load_model
+from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend")
+             "ray_address", "out", "backend", "latency_profile")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
@@ -54,10 +54,11 @@ _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 #: ``backend`` is among them (a replay measures a real engine or the twin, not the simulator), as its kind and
 #: engine only (``BackendSpec.identity``); a sim backend adds nothing, so sim studies keep their fingerprints.
 IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
-                 "objectives", "constraints", "replicates", "backend")
+                 "objectives", "constraints", "replicates", "backend", "latency_profile")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
-_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
+_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
+                 "vllm_python", "vllm_args", "port")
 
 
 def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
@@ -128,6 +129,19 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
+    """A profile name as written, or -- for a Hugging Face model folder / config.json or a device YAML -- its path,
+    relative to the spec's folder when the spec came from a file (absolute, so that resumes and Ray workers find
+    it)."""
+    lowered = {n.lower() for n in builtin}
+    if value.lower() in lowered or not ("/" in value or value.endswith((".json", ".yaml", ".yml"))):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    return str(path.resolve())
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -225,7 +239,10 @@ class BackendSpec:
     model); ``speed`` (wall-clock speed-up, twin only: 1 for vllm); ``gpus_per_trial`` (a Ray resource each trial
     reserves; default the spec's ``tensor_parallel_size`` for vllm, else 0; at least that for vllm, so two engines
     never share a GPU); ``startup_timeout_s`` (engine start, default 1800 s) and ``twin_slack_ms`` (twin only,
-    default 250), both for a launched engine.
+    default 250), both for a launched engine; for engine vllm, ``vllm_python`` (the python of the environment
+    where vLLM is installed, or the venv folder; default ``$KVTUNE_VLLM_PYTHON``), ``vllm_args`` (extra server
+    arguments, e.g. ``["--enforce-eager"]``) and ``port`` (default a free one; with a fixed port trials run one at
+    a time).
     """
 
     kind: str = "sim"
@@ -237,6 +254,9 @@ class BackendSpec:
     gpus_per_trial: float = 0.0
     startup_timeout_s: float | None = None
     twin_slack_ms: float | None = None
+    vllm_python: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    port: int | None = None
 
     @property
     def is_replay(self) -> bool:
@@ -283,8 +303,20 @@ class BackendSpec:
         slack = _number(d, "twin_slack_ms", where, None)
         if slack is not None and engine != "twin":
             raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
+        vllm_python = _str(d, "vllm_python", where, None)
+        args = d.get("vllm_args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) and a for a in args)):
+            raise ConfigError(f"{where}.vllm_args", f"must be a list of strings such as [\"--enforce-eager\"], got "
+                                                    f"{args!r}")
+        for key, value in (("vllm_python", vllm_python), ("vllm_args", args)):
+            if value is not None and engine != "vllm":
+                raise ConfigError(f"{where}.{key}", "applies to engine vllm only (launched per trial)")
+        port = _int(d, "port", where, None, 1, 65535)
+        if port is not None and url is not None:
+            raise ConfigError(f"{where}.port", "applies to an engine launched per trial, not to url")
         return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
-                   startup_timeout_s=startup, twin_slack_ms=slack)
+                   startup_timeout_s=startup, twin_slack_ms=slack, vllm_python=vllm_python,
+                   vllm_args=tuple(args or ()), port=port)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.is_replay:
@@ -294,9 +326,11 @@ class BackendSpec:
             out["url"] = self.url
         else:
             out["engine"] = self.engine
-        for key in ("model", "startup_timeout_s", "twin_slack_ms"):
+        for key in ("model", "startup_timeout_s", "twin_slack_ms", "vllm_python", "port"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.vllm_args:
+            out["vllm_args"] = list(self.vllm_args)
         out["speed"] = self.speed
         out["gpus_per_trial"] = self.gpus_per_trial
         return out
@@ -333,6 +367,9 @@ class StudySpec:
     ray_address: str | None = None
     out: str | None = None
     backend: BackendSpec = field(default_factory=BackendSpec)
+    #: ``latency_profile``: a profile YAML (``kvtune calibrate``) whose coefficients simulated trials use; a
+    #: relative path is read from the spec's folder.  ``None``: the built-in coefficients.
+    latency_profile: str | None = None
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -351,10 +388,24 @@ class StudySpec:
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
-        model_name = _str(d, "model", "", None)
-        gpu_name = _str(d, "gpu", "", None)
+        model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
+        gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
+        profile = _str(d, "latency_profile", "", None)
+        if profile is not None:
+            from sim.latency import read_profile
+
+            path = Path(profile).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            try:
+                read_profile(path)
+            except ConfigError as exc:
+                raise ConfigError("latency_profile", str(exc)) from None
+            profile = str(path)
         model = load_model(model_name, "model")
         device = load_gpu(gpu_name, "gpu")
+        if not Path(model_name).is_absolute():
+            model_name = model.name  # a built-in profile (or one of its aliases): its canonical name
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -429,7 +480,7 @@ class StudySpec:
             name=name,
             description=_str(d, "description", "", ""),
             workload=workload,
-            model=model.name,
+            model=model_name,
             gpu=gpu_name,
             search=search,
             objectives=tuple(objectives),
@@ -445,10 +496,19 @@ class StudySpec:
             ray_address=_str(d, "ray_address", "", None),
             out=_str(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
+            latency_profile=profile,
             base_dir=base_dir,
         )
 
     # ------------------------------------------------------------------------------------------------------------
+    def coefficients(self):
+        """The latency coefficients simulated trials use (the ``latency_profile``'s), or None for the defaults."""
+        if self.latency_profile is None:
+            return None
+        from sim.latency import load_profile
+
+        return load_profile(self.latency_profile)
+
     def fixed_knobs(self) -> dict[str, Any]:
         """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
         fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
@@ -498,12 +558,15 @@ class StudySpec:
             "ray_address": self.ray_address,
             "out": self.out,
             "backend": self.backend.to_dict(),
+            "latency_profile": self.latency_profile,
         }
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what a trial measures (compared when a stored study is resumed)."""
         full = self.to_dict()
         ident = {key: full[key] for key in IDENTITY_KEYS if key != "backend"}
+        if ident.get("latency_profile") is None:  # absent unless set: studies stored before it still resume
+            ident.pop("latency_profile", None)
         backend = self.backend.identity()
         if backend is not None:  # absent for sim: stored sim studies (made before backend:) still resume
             ident["backend"] = backend

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer._backend import SimBackend, TrialBackend
+from optimizer._backend import SimBackend, TrialBackend, backend_factory
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
 from optimizer._progress import ProgressLine
@@ -93,8 +93,8 @@ class Tuner:
     """Runs (or resumes) a study until it has ``trials`` finished trials.
 
     ``backend``: default per the spec's ``backend:`` -- :class:`SimBackend` on the spec's workload, or for
-    ``kind: replay`` a :class:`replay.ReplayBackend` (imported only then) launching vLLM or the twin per trial, or
-    replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
+    ``kind: replay`` the backend the replay package registers (optimizer._backend.register_backend), launching
+    vLLM or the twin per trial, or replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
     ``ray_address``; ``workers`` trials at once, default one per CPU, and per ``backend.gpus_per_trial`` GPUs:
     each trial reserves them as a Ray resource).  With ``backend.url`` trials run one at a time (``workers`` 1).
     """
@@ -118,6 +118,11 @@ class Tuner:
             self.workers_note = (f"kvtune: backend.url: trials run one at a time against {spec.backend.url} "
                                  f"(workers forced to 1{asked}); the server keeps the config it was started "
                                  f"with, trials only record their knobs")
+            self.workers = 1
+        elif spec.backend.is_replay and spec.backend.port is not None:
+            asked = f", not {self.workers}" if self.workers not in (None, 1) else ""
+            self.workers_note = (f"kvtune: backend.port {spec.backend.port}: trials run one at a time (workers forced "
+                                 f"to 1{asked}), each on an engine started on that port")
             self.workers = 1
         self.out = spec.out_dir(out)
         self.storage = spec.storage_url(storage, self.out)
@@ -205,27 +210,12 @@ class Tuner:
         )
 
     def make_backend(self, ctx: StudyContext) -> TrialBackend:
-        """The spec's backend on the built workloads: SimBackend, or a ReplayBackend (results under
-        ``<out>/replays``) for ``backend: {kind: replay}``."""
-        spec, b = self.spec, self.spec.backend
-        if not b.is_replay:
-            return SimBackend(ctx.workloads, spec.model, spec.gpu)
-        from optimizer._export import hf_model_id
-        from replay.backend import ReplayBackend  # aiohttp & co.: only studies that replay need them
-
-        if b.engine == "twin":
-            served = spec.model  # the twin simulates the spec's model profile
-        else:
-            served = b.model or hf_model_id(spec.model)
-        kwargs: dict[str, Any] = {}
-        if b.startup_timeout_s is not None:
-            kwargs["startup_timeout_s"] = b.startup_timeout_s
-        if b.twin_slack_ms is not None:
-            kwargs["twin_slack_ms"] = b.twin_slack_ms
-        return ReplayBackend(ctx.workloads, model=served, gpu=spec.gpu, sim_model=spec.model, url=b.url,
-                             engine=b.engine or "vllm", base_config=spec.fixed_knobs(),
-                             vllm_version=str(spec.vllm_version), speed=b.speed, out_dir=self.out / "replays",
-                             **kwargs)
+        """The spec's backend on the built workloads: SimBackend, or the factory registered for the backend's
+        kind (``replay``: the replay package's, results under ``<out>/replays``)."""
+        spec = self.spec
+        if not spec.backend.is_replay:
+            return SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
+        return backend_factory(spec.backend.kind)(spec, ctx, self.out)
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
         try:

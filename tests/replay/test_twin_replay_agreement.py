@@ -11,7 +11,7 @@ import pytest
 from replay_test_helpers import GPU, MODEL
 from objectives import summarize
 from replay import ReplayBackend, ReplayOptions
-from replay.results import UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
+from replay.results import REASON_COLUMN, UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
 from sim.engine.core import STEP_COLUMNS
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
@@ -84,7 +84,7 @@ def _lag_s(result) -> float:
 def test_tables_have_the_simulators_columns(agreement):
     _, _, trial = agreement
     result = trial.results[0]
-    assert list(result.requests.columns) == list(REQUEST_COLUMNS)
+    assert list(result.requests.columns) == [*REQUEST_COLUMNS, REASON_COLUMN]
     for col in UNOBSERVED_REQUEST_COLUMNS:
         assert result.requests[col].isna().all(), col  # not observable by a client: NaN, never invented
     assert list(result.steps.columns) == list(STEP_COLUMNS)
