@@ -105,12 +105,16 @@ class SimBackend(TrialBackend):
 
     name = "sim"
 
-    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True):
+    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True,
+                 kv_scale: float = 1.0, time_scale: float = 1.0):
         self._source = workload
         self.model = model
         self.gpu = gpu
         self.coefficients = coefficients
         self.record_steps = record_steps
+        #: Robustness re-simulations: KV blocks and every step time scaled by these factors (1: as modelled).
+        self.kv_scale = float(kv_scale)
+        self.time_scale = float(time_scale)
         self._workloads: dict[int, Workload] = {}
 
     def workload(self, seed: int) -> Workload:
@@ -140,8 +144,8 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult."""
+    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``)."""
         from objectives import summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
@@ -149,8 +153,20 @@ class SimBackend(TrialBackend):
 
         workload = self.workload(seed)
         config = EngineConfig.from_dict(dict(params), "knobs")
-        result = simulate(workload, config, load_model(self.model), load_gpu(self.gpu), seed=seed,
-                          record_steps=self.record_steps, coefficients=self.coefficients)
+        model, gpu = load_model(self.model), load_gpu(self.gpu)
+        latency = None
+        if self.kv_scale != 1.0 or self.time_scale != 1.0:
+            from sim.engine.build import roofline_for
+            from sim.engine.sizing import size_kv_cache
+            from sim.latency import ScaledLatency
+
+            resolved = config.resolve(model.max_model_len, gpu)
+            if self.kv_scale != 1.0:
+                blocks = size_kv_cache(model, gpu, resolved).num_gpu_blocks
+                config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
+            latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
+        result = simulate(workload, config, model, gpu, seed=seed, record_steps=self.record_steps,
+                          coefficients=self.coefficients, latency=latency, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()

@@ -39,7 +39,7 @@ from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
-from sim.errors import ConfigError
+from sim.errors import ConfigError, short_repr
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
@@ -90,12 +90,6 @@ MAX_TIMEOUT_S = 365 * 86400.0
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters (a hostile value must not flood an error line)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     import difflib
 
@@ -114,10 +108,10 @@ def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int 
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
-        raise ConfigError(here, f"must be a whole number, got {_short(value)}")
+        raise ConfigError(here, f"must be a whole number, got {short_repr(value)}")
     value = int(value)
     if abs(value) > MAX_INT:
-        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {_short(value)}")
+        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {short_repr(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(here, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -131,7 +125,7 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if value is None:
         return default
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(here, f"must be a non-empty string, got {_short(value)}")
+        raise ConfigError(here, f"must be a non-empty string, got {short_repr(value)}")
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
@@ -154,7 +148,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {_short(value)}")
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {short_repr(value)}")
     return value
 
 
@@ -173,7 +167,7 @@ class Budget:
         timeout = d.get("trial_timeout_s", 600.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
             raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
-                                                          f"got {_short(timeout)}")
+                                                          f"got {short_repr(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),
                    trial_timeout_s=float(timeout))
@@ -222,7 +216,7 @@ def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positiv
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(here, f"must be a finite number, got {_short(value)}")
+        raise ConfigError(here, f"must be a finite number, got {short_repr(value)}")
     if positive and not value > 0:
         raise ConfigError(here, f"must be > 0, got {value!r}")
     if not positive and value < 0:
@@ -389,7 +383,7 @@ class StudySpec:
         if not _NAME.match(name):
             # The name is a folder under runs/ and a study in storage: no paths ("/any/path", "../x").
             raise ConfigError("name", f"must be letters, digits and . _ - (no path, not starting with a dot), "
-                                      f"got {_short(name)}")
+                                      f"got {short_repr(name)}")
         for key in ("workload", "model", "gpu"):
             if d.get(key) is None:
                 raise ConfigError(key, "is required")

@@ -178,7 +178,8 @@ class Simulation:
         nxt = self.requests[self._next_arrival].arrival_s if self._next_arrival < len(self.requests) else math.inf
         if self._deadlines and self._deadlines[0][0] < nxt:
             nxt = self._deadlines[0][0]
-        return nxt
+        # An asynchronous load from the CPU tier landing makes its request schedulable.
+        return min(nxt, self.core.scheduler.next_load_ready_s())
 
     def _expire_deadlines(self, now: float) -> None:
         scheduler = self.core.scheduler

@@ -290,15 +290,17 @@ def write_compact_steps(out_dir: str, path: str) -> None:
     (``index:tokens`` pairs of requests ``r<index>``, space-separated, in vLLM's order) and ``hits``
     (``index:tokens``: prefix-cache hit tokens of the requests admitted in the step)."""
     starts = pd.read_csv(os.path.join(out_dir, "steps.csv")).set_index("step").t_start_s
-    with open(os.path.join(out_dir, "sched_steps.jsonl")) as f, open(path, "w") as out:
-        out.write("step,t_start_s,free,preempted,sched,hits\n")
-        for line in f:
-            row = json.loads(line)
+    with open(os.path.join(out_dir, "sched_steps.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    with_hits = any("hits" in row for row in rows)  # the V0 side records none
+    with open(path, "w") as out:
+        out.write("step,t_start_s,free,preempted,sched" + (",hits" if with_hits else "") + "\n")
+        for row in rows:
             sched = " ".join(f"{rid[1:]}:{n}" for rid, n in row["sched"])
             pre = " ".join(rid[1:] for rid in row["preempted"])
-            hits = " ".join(f"{rid[1:]}:{n}" for rid, n in row.get("hits", []))
+            hits = "," + " ".join(f"{rid[1:]}:{n}" for rid, n in row.get("hits", [])) if with_hits else ""
             out.write(f"{row['step']},{float(starts.get(row['step'], float('nan')))!r},{row['free_after_schedule']},"
-                      f"{pre},{sched},{hits}\n")
+                      f"{pre},{sched}{hits}\n")
 
 
 def _pairs(text: str) -> list[list]:
@@ -360,6 +362,9 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
     finish: dict[str, int] = {}
     aborted: dict[str, int] = {}
     idle = [0]
+    # Free blocks right after schedule(), as the vLLM side samples them (with async scheduling kvtune's core
+    # then frees the requests finished by the previous step, which vLLM does in update_from_output).
+    free_after_schedule = [0]
 
     def record(out) -> None:
         k = len(steps)
@@ -380,7 +385,7 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
             "step": k,
             "sched": sched,
             "preempted": sorted(f"r{r.index}" for r in out.preempted),
-            "free": sim.core.scheduler.pool.num_free,
+            "free": free_after_schedule[0],
             "hits": {f"r{req.index}": int(req.num_computed_tokens) for req, _ in admitted},
         })
 
@@ -396,6 +401,7 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
 
     def schedule(now):
         out = original(now)
+        free_after_schedule[0] = scheduler.pool.num_free
         if not out.scheduled:
             if out.preempted:
                 record(out)

@@ -8,7 +8,7 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
-from sim.engine.request import Request
+from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 
 
@@ -29,6 +29,8 @@ class V1Scheduler(BaseScheduler):
 
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.loading:
+            self._land_loads(now)
         pool = self.pool
         running = self.running
         budget = self.max_num_batched_tokens
@@ -97,7 +99,12 @@ class V1Scheduler(BaseScheduler):
             max_running = self.max_num_seqs - len(self.deferred_free)
             while len(waiting) and budget > 0 and len(running) < max_running:
                 req = waiting.peek()
-                if not self._admit(out, req, budget, now):
+                admitted = self._admit(out, req, budget, now)
+                if admitted is None:
+                    # An asynchronous load started: the request waits for it outside the queue (vLLM skips it).
+                    waiting.pop()
+                    continue
+                if not admitted:
                     break
                 waiting.pop()
                 running.append(req)
@@ -153,6 +160,45 @@ class V1Scheduler(BaseScheduler):
         out.min_remaining_outputs = min_remaining
         return True
 
+    def _take_blocks(self, req: Request, hit_ids: list[int], gpu_hit: int, total: int, computed: int) -> None:
+        """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
+        pool = self.pool
+        if self.blocks_hashed:
+            pool.touch(req, hit_ids)
+        elif gpu_hit:
+            pool.reuse_cached(req.index, gpu_hit)
+        pool.allocate(total - gpu_hit)
+        req.blocks = total
+        req.num_computed_tokens = computed
+        req.prefix_hit_tokens += gpu_hit * self.block_size
+
+    def _admit_loaded(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
+        """Admit a request whose load has landed: it holds the blocks of its computed tokens already."""
+        num_tokens = req.num_tokens
+        computed = req.num_computed_tokens
+        num_new = num_tokens - computed
+        if self._step_threshold and num_new > self._step_threshold:
+            num_new = self._step_threshold
+        if num_new > budget:
+            num_new = budget
+        free = self.pool.num_free
+        keep_free = (self.watermark_blocks + self.reserved_blocks) if self.running else 0
+        if self.reserve_full_isl and self.blocks_for(num_tokens) - req.blocks + keep_free > free:
+            return False
+        need = self.blocks_for(computed + num_new) - req.blocks
+        if need + keep_free > free:
+            return False
+        if self.predicted_admission and self.running and not self._predicted_fits(req, free):
+            return False
+        self.pool.allocate(need)
+        req.blocks += need
+        if self.blocks_hashed:
+            end = computed + num_new
+            self.pool.cache_blocks(req, end if end < num_tokens else num_tokens)
+        self._mark_scheduled(req, now)
+        self._account(out, req, num_new)
+        return True
+
     def _pick_victim(self) -> Request:
         if self.priority_policy:
             # vLLM: max(running, key=(priority, arrival_time)); ties go to the first in running order.
@@ -167,8 +213,11 @@ class V1Scheduler(BaseScheduler):
                 return num_new
         return 0
 
-    def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
-        """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots)."""
+    def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool | None:
+        """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots).  ``None``: an
+        asynchronous load from the CPU tier was started instead (the request is in ``self.loading``)."""
+        if req.blocks:
+            return self._admit_loaded(out, req, budget, now)
         pool = self.pool
         block_size = self.block_size
         num_tokens = req.num_tokens
@@ -206,20 +255,21 @@ class V1Scheduler(BaseScheduler):
             return False
         if self.predicted_admission and something_running and not self._predicted_fits(req, free):
             return False
+        if load and self.load_time is not None:
+            # vLLM 0.33 OffloadingConnector: blocks for the hit are allocated and the load runs asynchronously;
+            # the request is scheduled once it has landed (WAITING_FOR_REMOTE_KVS).  Its loaded blocks get their
+            # hashes then (``_admit_loaded``).
+            self._take_blocks(req, hit_ids, gpu_hit, gpu_hit + load, computed)
+            req.swapped_in_blocks += load
+            out.swap_in_blocks += load  # recorded in the step table, but not on this step's critical path
+            req.status = Status.LOADING
+            self.loading.append((now + self.load_time(load, load * self.copies_per_block), req))
+            return None
         # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
+        self._take_blocks(req, hit_ids, gpu_hit, need, computed)
         if self.blocks_hashed:
-            pool.touch(req, hit_ids)
-            pool.allocate(need - gpu_hit)
-            req.blocks = need
             end = computed + num_new
             pool.cache_blocks(req, end if end < num_tokens else num_tokens)
-        else:
-            if gpu_hit:
-                pool.reuse_cached(req.index, gpu_hit)
-            pool.allocate(need - gpu_hit)
-            req.blocks = need
-        req.num_computed_tokens = computed
-        req.prefix_hit_tokens += gpu_hit * block_size
         if load:
             req.swapped_in_blocks += load
             out.swap_in_blocks += load
