@@ -12,7 +12,8 @@ from sim.errors import ConfigError, KvtuneError, TraceError
 from sim.workload._servegen import ServeGenSpec, load_client, servegen_frame
 from sim.workload._spec import WorkloadSpec
 
-SHARED = Path("/work/shared/data/traces/servegen/deepseek-r1")
+#: Client 35 of ServeGen's DeepSeek-R1 data, bundled with the reasoning study.
+SHARED = Path(__file__).resolve().parents[3] / "studies" / "data" / "servegen-deepseek-r1"
 
 
 def _client(folder: Path, number: int, windows: list[str], lengths: dict) -> None:
@@ -90,7 +91,7 @@ def test_bad_dataset_and_spec_errors(tmp_path):
     assert issubclass(TraceError, KvtuneError)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="the ServeGen data is in /work/shared")
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the bundled ServeGen client is missing")
 def test_the_bundled_deepseek_r1_client_35_at_noon():
     frame = servegen_frame(ServeGenSpec(str(SHARED), (35,), start_s=43200, duration_s=300), 0)
     assert len(frame) == pytest.approx(5.05 * 300, rel=0.1)  # its 12:00 window: 5.05 requests/s
