@@ -480,8 +480,13 @@ def init_ray(attempts: int = 3, **kwargs: Any) -> None:
             ray.init(**kwargs)
             return
         except Exception as exc:  # Ray raises a bare Exception for this one
-            if "timed out during startup" not in str(exc) or attempt == attempts - 1:
+            if "timed out during startup" not in str(exc):
                 raise
+            if ray.is_initialized():
+                ray.shutdown()
+            if attempt == attempts - 1:
+                raise KvtuneError(f"Ray's local node did not start ({attempts} tries of Ray's 30 s start-up wait); "
+                                  f"the machine is overloaded, or start Ray yourself and pass --address") from None
             if ray.is_initialized():
                 ray.shutdown()
 

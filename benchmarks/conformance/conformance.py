@@ -362,6 +362,9 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
     finish: dict[str, int] = {}
     aborted: dict[str, int] = {}
     idle = [0]
+    # Free blocks right after schedule(), as the vLLM side samples them (with async scheduling kvtune's core
+    # then frees the requests finished by the previous step, which vLLM does in update_from_output).
+    free_after_schedule = [0]
 
     def record(out) -> None:
         k = len(steps)
@@ -382,7 +385,7 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
             "step": k,
             "sched": sched,
             "preempted": sorted(f"r{r.index}" for r in out.preempted),
-            "free": sim.core.scheduler.pool.num_free,
+            "free": free_after_schedule[0],
             "hits": {f"r{req.index}": int(req.num_computed_tokens) for req, _ in admitted},
         })
 
@@ -398,6 +401,7 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
 
     def schedule(now):
         out = original(now)
+        free_after_schedule[0] = scheduler.pool.num_free
         if not out.scheduled:
             if out.preempted:
                 record(out)

@@ -492,6 +492,34 @@ and 4 (checked by undoing each).
    or waiting ("nobody to starve", scheduler.py `schedule()`); kvtune always applied it
    (`*/scarce-lpt256`, first divergence at step 0).
 
+## Divergences found and fixed for the new families (issue 14)
+
+Before these fixes kvtune gave, on the `shp`, `abort` and `shpabort` families (23 cases; `--reuse-vllm` with the
+engine of commit 6a8d3f9): 77.5% of 54,747 steps identical, preemptions 2021 (vLLM) vs 2100, prefix-hit tokens
+909,856 vs 794,496 (-12.7%), one request finished in vLLM and `timed_out` in kvtune, and its batched decode runs
+disagreeing with vLLM on up to 534 request outcomes per case. The recorded reference fails 23 of its 50 checks
+with that engine.
+
+1. Eviction order (sim/engine/prefix_pool.py): vLLM frees a request's blocks in reverse order
+   (v1/core/single_type_kv_cache_manager.py `free`); `BlockPool.free_blocks` puts blocks without a hash at the
+   front of the free queue and hashed ones at its back, so a request's tail is evicted before its prefix.
+   kvtune cached shared blocks in forward order and before the request's own tail.
+2. Same-step hits: vLLM hashes a block when `allocate_slots` hands it out, for every block full once the
+   step's scheduled tokens are computed (v1/core/kv_cache_manager.py `allocate_slots` -> `cache_blocks(request,
+   min(computed + new, num_tokens))`); a request admitted later in the same `schedule()` hits it. kvtune
+   registered blocks after the step.
+3. Duplicates: two requests computing the same block keep a copy each until freed, and a lookup takes the
+   oldest copy still alive (`BlockHashToBlockMap.get_one_block`); kvtune dropped the second copy at once.
+   Items 1-3 are one block-by-block pool (`PrefixBlockPool`), used when prompts share prefixes.
+4. Finished vs timed out: a request whose last token comes out of the step that crosses its deadline is
+   finished (vLLM applies the step's output before the abort, which it takes between steps).
+5. V0 (sim/engine/scheduler_v0.py, vLLM 0.8.5): `can_append_slots`, `can_swap_in` and `can_swap_out` count the
+   blocks an append *touches* (`BlockTable.get_num_blocks_touched_by_append_slots`), so a decode needs a free
+   block even when its last block has room; kvtune counted only new blocks (tiny/v0-scarce: 39 vLLM
+   preemptions vs 7). Chunked: recompute victims rejoin the waiting queue after the step's prefills
+   (`self.waiting.extendleft(running_scheduled.preempted)` follows `_schedule_prefills`) and finishing prefills
+   run first (`_order_finishing_prefills_first`); kvtune re-admitted a victim in the step that preempted it.
+
 ## Where kvtune differs on purpose, or is not compared
 
 - Waiting-queue ties under the priority policy: vLLM orders equal (priority, arrival) by request-id string,
@@ -500,11 +528,10 @@ and 4 (checked by undoing each).
 - A step that only preempts (nothing scheduled): the replay script gives it 0 s, kvtune `base_s`. It cannot
   happen here: one request alone always fits (max_model_len <= KV capacity, checked at start-up on both
   sides), and preemption stops at the latest when a single running request is left, so that one is scheduled.
-- Not covered by the reference (the replay script has no such knobs): CPU KV offload
-  (`kv_offloading_size_gb`), prefix sharing between different requests (the script's prompts are unique; a
-  preempted request re-hitting its own blocks is covered), kvtune's own policies (reserved KV fraction,
-  predicted admission), the vllm-v0 flavor, timeouts and cancellations, and the latency model (both sides
-  use the same linear step time by construction).
+- Not covered: CPU KV offload (`kv_offloading_size_gb`; README.md says why), kvtune's own policies
+  (reserved KV fraction, predicted admission), cancellations (a deadline abort is the same mechanism), V0
+  with prefix caching or the priority policy, and the latency model (both sides use the same linear step
+  time by construction).
 """
 
 
@@ -520,7 +547,8 @@ def main() -> None:
     ap.add_argument("--no-azure", action="store_true")
     ap.add_argument("--fuzz", type=int, default=40, help="random cases added to the matrix (0: none)")
     ap.add_argument("--fuzz-seed", type=int, default=0)
-    ap.add_argument("--report", type=Path, default=HERE / "REPORT.md")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="where to write the report (default: REPORT.md here, for a run without --cases)")
     ap.add_argument("--record", action="store_true",
                     help=f"copy the vLLM outputs of {', '.join(RECORD_CASES)} to {RECORD_DIR}")
     args = ap.parse_args()
@@ -620,8 +648,8 @@ def main() -> None:
             "notes": NOTES}
     report = render_report(rows, meta)
     print(report)
-    if not args.cases:
-        args.report.write_text(report)
+    if args.report is not None or not args.cases:
+        (args.report or HERE / "REPORT.md").write_text(report)
     (work / "results.json").write_text(json.dumps(rows, indent=1, default=str))
 
     if args.record:

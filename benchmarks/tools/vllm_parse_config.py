@@ -7,11 +7,16 @@ Exit 2 (argparse's) when vLLM rejects a key or a value.  Used by tests/optimizer
 
 import importlib
 import json
+import os
 import sys
 
 import yaml
 
-CANDIDATES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+# Parsing needs no accelerator; on a machine without one a CUDA build of vLLM cannot infer its platform
+# (config/device.py), so ask for the CPU platform (vllm/platforms/__init__.py honours VLLM_TARGET_DEVICE).
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+CANDIDATES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args", "vllm.entrypoints.openai.cli_args")
 
 
 def main() -> int:

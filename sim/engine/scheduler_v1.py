@@ -160,6 +160,18 @@ class V1Scheduler(BaseScheduler):
         out.min_remaining_outputs = min_remaining
         return True
 
+    def _take_blocks(self, req: Request, hit_ids: list[int], gpu_hit: int, total: int, computed: int) -> None:
+        """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
+        pool = self.pool
+        if self.blocks_hashed:
+            pool.touch(req, hit_ids)
+        elif gpu_hit:
+            pool.reuse_cached(req.index, gpu_hit)
+        pool.allocate(total - gpu_hit)
+        req.blocks = total
+        req.num_computed_tokens = computed
+        req.prefix_hit_tokens += gpu_hit * self.block_size
+
     def _admit_loaded(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
         """Admit a request whose load has landed: it holds the blocks of its computed tokens already."""
         num_tokens = req.num_tokens
@@ -245,35 +257,19 @@ class V1Scheduler(BaseScheduler):
             return False
         if load and self.load_time is not None:
             # vLLM 0.33 OffloadingConnector: blocks for the hit are allocated and the load runs asynchronously;
-            # the request is scheduled once it has landed (WAITING_FOR_REMOTE_KVS).
-            hit_blocks = gpu_hit + load
-            if self.blocks_hashed:
-                pool.touch(req, hit_ids)  # loaded blocks get their hashes once the load has landed
-            elif gpu_hit:
-                pool.reuse_cached(req.index, gpu_hit)
-            pool.allocate(hit_blocks - gpu_hit)
-            req.blocks = hit_blocks
-            req.num_computed_tokens = computed
-            req.prefix_hit_tokens += gpu_hit * block_size
+            # the request is scheduled once it has landed (WAITING_FOR_REMOTE_KVS).  Its loaded blocks get their
+            # hashes then (``_admit_loaded``).
+            self._take_blocks(req, hit_ids, gpu_hit, gpu_hit + load, computed)
             req.swapped_in_blocks += load
             out.swap_in_blocks += load  # recorded in the step table, but not on this step's critical path
             req.status = Status.LOADING
             self.loading.append((now + self.load_time(load, load * self.copies_per_block), req))
             return None
         # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
+        self._take_blocks(req, hit_ids, gpu_hit, need, computed)
         if self.blocks_hashed:
-            pool.touch(req, hit_ids)
-            pool.allocate(need - gpu_hit)
-            req.blocks = need
             end = computed + num_new
             pool.cache_blocks(req, end if end < num_tokens else num_tokens)
-        else:
-            if gpu_hit:
-                pool.reuse_cached(req.index, gpu_hit)
-            pool.allocate(need - gpu_hit)
-            req.blocks = need
-        req.num_computed_tokens = computed
-        req.prefix_hit_tokens += gpu_hit * block_size
         if load:
             req.swapped_in_blocks += load
             out.swap_in_blocks += load

@@ -21,7 +21,8 @@ from sim.runner import simulate
 
 MODEL, GPU = "Llama-3-8B", "A100-80GB"
 TRUE = {"overhead_s": 0.004, "per_seq_overhead_s": 3e-5, "mfu": 0.45, "bw_eff": 0.6}
-KNOBS = {"max_model_len": 4096, "max_num_seqs": 32, "num_gpu_blocks_override": 2000}
+# Synchronous steps: with async scheduling the host overheads hide under the GPU time and cannot be fitted.
+KNOBS = {"max_model_len": 4096, "max_num_seqs": 32, "num_gpu_blocks_override": 2000, "async_scheduling": False}
 
 
 def _groups():

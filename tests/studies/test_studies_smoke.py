@@ -27,7 +27,8 @@ STUDIES = ROOT / "studies"
 SPECS = sorted(STUDIES.glob("*.yaml"))
 SLICE_REQUESTS = 150
 TRIALS = 2
-EXPECTED = {"kv-pressure-incident", "swap-vs-recompute", "admission-headroom", "class-tradeoff", "hardware-whatif"}
+EXPECTED = {"kv-pressure-incident", "swap-vs-recompute", "admission-headroom", "class-tradeoff", "hardware-whatif",
+            "reasoning-kv-pressure"}
 
 
 def readme_commands() -> dict[str, list[str]]:
