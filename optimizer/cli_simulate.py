@@ -8,10 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
-from sim.profiles import load_gpu, load_model
-from sim.runner import Progress, simulate
 
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
@@ -46,7 +43,11 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
     from objectives import format_summary, summarize
+    from sim.engine.config import EngineConfig
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import Progress, simulate
     from sim.workload import bundled_trace_path, load_trace
 
     knobs = parse_set(args.set)
