@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from objectives._steps import StepTotals
 from objectives._tables import CANCELLED, FINISHED, REJECTED, TIMED_OUT, UNFINISHED, check_requests, column
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
@@ -38,7 +39,9 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
 def observation_end(requests: pd.DataFrame, steps: pd.DataFrame | None = None) -> float:
     """The last instant either table mentions (request ends, step ends); NaN when neither has one."""
     ends = [column(requests, "end_s").max(), column(requests, "arrival_s").max()]
-    if steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
+    if isinstance(steps, StepTotals):
+        ends.append(steps.end_s)
+    elif steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
         ends.append((column(steps, "start_s") + column(steps, "duration_s")).max())
     ends = [e for e in ends if pd.notna(e)]
     return float(max(ends)) if ends else float("nan")

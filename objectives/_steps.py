@@ -63,27 +63,73 @@ def kv_utilization(steps: pd.DataFrame) -> float:
     return step_stats(steps).kv_utilization
 
 
-def step_stats(steps: pd.DataFrame | None) -> StepStats:
-    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN."""
+class StepTotals:
+    """Step-table metrics accumulated chunk by chunk, so that a run need not keep its step table: ``add`` each
+    chunk of rows (a DataFrame with the step-table columns), then ``stats()`` equals ``step_stats`` of all the
+    rows together (sums are order-independent up to float rounding).  ``end_s``: the last step end seen."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.busy_s = 0.0
+        self.num_steps = 0.0
+        self.tokens_new = 0.0
+        self.tokens_recompute = 0.0
+        self.new_busy_s = 0.0
+        self.kv_busy_s = 0.0
+        self.kv_peak = NAN
+        self.swap_out_blocks = 0.0
+        self.swap_in_blocks = 0.0
+        self.end_s = NAN
+
+    def add(self, steps: pd.DataFrame) -> None:
+        if not len(steps):
+            return
+        require_columns(steps, STEP_COLUMNS, "steps")
+        duration = column(steps, "duration_s")
+        new = column(steps, "prefill_tokens_new") + column(steps, "decode_tokens")
+        recompute = column(steps, "prefill_tokens_recompute")
+        tokens = new + recompute
+        new_share_of_row = (new / tokens).where(tokens > 0, 0.0).mask(tokens.isna(), np.nan)
+        kv = column(steps, "kv_blocks_used") / column(steps, "kv_blocks_total").where(lambda t: t > 0)
+        self.busy_s += _total(duration)
+        self.num_steps += _total(column(steps, "num_steps"))
+        self.tokens_new += _total(new)
+        self.tokens_recompute += _total(recompute)
+        self.new_busy_s += _total(duration * new_share_of_row)
+        self.kv_busy_s += _total(duration * kv)
+        peak = float(kv.max(skipna=False))
+        self.kv_peak = peak if self.rows == 0 or peak != peak else max(self.kv_peak, peak)  # NaN sticks
+        self.swap_out_blocks += _total(column(steps, "swap_out_blocks"))
+        self.swap_in_blocks += _total(column(steps, "swap_in_blocks"))
+        if {"start_s", "duration_s"} <= set(steps.columns):
+            end = float((column(steps, "start_s") + duration).max())
+            self.end_s = end if self.end_s != self.end_s else max(self.end_s, end)
+        self.rows += len(steps)
+
+    def stats(self) -> StepStats:
+        tokens = self.tokens_new + self.tokens_recompute
+        return StepStats(
+            busy_s=self.busy_s,
+            num_steps=self.num_steps,
+            tokens_new=self.tokens_new,
+            tokens_recompute=self.tokens_recompute,
+            recompute_share=_ratio(self.tokens_recompute, tokens),
+            new_token_busy_share=_ratio(self.new_busy_s, self.busy_s),
+            kv_utilization=_ratio(self.kv_busy_s, self.busy_s),
+            kv_utilization_peak=self.kv_peak if self.rows else NAN,
+            swap_out_blocks=self.swap_out_blocks,
+            swap_in_blocks=self.swap_in_blocks,
+        )
+
+
+def step_stats(steps: "pd.DataFrame | StepTotals | None") -> StepStats:
+    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN.  ``steps`` may also be
+    a :class:`StepTotals` accumulated while the run went (no step table kept)."""
     if steps is None:
         return StepStats()
+    if isinstance(steps, StepTotals):
+        return steps.stats()
+    totals = StepTotals()
     require_columns(steps, STEP_COLUMNS, "steps")
-    duration = column(steps, "duration_s")
-    new = column(steps, "prefill_tokens_new") + column(steps, "decode_tokens")
-    recompute = column(steps, "prefill_tokens_recompute")
-    tokens = new + recompute
-    busy = _total(duration)
-    new_share_of_row = (new / tokens).where(tokens > 0, 0.0).mask(tokens.isna(), np.nan)
-    kv = column(steps, "kv_blocks_used") / column(steps, "kv_blocks_total").where(lambda t: t > 0)
-    return StepStats(
-        busy_s=busy,
-        num_steps=_total(column(steps, "num_steps")),
-        tokens_new=_total(new),
-        tokens_recompute=_total(recompute),
-        recompute_share=_ratio(_total(recompute), _total(tokens)),
-        new_token_busy_share=_ratio(_total(duration * new_share_of_row), busy),
-        kv_utilization=_ratio(_total(duration * kv), busy),
-        kv_utilization_peak=float(kv.max(skipna=False)) if len(kv) else NAN,
-        swap_out_blocks=_total(column(steps, "swap_out_blocks")),
-        swap_in_blocks=_total(column(steps, "swap_in_blocks")),
-    )
+    totals.add(steps)
+    return totals.stats()

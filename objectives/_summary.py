@@ -16,7 +16,7 @@ import pandas as pd
 from objectives._censor import latency_samples
 from objectives._cohorts import DEFAULT_PROMPT_EDGES, CohortStats, cohort_stats, prompt_buckets, prompt_edges
 from objectives._preemptions import PreemptionStats, preemption_stats
-from objectives._steps import StepStats, step_stats
+from objectives._steps import StepStats, StepTotals, step_stats
 from objectives._throughput import finished_output_tokens, makespan_s, slo_met
 from sim.workload.classes import RequestClass
 
@@ -73,13 +73,14 @@ def _cohort_keys(prefix: str, stats: CohortStats) -> dict[str, float | int]:
 
 def summarize(
     requests: pd.DataFrame,
-    steps: pd.DataFrame | None,
+    steps: "pd.DataFrame | StepTotals | None",
     classes: Mapping[str, RequestClass],
     prompt_bucket_edges: Sequence[float] = DEFAULT_PROMPT_EDGES,
 ) -> Summary:
     """All metrics of a run from its request and step tables (DESIGN section 3) and its class definitions.
 
-    ``steps`` may be ``None`` when a backend has no step table: the step metrics are then NaN.
+    ``steps`` may be ``None`` when a backend has no step table: the step metrics are then NaN; or the
+    :class:`~objectives.StepTotals` a run accumulated instead of keeping its step table.
     Raises ``ConfigError`` for missing columns, unknown statuses, or rows of an undefined class.
     """
     edges = prompt_edges(prompt_bucket_edges)

@@ -101,28 +101,33 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult."""
-        from objectives import summarize
+    def run_one(self, params: Mapping[str, Any], seed: int, *, keep_steps: bool | None = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult.  ``keep_steps`` (default: ``record_steps``): keep the step
+        table in the result; without it the step metrics are accumulated as the run goes (same values)."""
+        from objectives import StepTotals, summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
 
+        keep = self.record_steps if keep_steps is None else keep_steps
         workload = self.workload(seed)
         config = EngineConfig.from_dict(dict(params), "knobs")
+        totals = None if keep else StepTotals()
         result = simulate(workload, config, load_model(self.model), load_gpu(self.gpu), seed=seed,
-                          record_steps=self.record_steps, coefficients=self.coefficients)
+                          record_steps=keep, step_sink=None if totals is None else totals.add, keep_requests=False,
+                          coefficients=self.coefficients)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
-        metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()
+        metrics = summarize(result.requests, result.steps if totals is None else totals, workload.classes).to_dict()
         metrics["sim.num_gpu_blocks"] = float(result.sizing.num_gpu_blocks)
         metrics["sim.num_cpu_blocks"] = float(result.sizing.num_cpu_blocks)
         metrics["sim.wall_s"] = float(result.wall_s)
         return metrics, result
 
     def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
+        """A trial: the mean metrics over ``seeds``; no step table is kept (only its totals)."""
         t0 = time.perf_counter()
-        runs = [self.run_one(params, seed)[0] for seed in seeds]
+        runs = [self.run_one(params, seed, keep_steps=False)[0] for seed in seeds]
         out = mean_metrics(runs)
         out["sim.wall_s"] = time.perf_counter() - t0
         return out

@@ -23,6 +23,8 @@ from sim.latency import LatencyModel
 
 #: Most decode steps batched in one computation (bounds the numpy arrays).
 MAX_RUN_STEPS = 4096
+#: Step rows buffered before they are handed to ``on_rows`` (when the step table is not kept).
+ROWS_CHUNK = 65536
 
 STEP_COLUMNS = (
     "step", "num_steps", "start_s", "duration_s", "num_running", "num_waiting", "num_swapped",
@@ -58,10 +60,14 @@ class EngineCore:
         record_steps: bool = True,
         batch_decode_runs: bool = True,
         observer: Callable[[int, float, SchedulerOutput], None] | None = None,
+        on_rows: Callable[[list[tuple]], None] | None = None,
     ):
         self.scheduler = scheduler
         self.latency = latency
+        #: Keep every step row in ``step_rows``.  When off, rows are still made if ``on_rows`` is given, which
+        #: receives them in chunks of ``ROWS_CHUNK`` (and the rest from :meth:`flush_rows`) and they are dropped.
         self.record_steps = record_steps
+        self.on_rows = on_rows
         #: Off for step-by-step comparisons (conformance), where every iteration must be visible.
         self.batch_decode_runs = batch_decode_runs
         #: Called after every ``schedule()`` with (iteration index, time, output), before the output is applied.
@@ -108,7 +114,7 @@ class EngineCore:
         k = result.num_steps
         self.num_iterations += k
         self.last_step_end = now
-        if not self.record_steps:
+        if not self.record_steps and self.on_rows is None:
             scheduler.update_from_output(out, now, k)
             return
         pool = scheduler.pool
@@ -121,6 +127,15 @@ class EngineCore:
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
             out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
         ))
+        if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
+            self.flush_rows()
+
+    def flush_rows(self) -> None:
+        """Hand the buffered step rows to ``on_rows`` and drop them (no-op while the step table is kept)."""
+        if self.record_steps or self.on_rows is None or not self.step_rows:
+            return
+        rows, self.step_rows = self.step_rows, []
+        self.on_rows(rows)
 
     # ------------------------------------------------------------------------------------------------
     def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:
