@@ -217,6 +217,9 @@ class Simulation:
             nxt = self._deadlines[0][0]
         return nxt
 
+    def _next_deadline_s(self) -> float:
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
     def _expire_deadlines(self, now: float) -> None:
         scheduler = self.core.scheduler
         while self._deadlines and self._deadlines[0][0] <= now:
@@ -252,7 +255,7 @@ class Simulation:
             step = None
             if scheduler.has_unfinished():
                 try:
-                    step = core.begin_step(now, self._next_event_s())
+                    step = core.begin_step(now, self._next_event_s(), self._next_deadline_s())
                 except EngineAborted as exc:
                     self._aborted = str(exc)
                     break

@@ -78,11 +78,14 @@ class EngineCore:
         self.last_step_end = 0.0
         self._pending_start = 0.0
 
-    def begin_step(self, now: float, next_event_s: float) -> StepResult | None:
+    def begin_step(self, now: float, next_event_s: float, next_deadline_s: float | None = None) -> StepResult | None:
         """Schedule a step (or a run of identical decode steps ending before ``next_event_s``).
 
-        Returns ``None`` when nothing can be scheduled.  The caller advances the clock by ``duration_s`` and
-        then calls :meth:`end_step`.
+        ``next_deadline_s``: the next event other than an arrival (a client deadline), when the caller knows it:
+        a run then ends only before it if arrivals cannot change the run's decisions (the scheduler's
+        :meth:`~BaseScheduler.arrivals_join_blocked_queue`: they queue behind a head that cannot be admitted
+        until a request finishes).  Returns ``None`` when nothing can be scheduled.  The caller advances the
+        clock by ``duration_s`` and then calls :meth:`end_step`.
         """
         out = self.scheduler.schedule(now)
         shape = out.shape
@@ -98,6 +101,8 @@ class EngineCore:
                 return result
             return None
         if out.steady_decode and self.batch_decode_runs:
+            if next_deadline_s is not None and self.scheduler.arrivals_join_blocked_queue():
+                next_event_s = next_deadline_s
             result = self._decode_run(out, now, next_event_s)
         else:
             result = StepResult(out, self.latency.step_time(shape), 1)

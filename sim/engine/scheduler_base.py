@@ -127,6 +127,14 @@ class BaseScheduler(ABC):
         yield from self.running
         yield from self.waiting
 
+    def arrivals_join_blocked_queue(self) -> bool:
+        """After a steady decode step (nothing admitted, nothing preempted): would a new arrival leave the next
+        steps' decisions unchanged until a request finishes or a deadline passes?  Yes under FCFS with a
+        request already waiting: admission is head-of-line, and what stopped the head (no free slot, token
+        budget or blocks; free blocks only shrink along a decode run) holds until a request leaves.  An arrival
+        joins the back of the queue and is never looked at meanwhile."""
+        return not self.waiting.priority and len(self.waiting) > 0
+
     # ---- the two halves of a step ----------------------------------------------------------------------
     def add_request(self, req: Request, now: float) -> None:
         if req.prompt_tokens >= self.max_model_len:
@@ -166,10 +174,27 @@ class BaseScheduler(ABC):
                     done.append(req)
             self.pool.allocate(grown)
         else:
-            if out.bulk_decode:
-                for req, _ in out.scheduled[:out.bulk_decode]:
+            scheduled = out.scheduled
+            bulk = out.bulk_decode
+            if bulk:
+                # Entries of the all-decode fast path: one token each, past the prompt and at the high-water
+                # mark, so each samples a token (never its first) and its processed tokens are counted here.
+                for req, _ in (scheduled if bulk == len(scheduled) else scheduled[:bulk]):
+                    computed = req.num_computed_tokens + 1
+                    req.num_computed_tokens = computed
+                    req.high_water = computed
                     req.processed_tokens += 1
-            for req, num_new in out.scheduled:
+                    if req.blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = req.blocks
+                    generated = req.num_output_tokens + 1
+                    req.num_output_tokens = generated
+                    if generated >= req.max_output:
+                        done.append(req)
+                if bulk < len(scheduled):
+                    scheduled = scheduled[bulk:]
+                else:
+                    scheduled = ()
+            for req, num_new in scheduled:
                 computed = req.num_computed_tokens + num_new
                 req.num_computed_tokens = computed
                 if computed > req.high_water:
