@@ -40,6 +40,8 @@ class StatusCounts:
     cancelled: int = 0
     rejected: int = 0
     unfinished: int = 0
+    #: Of the finished ones, those the engine stopped at max_model_len before their output target.
+    capped: int = 0
 
     @property
     def total(self) -> int:
@@ -101,8 +103,9 @@ def cohort_stats(
     """Stats of the requests selected by the boolean mask ``rows`` (``samples``/``met`` share the index)."""
     status = requests.loc[rows, "status"].astype(str)
     by_status = status.value_counts()
-    counts = StatusCounts(**{s: int(by_status.get(s, 0)) for s in STATUSES})
     finished = rows & requests["status"].astype(str).eq(FINISHED)
+    capped = int((finished & requests["capped"].astype(bool)).sum()) if "capped" in requests.columns else 0
+    counts = StatusCounts(**{s: int(by_status.get(s, 0)) for s in STATUSES}, capped=capped)
     output = float(column(requests, "generated_tokens")[finished].sum(skipna=False))
     latency = {
         m: _quantiles(samples.loc[rows & samples["tpot_applicable"], m] if m == "tpot_s" else samples.loc[rows, m])

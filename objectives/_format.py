@@ -41,6 +41,9 @@ def format_summary(summary: Summary) -> str:
     lines = [_HEADER]
     lines += [_row(name, c) for name, c in summary.classes.items()]
     lines.append(_row("all", summary.overall))
+    if summary.overall.counts.capped:
+        lines.append(f"  of the finished, {summary.overall.counts.capped} capped: stopped at max_model_len before "
+                     f"their output target (finish reason length)")
     buckets = [(f"prompt {label}", c) for label, c in summary.prompt_buckets.items() if c.counts.total]
     if buckets:
         lines.append("")

@@ -35,10 +35,11 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._spec import StudySpec
-from optimizer._study import StudyContext, is_feasible, open_study, prepare
+from optimizer._storage import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
+from sim.outputs import atomic_write_text, probe_out_dir
 from sim.profiles import load_model
 
 THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
@@ -61,8 +62,15 @@ def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]
 
 
 def pareto_front(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
-    """Non-dominated trials among ``trials`` (complete ones), in trial order."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    """Non-dominated trials among ``trials`` (complete ones), in trial order; a config that ran (or was drawn)
+    more than once is listed once, as its first trial."""
+    done, seen = [], set()
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.values is not None:
+            key = json.dumps(t.params, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                done.append(t)
     return [t for t in done if not any(_dominates(o.values, t.values, directions) for o in done if o is not t)]
 
 
@@ -322,6 +330,7 @@ def _show(value: Any) -> str:
 def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path, favor: str | None = None,
                  study_out: str | Path | None = None, context: StudyContext | None = None) -> ExportResult:
     """Write pareto.csv, recommended.yaml and recommended.json for the spec's stored study to ``out``."""
+    out = probe_out_dir(out)  # before the work: a folder that cannot be written fails at once
     ctx = context or prepare(spec)
     url = spec.storage_url(storage, spec.out_dir(study_out))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
@@ -329,12 +338,10 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     study = open_study(ctx, url, create=False)
     trials = study.get_trials(deepcopy=False)
     pick = choose(trials, ctx, favor)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     files = []
 
     table = pareto_table(pick.front, ctx)
-    (out / "pareto.csv").write_text(table.to_csv(index=False))
+    atomic_write_text(out / "pareto.csv", table.to_csv(index=False))
     files.append(out / "pareto.csv")
 
     knobs = dict(pick.trial.user_attrs["knobs"])
@@ -366,7 +373,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
-    (out / "recommended.yaml").write_text(render_recommended_yaml(flags, policies, notes, header))
+    atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 
     doc = {
@@ -401,7 +408,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             f"trials were measured by replay ({spec.backend.engine or 'external server'}); 'predicted' holds fresh "
             f"simulations of the recommended and the default config (replaying them would launch engines again), "
             f"so compare those two with each other, and 'trial_values' for what the trial measured")
-    (out / "recommended.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    atomic_write_text(out / "recommended.json", json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
     return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
                         results["recommended"], results["default"], files)

@@ -24,7 +24,11 @@ def constraints_from_user_attrs(trial: optuna.trial.FrozenTrial) -> Sequence[flo
     return tuple(trial.user_attrs.get("constraints", ()))
 
 
-def make_sampler(spec: SamplerSpec, space: SearchSpace, *, constrained: bool) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: SamplerSpec, space: SearchSpace, *, constrained: bool,
+                 seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The sampler ``spec`` names, seeded with ``seed`` (default the spec's; a study that resumes passes the spec's
+    seed plus the trials already stored, so that its draws do not repeat the first run's)."""
+    seed = spec.seed if seed is None else seed
     kwargs: dict[str, Any] = {}
     if constrained and not TRIAL_CONSTRAINTS and spec.name in ("tpe", "nsga2", "gp"):
         kwargs["constraints_func"] = constraints_from_user_attrs
@@ -33,7 +37,7 @@ def make_sampler(spec: SamplerSpec, space: SearchSpace, *, constrained: bool) ->
         if spec.name == "tpe":
             conditional = any(d.when for d in space.domains)
             return optuna.samplers.TPESampler(
-                seed=spec.seed,
+                seed=seed,
                 n_startup_trials=10 if spec.n_startup_trials is None else spec.n_startup_trials,
                 multivariate=True,
                 group=conditional,
@@ -41,7 +45,7 @@ def make_sampler(spec: SamplerSpec, space: SearchSpace, *, constrained: bool) ->
                 **kwargs,
             )
         if spec.name == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=spec.seed, population_size=spec.population_size or 20, **kwargs)
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=spec.population_size or 20, **kwargs)
         if spec.name == "gp":
             try:
                 import scipy  # noqa: F401
@@ -50,10 +54,10 @@ def make_sampler(spec: SamplerSpec, space: SearchSpace, *, constrained: bool) ->
                 raise ConfigError("sampler.name", f"gp needs torch and scipy installed ({exc.name} is missing); "
                                                   "use tpe, or pip install torch scipy") from None
             return optuna.samplers.GPSampler(
-                seed=spec.seed, n_startup_trials=10 if spec.n_startup_trials is None else spec.n_startup_trials,
+                seed=seed, n_startup_trials=10 if spec.n_startup_trials is None else spec.n_startup_trials,
                 **kwargs)
         if spec.name == "random":
-            return optuna.samplers.RandomSampler(seed=spec.seed)
+            return optuna.samplers.RandomSampler(seed=seed)
         if spec.name == "grid":
-            return optuna.samplers.GridSampler(space.grid(), seed=spec.seed)
+            return optuna.samplers.GridSampler(space.grid(), seed=seed)
     raise ConfigError("sampler.name", f"unknown sampler {spec.name!r}")

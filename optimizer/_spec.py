@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from objectives.registry import get_objective
 from optimizer._knobs import check_knob
@@ -41,6 +41,7 @@ from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError
 from sim.profiles import load_gpu, load_model
+from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
@@ -78,6 +79,22 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
 
 
+#: Whole numbers in a spec beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
+MAX_INT = 2**53
+#: Seeds go to numpy's generators: 0 <= seed < 2**32.
+SEED_LIMIT = 2**32
+#: A trial timeout longer than this (a year) is a typo; datetime arithmetic on 1e308 s overflows.
+MAX_TIMEOUT_S = 365 * 86400.0
+#: Study names become folder and storage names: letters, digits and ``._-``, not starting with a dot.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a hostile value must not flood an error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     import difflib
 
@@ -94,9 +111,12 @@ def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int 
     value = d.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
-        raise ConfigError(here, f"must be a whole number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+        raise ConfigError(here, f"must be a whole number, got {_short(value)}")
     value = int(value)
+    if abs(value) > MAX_INT:
+        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {_short(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(here, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -110,7 +130,7 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if value is None:
         return default
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(here, f"must be a non-empty string, got {value!r}")
+        raise ConfigError(here, f"must be a non-empty string, got {_short(value)}")
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
@@ -120,7 +140,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {value!r}")
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {_short(value)}")
     return value
 
 
@@ -137,8 +157,9 @@ class Budget:
         d = _mapping(d, where)
         _check_keys(d, _BUDGET_KEYS, where)
         timeout = d.get("trial_timeout_s", 600.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+            raise ConfigError(f"{where}.trial_timeout_s", f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                                                          f"got {_short(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),
                    trial_timeout_s=float(timeout))
@@ -163,7 +184,7 @@ class SamplerSpec:
         d = _mapping(d, where)
         _check_keys(d, _SAMPLER_KEYS, where)
         name = _str(d, "name", where, "tpe", SAMPLERS)
-        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0),
+        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0, maximum=SEED_LIMIT - 1),
                    n_startup_trials=_int(d, "n_startup_trials", where, None, minimum=0),
                    population_size=_int(d, "population_size", where, None, minimum=2))
         if spec.n_startup_trials is not None and name not in ("tpe", "gp"):
@@ -186,8 +207,8 @@ def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positiv
     value = d.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(here, f"must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(here, f"must be a finite number, got {_short(value)}")
     if positive and not value > 0:
         raise ConfigError(here, f"must be > 0, got {value!r}")
     if not positive and value < 0:
@@ -328,6 +349,10 @@ class StudySpec:
         name = _str(d, "name", "", name)
         if name is None:
             raise ConfigError("name", "is required (or load the spec from a file: its stem is the default name)")
+        if not _NAME.match(name):
+            # The name is a folder under runs/ and a study in storage: no paths ("/any/path", "../x").
+            raise ConfigError("name", f"must be letters, digits and . _ - (no path, not starting with a dot), "
+                                      f"got {_short(name)}")
         for key in ("workload", "model", "gpu"):
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
@@ -491,14 +516,7 @@ class StudySpec:
 def load_study_spec(path: str | Path) -> StudySpec:
     """Read a study spec file; errors name the key and the file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("spec", f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("spec", f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    data = read_yaml(path, "spec")  # no aliases, bounded nesting: a hostile spec is one error line
     if not isinstance(data, Mapping):
         raise ConfigError("spec", f"{path} must hold a mapping (name:, workload:, ...), got {type(data).__name__}")
     try:

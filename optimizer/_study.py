@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,184 +26,41 @@ from typing import Any, Mapping, Sequence, TextIO
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
-from objectives.registry import Constraint, Objective, get_objective, slo_constraints
 from optimizer._backend import SimBackend, TrialBackend
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
 from optimizer._progress import ProgressLine
 from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
-from optimizer._spec import IDENTITY_KEYS, StudySpec
+from optimizer._spec import StudySpec
+from optimizer._storage import (
+    FAIL_KIND,
+    FAIL_REASON,
+    HEARTBEAT_INTERVAL_S,
+    INTERRUPTED,
+    MEMORY,
+    StudyContext,
+    driver_identity,
+    heartbeat_enabled,
+    is_feasible,
+    is_finished,
+    mark_driver,
+    open_study,
+    prepare,
+    recover_interrupted,
+)
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_model
-from sim.workload.classes import RequestClass
-from sim.workload.workload import Workload
 
-FAIL_REASON = "fail_reason"
-FAIL_KIND = "fail_kind"
-INTERRUPTED = "interrupted"
 #: Constraint values above this are stored as this (Optuna rejects NaN; some samplers choke on inf).
 MAX_VIOLATION = 1e6
-#: Storage "URL" of a study kept in memory (nothing persists).
-MEMORY = "memory"
-_IDENTITY_ATTR = "kvtune.identity"
-_SPEC_ATTR = "kvtune.spec"
+#: Times a config whose worker died (``crashed``) is run again, and how many crashes in a row stop the study.
+CRASH_RETRIES = 2
+MAX_CONSECUTIVE_CRASHES = 6
 
-
-@dataclass
-class StudyContext:
-    """What running and exporting a study both need: the built workloads, classes, objectives, constraints."""
-
-    spec: StudySpec
-    workloads: dict[int, Workload]
-    classes: dict[str, RequestClass]
-    objectives: list[Objective]
-    constraints: list[Constraint]
-
-    @property
-    def directions(self) -> list[str]:
-        return [o.direction for o in self.objectives]
-
-    @property
-    def seeds(self) -> list[int]:
-        return list(self.workloads)
-
-
-def prepare(spec: StudySpec) -> StudyContext:
-    """Build the workload of every replicate seed and resolve objectives and constraints against its classes."""
-    workloads = {seed: spec.workload.build(seed) for seed in spec.replicate_seeds()}
-    classes = dict(next(iter(workloads.values())).classes)
-    objectives = []
-    for i, name in enumerate(spec.objectives):
-        try:
-            objectives.append(get_objective(name, classes))
-        except ConfigError as exc:
-            raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
-    if spec.constraints == "none":
-        selected: dict[str, RequestClass] = {}
-    elif spec.constraints == "slo":
-        selected = classes
-    else:
-        unknown = [c for c in spec.constraints if c not in classes]
-        if unknown:
-            raise ConfigError("constraints", f"names classes the workload does not have: {unknown}; "
-                                             f"classes: {sorted(classes)}")
-        selected = {name: classes[name] for name in spec.constraints}
-        no_slo = [name for name, cls in selected.items() if not cls.slo.targets()]
-        if no_slo:
-            raise ConfigError("constraints", f"classes {no_slo} have no SLO (workload.classes.<name>.slo)")
-    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected))
-
-
-# ---- storage ---------------------------------------------------------------------------------------------------
-def _ensure_sqlite_dir(url: str) -> None:
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if str(path) not in ("", ":memory:"):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError("storage", f"cannot create {path.parent} for {url}: {exc.strerror or exc}") from None
-
-
-def make_storage(url: str) -> Any:
-    """An Optuna storage for ``url`` (``memory``: in this process only, for benchmarks and notebooks).  SQLite files
-    get WAL journaling with ``synchronous=NORMAL``: a trial stores dozens of user attributes, each its own commit,
-    and a full fsync per commit would dominate short trials."""
-    if url == MEMORY:
-        return optuna.storages.InMemoryStorage()
-    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
-        return url
-    import sqlalchemy
-
-    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-
-    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    sqlalchemy.event.listen(storage.engine, "connect", _pragmas)
-    storage.engine.dispose()  # connections opened while creating the schema lack the pragmas
-    return storage
-
-
-def open_study(ctx: StudyContext, storage: str, sampler: optuna.samplers.BaseSampler | None = None, *,
-               create: bool = True) -> optuna.Study:
-    """The spec's study in ``storage`` (created if ``create``); a stored study made from a different spec (other
-    workload, space, objectives...) is refused, naming what differs."""
-    spec = ctx.spec
-    _ensure_sqlite_dir(storage)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        backend = make_storage(storage)
-        if create:
-            study = optuna.create_study(storage=backend, sampler=sampler, study_name=spec.name,
-                                        directions=ctx.directions, load_if_exists=True)
-        else:
-            study = optuna.load_study(study_name=spec.name, storage=backend, sampler=sampler)
-    except KeyError:
-        raise ConfigError("storage", f"no study named {spec.name!r} in {storage}; run 'kvtune tune' first") from None
-    except (ValueError, ImportError, SQLAlchemyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError("storage", f"cannot open {storage}: {first}") from None
-    stored = [d.name.lower() for d in study.directions]
-    if stored != ctx.directions:
-        raise ConfigError("objectives", f"study {spec.name!r} in {storage} optimizes {stored}, this spec "
-                                        f"{ctx.directions}; use another study name or storage")
-    identity = spec.identity()
-    previous = study.user_attrs.get(_IDENTITY_ATTR)
-    if previous is None:
-        if create:
-            study.set_user_attr(_IDENTITY_ATTR, identity)
-            study.set_user_attr(_SPEC_ATTR, json.loads(json.dumps(spec.to_dict(), default=str)))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.set_metric_names(list(spec.objectives))
-    elif previous != identity:
-        changed = [key for key in IDENTITY_KEYS if previous.get(key) != identity.get(key)]
-        raise ConfigError(changed[0] if changed else "spec",
-                          f"study {spec.name!r} in {storage} was made from a spec with a different "
-                          f"{', '.join(changed) or 'content'}; its trials would not compare. Use another study "
-                          f"name (name:) or storage (--storage), or restore the spec")
-    return study
-
-
-def _set_trial_user_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:
-    # Optuna has no public setter for a trial this process did not ask for (one a dead driver left RUNNING).
-    study._storage.set_trial_user_attr(trial._trial_id, key, value)  # noqa: SLF001
-
-
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail the trials a killed driver left RUNNING (``interrupted``) and enqueue their params again."""
-    trials = study.get_trials(deepcopy=False)
-    waiting = [t.params for t in trials if t.state == TrialState.WAITING]
-    recovered = []
-    for t in trials:
-        if t.state != TrialState.RUNNING:
-            continue
-        _set_trial_user_attr(study, t, FAIL_REASON, "interrupted: the driver stopped while this trial ran; re-enqueued")
-        _set_trial_user_attr(study, t, FAIL_KIND, INTERRUPTED)
-        study.tell(t.number, state=TrialState.FAIL)
-        if t.params and t.params not in waiting:
-            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
-            waiting.append(t.params)
-        recovered.append(t.number)
-    return recovered
-
-
-def is_finished(t: FrozenTrial) -> bool:
-    """Counts against the trial budget: complete, pruned, or failed for a reason other than an interruption."""
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-        return True
-    return t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) != INTERRUPTED
-
-
-def is_feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.user_attrs.get("constraints", ()))
+__all__ = ["FAIL_KIND", "FAIL_REASON", "INTERRUPTED", "MEMORY", "StudyContext", "StudyResult", "Tuner",
+           "is_feasible", "is_finished", "open_study", "prepare", "recover_interrupted", "run_study"]
 
 
 # ---- running ---------------------------------------------------------------------------------------------------
@@ -242,7 +102,8 @@ class Tuner:
                  storage: str | None = None, address: str | None = None, out: str | Path | None = None,
                  backend: TrialBackend | None = None, executor: Executor | None = None,
                  trial_timeout_s: float | None = None, progress: TextIO | None = None,
-                 context: StudyContext | None = None):
+                 context: StudyContext | None = None, crash_retries: int = CRASH_RETRIES,
+                 max_consecutive_crashes: int = MAX_CONSECUTIVE_CRASHES):
         self.spec = spec
         self.target = trials if trials is not None else spec.budget.trials
         if self.target < 1:
@@ -265,6 +126,9 @@ class Tuner:
         self.timeout_s = trial_timeout_s if trial_timeout_s is not None else spec.budget.trial_timeout_s
         self.progress_stream = progress if progress is not None else sys.stderr
         self.ctx = context
+        self.crash_retries = crash_retries
+        self.max_consecutive_crashes = max_consecutive_crashes
+        self._ran = 0
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
@@ -277,16 +141,26 @@ class Tuner:
         self.ctx = ctx
         backend = self.backend or self.make_backend(ctx)
         backend.prepare(ctx.seeds)
-        sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints))
         target = self.target
         grid = spec.sampler.name == "grid"
         if grid:
             target = min(target, spec.search.grid_size())
-        study = open_study(ctx, self.storage, sampler)
+        study = open_study(ctx, self.storage)
         self.study = study
+        # Seeded from the spec's seed and the trials already stored: a resumed or extended study draws new configs
+        # instead of replaying the first run's draws (the samplers read the stored trials for everything else).
+        stored = len(study.get_trials(deepcopy=False))
+        study.sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints),
+                                     seed=(spec.sampler.seed + stored) % 2**32)
         recovered = recover_interrupted(study)
         trials = study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if is_finished(t))
+        executor = None
+        if finished < target:  # started before any progress output: an unreachable cluster is one error line
+            executor = self.executor or RayExecutor(
+                self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
+                gpus_per_trial=spec.backend.gpus_per_trial)
+            executor.start()
         progress = ProgressLine(target, list(spec.objectives), ctx.directions, stream=self.progress_stream,
                                 start_done=finished)
         progress.failed = sum(1 for t in trials if t.state == TrialState.FAIL and is_finished(t))
@@ -296,59 +170,23 @@ class Tuner:
         if recovered:
             progress.message(f"kvtune: resumed study {spec.name!r}: trials {recovered} were interrupted and are "
                              f"enqueued again")
-        ran = 0
-        if finished < target:
-            executor = self.executor or RayExecutor(
-                self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
-                gpus_per_trial=spec.backend.gpus_per_trial)
-            inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
+        self._ran = 0
+        if executor is not None:
+            run = _Run(self, study, executor, backend, progress, grid, target)
             try:
-                executor.start()
-                capacity = min(executor.capacity, self.workers) if self.workers else executor.capacity
-                if self.workers_note:
-                    progress.message(self.workers_note)
-                if self.backend is None and spec.backend.is_replay and spec.backend.url is None:
-                    progress.message(f"kvtune: backend replay: {spec.backend.engine} launched per trial "
-                                     f"(speed {spec.backend.speed:g}, {spec.backend.gpus_per_trial:g} GPUs per "
-                                     f"trial); results under {self.out / 'replays'}")
-                progress.message(f"kvtune: study {spec.name!r}: {finished}/{target} trials finished; running up to "
-                                 f"{capacity} at once on {executor.describe()}; storage {self.storage}")
-                while True:
-                    while len(inflight) < capacity and finished + len(inflight) < target:
-                        trial = study.ask()
-                        params = spec.search.suggest(trial, all_knobs=grid)
-                        knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                        knobs, repaired = repair_knobs(knobs, params, self._model_max_len)
-                        if repaired:
-                            trial.set_user_attr("repaired", repaired)
-                        problem = self._check_config(knobs)
-                        if problem is not None:
-                            self._tell(study, trial, knobs, TrialOutcome(trial.number, None, "error", problem),
-                                       progress)
-                            finished += 1
-                            ran += 1
-                            continue
-                        executor.submit(trial.number, backend, knobs, ctx.seeds, self.timeout_s)
-                        inflight[trial.number] = (trial, knobs)
-                    progress.running = len(inflight)
-                    progress.done = finished
-                    progress.update()
-                    if not inflight:
-                        break
-                    for outcome in executor.wait(timeout_s=1.0):
-                        entry = inflight.pop(outcome.number, None)
-                        if entry is None:
-                            continue
-                        trial, knobs = entry
-                        self._tell(study, trial, knobs, outcome, progress)
-                        finished += 1
-                        ran += 1
-                        progress.done = finished
-                        progress.running = len(inflight)
+                with _graceful_sigterm():
+                    run.loop()
+            except BaseException as exc:
+                reason = ("the driver was stopped (SIGTERM)" if isinstance(exc, Terminated) else
+                          "the driver was interrupted" if isinstance(exc, KeyboardInterrupt) else
+                          f"the study stopped ({type(exc).__name__})")
+                run.interrupt_inflight(reason)
+                raise
             finally:
+                run.stop_heartbeat()
                 executor.shutdown()
                 progress.running = 0
-                progress.done = finished
+                progress.done = run.finished
                 progress.close()
         trials = study.get_trials(deepcopy=False)
         return StudyResult(
@@ -357,7 +195,7 @@ class Tuner:
             complete=sum(1 for t in trials if t.state == TrialState.COMPLETE),
             failed=sum(1 for t in trials if t.state == TrialState.FAIL and is_finished(t)),
             feasible=sum(1 for t in trials if is_feasible(t)),
-            ran=ran, wall_s=time.monotonic() - t0, recovered=recovered,
+            ran=self._ran, wall_s=time.monotonic() - t0, recovered=recovered,
         )
 
     def make_backend(self, ctx: StudyContext) -> TrialBackend:
@@ -395,6 +233,46 @@ class Tuner:
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, knobs: Mapping[str, Any], outcome: TrialOutcome,
               progress: ProgressLine) -> None:
+        try:
+            self._tell_outcome(study, trial, knobs, outcome, progress)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another driver took the trial for an orphan (its heartbeat went stale) and re-enqueued it.
+            progress.message(f"kvtune: trial {trial.number} was failed by another driver meanwhile (stale "
+                             f"heartbeat); its result is dropped, its config runs again")
+
+    def _copy_result(self, study: optuna.Study, trial: optuna.Trial, source: FrozenTrial,
+                     progress: ProgressLine) -> None:
+        """Tell ``trial`` the stored result of ``source``, a trial with the same params: the simulator is
+        deterministic, so running it again would carry no information."""
+        skip = {"retry_of", "crash_attempt", "retried", "duplicate_of"}
+        for key, value in source.user_attrs.items():
+            if key not in skip:
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", source.number)
+        trial.set_user_attr("wall_s", 0.0)
+        if source.state == TrialState.COMPLETE:
+            if TRIAL_CONSTRAINTS:
+                for name, v in zip(source.user_attrs.get("constraint_names", ()), source.user_attrs.get("constraints", ())):
+                    trial.set_constraint(name, v)
+            _tell(study, trial, list(source.values))
+            if is_feasible(source):
+                progress.observe_feasible(source.values)
+        else:
+            _tell(study, trial, state=TrialState.FAIL)
+            progress.failed += 1
+        progress.message(f"kvtune: trial {trial.number} drew the config of trial {source.number}; its result is "
+                         f"reused, not simulated again")
+
+    def _interrupt(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+        """Fail ``trial`` as ``interrupted`` (not counted against the budget) and enqueue its params again."""
+        trial.set_user_attr(FAIL_REASON, f"interrupted: {reason}")
+        trial.set_user_attr(FAIL_KIND, INTERRUPTED)
+        _tell(study, trial, state=TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+
+    def _tell_outcome(self, study: optuna.Study, trial: optuna.Trial, knobs: Mapping[str, Any],
+                      outcome: TrialOutcome, progress: ProgressLine) -> None:
         ctx = self.ctx
         assert ctx is not None
         trial.set_user_attr("knobs", {k: _jsonable(v) for k, v in knobs.items()})
@@ -434,6 +312,224 @@ class Tuner:
         _tell(study, trial, state=TrialState.FAIL)
         progress.failed += 1
         progress.message(f"kvtune: trial {outcome.number} failed ({outcome.kind}): {outcome.reason}")
+
+
+class StudyStopped(KvtuneError):
+    """The study stopped itself (e.g. too many trials in a row lost their workers); the storage keeps what ran."""
+
+    exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as gracefully as Ctrl-C (SIGINT)."""
+
+
+@contextlib.contextmanager
+def _graceful_sigterm():
+    """While the study runs, SIGTERM raises :class:`Terminated` in the main thread (instead of ``ray.init``'s
+    handler, which exits from wherever the driver is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _handler(signum, frame):  # noqa: ARG001
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _params_key(params: Mapping[str, Any]) -> str:
+    return json.dumps({k: _jsonable(v) for k, v in params.items()}, sort_keys=True, default=str)
+
+
+#: Failure kinds that a config always reproduces (the simulator is deterministic): never worth running again.
+_DETERMINISTIC_FAILS = ("error",)
+
+
+class _Run:
+    """One driver's pass over a study: asks for trials while the stored study (every driver's trials) is short of
+    the target, submits them, tells their outcomes, keeps their heartbeats, never simulates a config the storage
+    already holds a result for, retries crashed ones a bounded number of times."""
+
+    def __init__(self, tuner: "Tuner", study: optuna.Study, executor: Executor, backend: TrialBackend,
+                 progress: ProgressLine, grid: bool, target: int):
+        self.tuner, self.study, self.executor, self.backend = tuner, study, executor, backend
+        self.progress, self.grid, self.target = progress, grid, target
+        self.inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
+        #: Trials that drew the params of a trial in flight: told its outcome when it ends (number -> trials).
+        self.followers: dict[int, list[tuple[optuna.Trial, dict[str, Any]]]] = {}
+        self.consecutive_crashes = 0
+        self.driver = driver_identity()
+        self.finished = 0
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._last_recovery = time.monotonic()
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------------
+    def _stored(self) -> tuple[int, int, dict[str, FrozenTrial]]:
+        """(finished, running, {params: the trial whose result a repeat of them copies}) over every driver."""
+        finished = running = 0
+        done: dict[str, FrozenTrial] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            if is_finished(t):
+                finished += 1
+            elif t.state == TrialState.RUNNING:
+                running += 1
+            if t.params and (t.state == TrialState.COMPLETE or (
+                    t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS)):
+                done.setdefault(_params_key(t.params), t)
+        return finished, running, done
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is not None or not heartbeat_enabled(self.study):
+            return
+        storage = self.study._storage  # noqa: SLF001
+
+        def beat() -> None:
+            while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+                for trial, _ in list(self.inflight.values()):
+                    try:
+                        storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+                    except Exception:  # a busy database: the next beat comes within the grace period
+                        pass
+
+        self._heartbeat = threading.Thread(target=beat, name="kvtune-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+
+    def _ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Heartbeat ... supposed to be used with Study.optimize": ask/tell here
+            trial = self.study.ask()
+        mark_driver(self.study, trial, self.driver)
+        if heartbeat_enabled(self.study):
+            self.study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+        return trial
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+    def loop(self) -> None:
+        tuner, spec, study, progress = self.tuner, self.tuner.spec, self.study, self.progress
+        ctx = tuner.ctx
+        assert ctx is not None
+        capacity = min(self.executor.capacity, tuner.workers) if tuner.workers else self.executor.capacity
+        if tuner.workers_note:
+            progress.message(tuner.workers_note)
+        if tuner.backend is None and spec.backend.is_replay and spec.backend.url is None:
+            progress.message(f"kvtune: backend replay: {spec.backend.engine} launched per trial "
+                             f"(speed {spec.backend.speed:g}, {spec.backend.gpus_per_trial:g} GPUs per "
+                             f"trial); results under {tuner.out / 'replays'}")
+        self.finished, running, done = self._stored()
+        others = running - len(self.inflight)
+        progress.message(f"kvtune: study {spec.name!r}: {self.finished}/{self.target} trials finished"
+                         + (f", {others} running in another driver" if others else "")
+                         + f"; running up to {capacity} at once on {self.executor.describe()}; storage {tuner.storage}")
+        self._start_heartbeat()
+        while True:
+            if time.monotonic() - self._last_recovery > HEARTBEAT_INTERVAL_S:
+                self._last_recovery = time.monotonic()
+                recovered = recover_interrupted(study)
+                if recovered:
+                    progress.message(f"kvtune: trials {recovered} lost their driver and are enqueued again")
+            self.finished, running, done = self._stored()
+            while len(self.inflight) < capacity and self.finished + running < self.target:
+                trial = self._ask()
+                running += 1
+                params = spec.search.suggest(trial, all_knobs=self.grid)
+                knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
+                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len)
+                if repaired:
+                    trial.set_user_attr("repaired", repaired)
+                key = _params_key(trial.params)
+                if key in done:  # the simulator is deterministic: a repeat carries no information
+                    tuner._copy_result(study, trial, done[key], progress)
+                    self._told()
+                    running -= 1
+                    continue
+                leader = next((n for n, (t, _) in self.inflight.items() if _params_key(t.params) == key), None)
+                if leader is not None:
+                    self.followers.setdefault(leader, []).append((trial, knobs))
+                    continue
+                problem = tuner._check_config(knobs)
+                if problem is not None:
+                    tuner._tell(study, trial, knobs, TrialOutcome(trial.number, None, "error", problem), progress)
+                    self._told()
+                    running -= 1
+                    done[key] = study._storage.get_trial(trial._trial_id)  # noqa: SLF001
+                    continue
+                self.executor.submit(trial.number, self.backend, knobs, ctx.seeds, tuner.timeout_s)
+                self.inflight[trial.number] = (trial, knobs)
+            progress.running = len(self.inflight)
+            progress.done = self.finished
+            progress.update()
+            if not self.inflight:
+                break
+            for outcome in self.executor.wait(timeout_s=1.0):
+                entry = self.inflight.pop(outcome.number, None)
+                if entry is None:
+                    continue
+                self._outcome(entry, outcome)
+
+    def _told(self) -> None:
+        self.finished += 1
+        self.tuner._ran += 1
+        self.progress.done = self.finished
+
+    def _outcome(self, entry: tuple[optuna.Trial, dict[str, Any]], outcome: TrialOutcome) -> None:
+        tuner, study, progress = self.tuner, self.study, self.progress
+        trial, knobs = entry
+        followers = self.followers.pop(outcome.number, [])
+        if outcome.kind == "crashed":
+            self.consecutive_crashes += 1
+            attempt = int(trial.user_attrs.get("crash_attempt", 0))
+            retry = attempt < tuner.crash_retries
+            if retry:
+                trial.set_user_attr("retried", True)
+            tuner._tell(study, trial, knobs, outcome, progress)
+            if retry:
+                progress.failed -= 1  # not a failure of the study's budget: the config runs again
+                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number,
+                                                                    "crash_attempt": attempt + 1})
+                progress.message(f"kvtune: trial {trial.number} is enqueued again (crash retry {attempt + 1} of "
+                                 f"{tuner.crash_retries})")
+            else:
+                self._told()
+            for follower, _ in followers:  # they run again themselves, as their own trials
+                tuner._interrupt(study, follower, "its config's trial crashed; re-enqueued")
+            if self.consecutive_crashes >= tuner.max_consecutive_crashes:
+                raise StudyStopped(f"{self.consecutive_crashes} trials in a row lost their Ray worker (last: "
+                                   f"{outcome.reason}); the study stopped instead of spending its budget on a "
+                                   f"failing cluster. Check the workers, then run the same command to resume")
+            return
+        self.consecutive_crashes = 0
+        tuner._tell(study, trial, knobs, outcome, progress)
+        self._told()
+        if followers:
+            source = study._storage.get_trial(trial._trial_id)  # noqa: SLF001
+            for follower, _ in followers:
+                if source.state == TrialState.COMPLETE or outcome.kind in _DETERMINISTIC_FAILS:
+                    tuner._copy_result(study, follower, source, progress)
+                    self._told()
+                else:  # a timeout may not repeat: the follower runs on its own
+                    tuner._interrupt(study, follower, f"its config's trial ended ({outcome.kind}); re-enqueued")
+
+    def interrupt_inflight(self, reason: str) -> None:
+        """Tell every trial in flight (and each follower) as ``interrupted`` and enqueue it again."""
+        entries = list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+        self.inflight.clear()
+        self.followers.clear()
+        for trial, _ in entries:
+            try:
+                self.tuner._interrupt(self.study, trial, f"{reason} while this trial ran; re-enqueued")
+            except Exception:  # the storage is gone too: the next driver recovers it as an orphan
+                pass
 
 
 def _tell(study: optuna.Study, trial: Any, values: Sequence[float] | None = None,

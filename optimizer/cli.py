@@ -15,27 +15,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from optimizer._cli_args import add_study_arguments, positive_float, positive_int
 from sim.errors import KvtuneError
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,12 +26,12 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
                     "trials while Optuna searches engine knobs against the spec's objectives and class SLOs. "
                     "Ends by exporting the Pareto front and a recommended config to the out folder.")
     p.add_argument("spec", type=Path, help="study spec (YAML)")
-    p.add_argument("--trials", type=_positive_int, help="finished trials the study should have (default: budget.trials)")
-    p.add_argument("--workers", type=_positive_int, help="trials at once (default: budget.workers, else one per CPU)")
+    p.add_argument("--trials", type=positive_int, help="finished trials the study should have (default: budget.trials)")
+    p.add_argument("--workers", type=positive_int, help="trials at once (default: budget.workers, else one per CPU)")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db)")
     p.add_argument("--address", help="Ray cluster address (default: the spec's ray_address, else a local Ray)")
     p.add_argument("--out", type=Path, help="output folder (default: the spec's out, else runs/<name>)")
-    p.add_argument("--trial-timeout", type=_positive_float, metavar="SECONDS",
+    p.add_argument("--trial-timeout", type=positive_float, metavar="SECONDS",
                    help="per-trial timeout (default: budget.trial_timeout_s)")
     p.add_argument("--in-process", action="store_true", help="run trials one by one in this process (no Ray)")
     p.add_argument("--no-export", action="store_true", help="do not export pareto.csv / recommended.* at the end")
@@ -66,26 +47,20 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_export)
 
 
-def add_study_arguments(p: argparse.ArgumentParser, out_help: str) -> None:
-    """What ``export`` and ``report`` share: the spec, where its study is stored, the output folder, the pick."""
-    p.add_argument("spec", type=Path, help="study spec (YAML)")
-    p.add_argument("--storage", help="Optuna storage URL (default: the spec's storage, else sqlite:///<study out>/study.db)")
-    p.add_argument("--study-out", type=Path, help="the out folder 'kvtune tune' used, to find its default storage")
-    p.add_argument("--out", type=Path, required=True, help=out_help)
-    p.add_argument("--favor", metavar="CLASS", help="pick the Pareto point best for this class's SLO "
-                                                    "(default: highest throughput meeting every SLO)")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     from optimizer._executors import InProcessExecutor
     from optimizer._export import export_study
     from optimizer._spec import load_study_spec
     from optimizer._study import Tuner
 
+    from sim.outputs import probe_out_dir
+
     spec = load_study_spec(args.spec)
     tuner = Tuner(spec, trials=args.trials, workers=args.workers, storage=args.storage, address=args.address,
                   out=args.out, trial_timeout_s=args.trial_timeout,
                   executor=InProcessExecutor() if args.in_process else None)
+    if not args.no_export:
+        probe_out_dir(tuner.out)  # before the study: an export that cannot be written would waste it
     result = tuner.run()
     print(f"study {result.name}: {result.finished}/{result.target} trials finished ({result.complete} complete, "
           f"{result.failed} failed, {result.feasible} feasible); ran {result.ran} now in {result.wall_s:.1f} s; "
@@ -115,8 +90,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as the one error line every kvtune error is (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"kvtune: error: {self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvtune", description="Tune vLLM scheduler and KV-cache knobs against "
+    parser = _Parser(prog="kvtune", description="Tune vLLM scheduler and KV-cache knobs against "
                                                                 "per-class latency targets, by simulation.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -134,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Error lines are cut to this many characters.
+MAX_ERROR_CHARS = 1000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -144,11 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except KvtuneError as exc:
-        print(f"kvtune: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nkvtune: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        message = " ".join(str(exc).split())
+        if len(message) > MAX_ERROR_CHARS:  # a hostile value must not flood the terminal
+            message = message[: MAX_ERROR_CHARS - 3] + "..."
+        print(f"kvtune: error: {message}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 2))  # 2: bad input; a study that stopped itself says 1
+    except KeyboardInterrupt as exc:
+        terminated = type(exc).__name__ == "Terminated"
+        print(f"\nkvtune: {'terminated (SIGTERM)' if terminated else 'interrupted'}; run the same command again "
+              f"to resume", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ import math
 import sys
 from pathlib import Path
 
+from optimizer._cli_args import positive_float, positive_int, seed_int
 from sim.errors import ConfigError
+from sim.outputs import atomic_write, atomic_write_text, probe_out_dir
 
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
@@ -32,12 +34,12 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", dest="fmt", help="trace format (default: detected)")
     p.add_argument("--model", default="Llama-3-8B", help="model profile name (default Llama-3-8B)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU profile name (default H100-SXM)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
-    p.add_argument("--rate-scale", type=float, default=1.0, help="compress arrival times X-fold")
-    p.add_argument("--max-requests", type=int, default=None, help="simulate only the first N requests")
+    p.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrival times X-fold")
+    p.add_argument("--max-requests", type=positive_int, default=None, help="simulate only the first N requests")
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob, repeatable")
-    p.add_argument("--seed", type=int, default=0, help="seed for client timeouts/cancellations")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed for client timeouts/cancellations (0 <= S < 2**32)")
     p.add_argument("--out", default="runs/simulate", help="output folder (default runs/simulate)")
     p.set_defaults(handler=run_simulate)
 
@@ -57,6 +59,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     config = EngineConfig.from_dict(knobs, where="--set")
     model = load_model(args.model, field="--model")
     gpu = load_gpu(args.gpu, field="--gpu")
+    out = probe_out_dir(args.out)  # before the simulation: a folder that cannot be written fails at once
     trace = Path(args.trace) if args.trace else bundled_trace_path()
     workload = load_trace(trace, args.fmt, seed=args.seed)
     if args.max_requests is not None:
@@ -75,10 +78,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress)
     print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
     summary = summarize(result.requests, result.steps, workload.classes)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result.requests.to_parquet(out / "requests.parquet", index=False)
-    result.steps.to_parquet(out / "steps.parquet", index=False)
+    for name, table in (("requests.parquet", result.requests), ("steps.parquet", result.steps)):
+        with atomic_write(out / name) as tmp:  # a full disk leaves no truncated file behind
+            table.to_parquet(tmp, index=False)
     document = {
         "trace": str(trace),
         "model": model.name,
@@ -91,7 +93,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "simulated_requests_per_wall_s": len(workload) / result.wall_s if result.wall_s > 0 else math.inf,
         "metrics": summary.to_dict(),
     }
-    (out / "summary.json").write_text(json.dumps(document, indent=1, default=str))
+    atomic_write_text(out / "summary.json", json.dumps(document, indent=1, default=str))
     print(format_summary(summary))
     print(f"KV cache: {result.sizing.num_gpu_blocks} blocks of {result.config.block_size} tokens; "
           f"wall {result.wall_s:.2f} s ({document['simulated_requests_per_wall_s']:.0f} requests/s)")

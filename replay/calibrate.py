@@ -29,6 +29,7 @@ from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.latency import LatencyCoefficients
 from sim.profiles import GpuProfile, ModelProfile, load_gpu, load_model
+from sim.safe_yaml import read_yaml
 from sim.engine.sizing import size_kv_cache
 from sim.runner import simulate
 from sim.workload.classes import RequestClass
@@ -85,10 +86,7 @@ def coefficients_from_mapping(values: dict, where: str = "coefficients") -> Late
 def load_profile(path: str | Path) -> LatencyCoefficients:
     """Coefficients from a profile YAML (``kvtune calibrate`` output, or a plain mapping of coefficients)."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError("profile", f"cannot read {path}: {exc}") from None
+    data = read_yaml(path, "profile")
     if not isinstance(data, dict):
         raise ConfigError("profile", f"{path}: expected a mapping")
     values = data.get("coefficients", data)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
+from optimizer._cli_args import non_negative_float, non_negative_int, port, positive_float, positive_int
 from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -42,7 +44,7 @@ def _coefficients(profile: str | None, coefs: list[str] | None):
 # ---- twin ----------------------------------------------------------------------------------------------
 def cmd_twin(args: argparse.Namespace) -> int:
     from replay.twin_engine import TwinEngine
-    from replay.twin_server import serve
+    from replay.twin_server import DEFAULT_MAX_BODY_BYTES, serve
     from sim.profiles import load_gpu, load_model
 
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -69,7 +71,10 @@ def cmd_twin(args: argparse.Namespace) -> int:
 
     import asyncio  # here, so that building the CLI does not load asyncio
 
-    asyncio.run(serve(factory, served, host=args.host, port=args.port, on_ready=ready))
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    limit = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    asyncio.run(serve(factory, served, host=args.host, port=args.port, on_ready=ready, api_key=api_key,
+                      max_body_bytes=limit))
     engine = holder.get("engine")
     return 1 if engine is not None and engine.dead else 0
 
@@ -179,17 +184,22 @@ def add_replay_parsers(subparsers) -> None:
     twin.add_argument("--gpu", required=True, help="GPU profile (hardware.yaml name or alias)")
     twin.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
     twin.add_argument("--host", default=DEFAULT_HOST)
-    twin.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on the ready line)")
-    twin.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    twin.add_argument("--port", type=port, default=8000, help="0 picks a free port (printed on the ready line)")
+    twin.add_argument("--speed", type=positive_float, default=1.0, help="simulated seconds per wall second")
     twin.add_argument("--profile", help="latency profile YAML written by kvtune calibrate")
     twin.add_argument("--coef", action="append", metavar="NAME=VALUE",
                       help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
     twin.add_argument("--predicted", action="append", metavar="CLASS=TOKENS",
                       help="predicted output length per class, for admission_policy=predicted")
     twin.add_argument("--served-model-name", help="model id in the API (default: the profile's name)")
-    twin.add_argument("--slack-ms", type=float, default=0.0,
+    twin.add_argument("--slack-ms", type=non_negative_float, default=0.0,
                       help="run the engine clock this far behind the wall clock and honour the client's "
                            "X-Kvtune-Arrival header within it (exact arrival order; responses this much later)")
+    twin.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1 requests, as vllm serve --api-key does "
+                           "(default: the VLLM_API_KEY environment variable, else none)")
+    twin.add_argument("--max-body-bytes", type=positive_int, default=None,
+                      help="largest request body accepted (default 8 MiB); larger ones get 413")
     twin.add_argument("--log-level", default="warning")
     twin.set_defaults(func=cmd_twin)
 
@@ -204,16 +214,16 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
-    rep.add_argument("--start-index", type=int, default=0, help="skip this many requests first")
-    rep.add_argument("--head", type=int, default=0, help="replay only this many requests (0: all)")
-    rep.add_argument("--rate-scale", type=float, default=1.0, help="compress arrivals (x2 doubles the rate)")
+    rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")
+    rep.add_argument("--head", type=non_negative_int, default=0, help="replay only this many requests (0: all)")
+    rep.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrivals (x2 doubles the rate)")
     rep.add_argument("--timeout", action="append", metavar="CLASS=SECONDS", help="client timeout of a class")
     rep.add_argument("--model", required=True,
                      help="model to serve (vllm: HF id or path; twin: profile name)")
     rep.add_argument("--sim-model", help="kvtune model profile of --model (default: guessed from its name)")
     rep.add_argument("--gpu", help="GPU profile (needed for --launch twin and for calibration)")
     rep.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
-    rep.add_argument("--speed", type=float, default=1.0, help="replay this many times faster (twin only)")
+    rep.add_argument("--speed", type=positive_float, default=1.0, help="replay this many times faster (twin only)")
     rep.add_argument("--seed", action="append", default=None, help="seed (repeatable; default 0)")
     rep.add_argument("--out", required=True, help="folder for the results")
     rep.add_argument("--vllm-version", default=None,
@@ -223,8 +233,8 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
     rep.add_argument("--profile", help="twin: latency profile YAML")
     rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")
-    rep.add_argument("--sample-interval", type=float, default=0.25, help="wall seconds between /metrics samples")
-    rep.add_argument("--drain-timeout", type=float, default=None,
+    rep.add_argument("--sample-interval", type=positive_float, default=0.25, help="wall seconds between /metrics samples")
+    rep.add_argument("--drain-timeout", type=positive_float, default=None,
                      help="give up on requests open this long after the last arrival (trace seconds)")
     rep.add_argument("--log-level", default="warning")
     rep.set_defaults(func=cmd_replay)

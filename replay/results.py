@@ -30,6 +30,7 @@ import pandas as pd
 from replay.prom import MetricsSnapshot, REQUEST_PREEMPTIONS
 from sim.engine.core import STEP_COLUMNS
 from sim.errors import KvtuneError
+from sim.outputs import atomic_write, atomic_write_text
 from sim.tables import REQUEST_COLUMNS
 from sim.workload.classes import SLO, RequestClass
 from sim.workload.workload import Workload
@@ -171,20 +172,20 @@ class ReplayResult:
         """Preemptions during the run (``vllm:num_preemptions_total`` after minus before)."""
         return self.counter_delta("num_preemptions_total")
 
-    # ---- files ---------------------------------------------------------------------------------------
+    # ---- files (each written to a temporary file and renamed: a full disk leaves no truncated file) ------
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """Write ``requests.parquet``, ``steps.parquet``, ``samples.parquet``, ``tokens.parquet``,
         ``workload.parquet`` and ``replay.json`` (info, counters, classes, ``extra``) into folder ``path``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.requests.to_parquet(path / "requests.parquet", index=False)
-        self.steps.to_parquet(path / "steps.parquet", index=False)
-        self.samples.to_parquet(path / "samples.parquet", index=False)
+        _write_parquet(self.requests, path / "requests.parquet")
+        _write_parquet(self.steps, path / "steps.parquet")
+        _write_parquet(self.samples, path / "samples.parquet")
         if self.token_times is not None:
             ids = np.concatenate([np.full(len(v), k, dtype=np.int64) for k, v in self.token_times.items()]) \
                 if self.token_times else np.zeros(0, dtype=np.int64)
             times = np.concatenate(list(self.token_times.values())) if self.token_times else np.zeros(0)
-            pd.DataFrame({"request_id": ids, "t_s": times}).to_parquet(path / "tokens.parquet", index=False)
+            _write_parquet(pd.DataFrame({"request_id": ids, "t_s": times}), path / "tokens.parquet")
         meta = {
             "info": self.info,
             "metrics_before": self.metrics_before,
@@ -194,10 +195,10 @@ class ReplayResult:
         if self.workload is not None:
             wl = self.workload.requests
             cols = [c for c in wl.columns if c != "hash_ids"]
-            wl[cols].to_parquet(path / "workload.parquet", index=False)
+            _write_parquet(wl[cols], path / "workload.parquet")
             meta["classes"] = {name: dataclasses.asdict(c) for name, c in self.workload.classes.items()}
             meta["workload_source"] = self.workload.source
-        (path / "replay.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+        atomic_write_text(path / "replay.json", json.dumps(meta, indent=2, default=_json_default))
         return path
 
     @classmethod
@@ -261,3 +262,8 @@ __all__ = [
     "samples_frame",
     "timeline_from_samples",
 ]
+
+
+def _write_parquet(frame: pd.DataFrame, target: Path) -> None:
+    with atomic_write(target) as tmp:
+        frame.to_parquet(tmp, index=False)

@@ -10,14 +10,18 @@ error body.  A client that disconnects is aborted: its KV blocks are freed at th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import math
+import re
+import secrets
 import signal
 import time
 import uuid
 from collections.abc import Callable
 
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -121,15 +125,32 @@ def error_response(status: int, message: str, kind: str = "BadRequestError") -> 
     return web.json_response(body, status=status)
 
 
-def count_prompt_tokens(prompt) -> int:
+_WORD = re.compile(r"\S+")
+#: Request bodies larger than this get 413 (``--max-body-bytes``); vLLM's prompts are bounded by max_model_len.
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+
+
+def count_prompt_tokens(prompt, vocab_size: int | None = None) -> int:
     """Tokens of a prompt: the length of a token-id list; for text, whitespace-separated words (placeholder
-    tokenizer).  Raises ValueError for anything else."""
+    tokenizer; counted without building a list of them).  Raises ValueError for anything else, and as vLLM 0.32
+    does for an empty prompt (v1/engine/input_processor.py) and for token ids outside ``[0, vocab_size)``
+    (renderers/base.py)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return max(1, len(prompt.split()))
+        count = sum(1 for _ in _WORD.finditer(prompt))
+        if not count:
+            raise ValueError("The decoder prompt cannot be empty")
+        return count
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        low, high = min(prompt), max(prompt)
+        if low < 0:
+            raise ValueError(f"Token id {low} is out of vocabulary")
+        if vocab_size is not None and high >= vocab_size:
+            raise ValueError(f"Token id {high} is out of vocabulary")
         return len(prompt)
+    if isinstance(prompt, list) and not prompt:
+        raise ValueError("The decoder prompt cannot be empty")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
         raise ValueError("the twin serves one prompt per request (batched prompts are not supported)")
     raise ValueError("prompt must be a non-empty string or a list of token ids")
@@ -223,16 +244,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
     served = request.app[SERVED_KEY]
     arrival_wall = _parse_arrival(request, engine)
     try:
-        body = await request.json()
+        body = json.loads(await request.read())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return error_response(400, "request body is not valid JSON")
+    except RecursionError:
+        return error_response(400, "request body is nested too deeply")
     if not isinstance(body, dict):
         return error_response(400, "request body must be a JSON object")
+    problem = _check_fields(body)
+    if problem is not None:
+        return error_response(400, problem)
     model = body.get("model")
     if model is not None and model != served:
         return error_response(404, f"The model `{model}` does not exist.", "NotFoundError")
     try:
-        prompt_tokens = count_prompt_tokens(body.get("prompt"))
+        prompt_tokens = count_prompt_tokens(body.get("prompt"), getattr(engine.model, "vocab_size", None))
     except ValueError as exc:
         return error_response(400, str(exc))
     max_tokens = body.get("max_tokens", 16)
@@ -256,7 +282,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return error_response(400, f"priority must be an integer, got {priority!r}")
     if priority != 0 and engine.config.scheduling_policy != "priority":
         return error_response(400, "Got priority != 0 but the scheduling policy is not 'priority'.")
-    stream = bool(body.get("stream", False))
+    stream = bool(_lax_bool(body.get("stream")))
     options = body.get("stream_options") or {}
     if options and not stream:
         return error_response(400, "Stream options can only be defined when `stream=True`.")
@@ -271,12 +297,64 @@ async def completions(request: web.Request) -> web.StreamResponse:
     try:
         if stream:
             return await _stream(request, sink, _Chunks(request_id, created, served, prompt_tokens,
-                                                        bool(options.get("continuous_usage_stats"))),
-                                 bool(options.get("include_usage")))
+                                                        bool(_lax_bool(options.get("continuous_usage_stats")))),
+                                 bool(_lax_bool(options.get("include_usage"))))
         return await _whole(sink, request_id, created, served, prompt_tokens)
     finally:
         if not sink.done:
             engine.abort(sink)  # client gone (disconnect cancels the handler, or a write failed)
+
+
+# pydantic's lax bool (vLLM's request models are pydantic): these strings are booleans, others a 400.
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def _lax_bool(value):
+    """``value`` as pydantic reads a ``bool`` field (``None`` stays ``None``); ValueError if it is none."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(value)
+
+
+def _check_fields(body: dict) -> str | None:
+    """What vLLM's CompletionRequest (pydantic) refuses with 400 among the fields the twin reads or ignores:
+    non-boolean ``stream`` / ``echo``, a non-object ``stream_options``, non-numeric sampling parameters."""
+    for key in ("stream", "echo", "ignore_eos"):
+        try:
+            _lax_bool(body.get(key))
+        except ValueError:
+            return f"{key}: Input should be a valid boolean, got {_short(body.get(key))}"
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            return f"stream_options: Input should be a valid dictionary or object, got {_short(options)}"
+        for key in ("include_usage", "continuous_usage_stats"):
+            try:
+                _lax_bool(options.get(key))
+            except ValueError:
+                return f"stream_options.{key}: Input should be a valid boolean, got {_short(options.get(key))}"
+    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return f"{key}: Input should be a valid number, got {_short(body.get(key))}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{key}: Input should be a finite number, got {_short(body.get(key))}"
+    return None
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 async def _whole(sink: TokenSink, request_id: str, created: int, model: str, prompt_tokens: int) -> web.Response:
@@ -317,17 +395,43 @@ async def _stream(request: web.Request, sink: TokenSink, chunks: _Chunks, includ
                 parts.append(chunks.final_usage(sent))
             parts.append("data: [DONE]\n\n")
         if parts:
-            await resp.write("".join(parts).encode())
+            try:
+                await resp.write("".join(parts).encode())
+            except (ConnectionError, ClientConnectionResetError):
+                return resp  # an ordinary client disconnect: the handler's finally aborts the request
         if done:
             break
-    await resp.write_eof()
+    try:
+        await resp.write_eof()
+    except (ConnectionError, ClientConnectionResetError):
+        pass
     return resp
 
 
 # ---- app and runner ------------------------------------------------------------------------------------
-def make_app(engine: TwinEngine, served_model_name: str) -> web.Application:
-    """The aiohttp application around a (not yet started) engine; the engine starts and stops with the app."""
-    app = web.Application(client_max_size=64 * 1024**2)
+def _api_key_middleware(api_key: str):
+    """vLLM's ``--api-key`` (0.32, entrypoints/serve/middleware/authenticate.py): paths under ``/v1`` need
+    ``Authorization: Bearer <key>``, else 401 ``{"error": "Unauthorized"}``; OPTIONS and other paths pass."""
+    digest = hashlib.sha256(api_key.encode()).digest()
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.method != "OPTIONS" and request.path.startswith("/v1"):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(
+                    hashlib.sha256(token.encode()).digest(), digest):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+def make_app(engine: TwinEngine, served_model_name: str, *, api_key: str | None = None,
+             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    """The aiohttp application around a (not yet started) engine; the engine starts and stops with the app.
+    ``api_key``: required on ``/v1`` requests.  ``max_body_bytes``: larger bodies get 413."""
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[_api_key_middleware(api_key)] if api_key else [])
     app[ENGINE_KEY] = engine
     app[SERVED_KEY] = served_model_name
     registry = CollectorRegistry(auto_describe=False)
@@ -356,11 +460,13 @@ async def serve(
     port: int = 8000,
     on_ready: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).  ``on_ready(url)`` is called once
     the socket listens (``port=0`` picks a free port)."""
     engine = engine_factory()
-    app = make_app(engine, served_model_name)
+    app = make_app(engine, served_model_name, api_key=api_key, max_body_bytes=max_body_bytes)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

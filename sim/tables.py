@@ -86,6 +86,8 @@ class RequestLog:
             "output_tokens_target": self.output_tokens_target,
             "generated_tokens": generated,
             "status": _STATUS_VALUES[self.status],
+            # Finished at max_model_len before its output target (vLLM's finish reason "length"): capped, not complete.
+            "capped": (self.status == _STATUS_CODE[Status.FINISHED]) & (generated < self.output_tokens_target),
             "first_scheduled_s": first_sched,
             "first_token_s": first_token,
             "end_s": end,

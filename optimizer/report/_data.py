@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front
 from optimizer._spec import StudySpec
-from optimizer._study import StudyContext
+from optimizer._storage import StudyContext
 from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_gpu

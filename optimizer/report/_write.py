@@ -63,10 +63,12 @@ def write_report(spec: Any, *, out: str | Path, storage: str | None = None, stud
     sets one knob to each value on top of the default and the recommended config.
     """
     from optimizer._spec import StudySpec, load_study_spec
-    from optimizer._study import open_study, prepare
+    from optimizer._storage import open_study, prepare
     from sim.errors import ConfigError
+    from sim.outputs import atomic_write_text, probe_out_dir
 
     t0 = time.perf_counter()
+    out = probe_out_dir(out)  # before the work: a folder that cannot be written fails at once
     if not isinstance(spec, StudySpec):
         spec = load_study_spec(spec)
     if whatif_trials not in ("picked", "all"):
@@ -82,17 +84,15 @@ def write_report(spec: Any, *, out: str | Path, storage: str | None = None, stud
     data = gather(spec, ctx, trials, url, favor=favor, whatifs=parsed, whatif_trials=whatif_trials,
                   sweeps=parsed_sweeps)
     charts = build_charts(data)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     images = ImageExport(error="PNG export turned off (--no-png)")
     if png and charts:
         images = write_pngs(charts, out / "images")
     image_note = f"PNG images of the charts were not written: {images.error}" if images.error and png else None
     html_path = out / "report.html"
-    html_path.write_text(render_page(data, charts, command=command, image_note=image_note), encoding="utf-8")
+    atomic_write_text(html_path, render_page(data, charts, command=command, image_note=image_note))
     json_path = out / "report.json"
     doc = metrics_document(data, [str(p.relative_to(out)) for p in images.files], images.error)
     doc["charts"] = [c.id for c in charts]
-    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
     return ReportResult(out, html_path, json_path, images.files, images.error, [c.id for c in charts], data,
                         time.perf_counter() - t0)

@@ -10,6 +10,8 @@ import argparse
 import shlex
 import sys
 
+from optimizer._cli_args import add_study_arguments
+
 
 def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -19,8 +21,6 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the Pareto front, per-class p99 against throughput, recompute and new-token busy share per "
                     "trial, timelines of KV usage / queue / preemptions and the tail by cohort (both configs "
                     "re-simulated).")
-    from optimizer.cli import add_study_arguments
-
     add_study_arguments(p, "folder to write the report to")
     p.add_argument("--whatif", action="append", default=[], metavar="[LABEL:]KEY=VALUE[,KEY=VALUE]",
                    help="also simulate the default and recommended configs with these overrides: gpu=H200, "

@@ -18,7 +18,7 @@ import pandas as pd
 from sim.errors import ConfigError, TraceError
 from sim.workload._files import RawTable, read_table
 from sim.workload._report import LoadReport
-from sim.workload._validate import RowChecks, check_sorted, numeric_column, require_columns
+from sim.workload._validate import MAX_TOKENS, RowChecks, check_sorted, numeric_column, require_columns
 
 FAILED_POLICIES = ("keep", "drop")
 FAILED_CLASS = "failed"
@@ -43,10 +43,16 @@ _OUTPUT_REASON = "must be >= 1 (0 output tokens usually marks a failed request)"
 
 
 def _tokens(checks: RowChecks, prompt: str, output: str, *, output_minimum: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    p = numeric_column(checks, prompt, integer=True, minimum=1,
+    p = numeric_column(checks, prompt, integer=True, minimum=1, maximum=MAX_TOKENS,
                        minimum_reason="must be >= 1 (a request has at least one prompt token)")
-    o = numeric_column(checks, output, integer=True, minimum=output_minimum, minimum_reason=_OUTPUT_REASON)
+    o = numeric_column(checks, output, integer=True, minimum=output_minimum, minimum_reason=_OUTPUT_REASON,
+                       maximum=MAX_TOKENS)
     return p, o
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _SPLIT = re.compile(r"[\s,;]+")
@@ -70,11 +76,13 @@ def _hash_ids(checks: RowChecks, column: str) -> list | None:
                 ids = [int(v) for v in value]
                 if any(not float(v).is_integer() for v in value if not isinstance(v, (int, np.integer))):
                     raise ValueError(value)
-        except (TypeError, ValueError):
+            if any(not -2**63 <= v < 2**63 for v in ids):  # they are int64 keys from here on
+                raise ValueError(value)
+        except (TypeError, ValueError, OverflowError):
             bad[i] = True
             ids = []
         out.append(ids)
-    checks.add(bad, lambda i: f"{column}={raw[i]!r} is not a list of integers")
+    checks.add(bad, lambda i: f"{column}={_short(raw[i])} is not a list of 64-bit integers")
     return out
 
 

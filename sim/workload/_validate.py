@@ -95,8 +95,12 @@ def require_columns(table: RawTable, columns: list[str], fmt: str) -> None:
                          f"missing column(s) {missing} for format '{fmt}' (columns found: {have})")
 
 
+#: Token counts beyond this are refused (no model has such a context; int64 arithmetic would overflow).
+MAX_TOKENS = 10**8
+
+
 def numeric_column(checks: RowChecks, column: str, *, integer: bool, minimum: float | None,
-                   label: str | None = None, minimum_reason: str = "") -> np.ndarray:
+                   label: str | None = None, minimum_reason: str = "", maximum: float | None = None) -> np.ndarray:
     """``column`` as float64 (NaN where bad); missing, non-numeric, fractional or too-small values are flagged."""
     label = label or column
     raw = checks.table.frame[column]
@@ -123,6 +127,10 @@ def numeric_column(checks: RowChecks, column: str, *, integer: bool, minimum: fl
         why = minimum_reason or (f"must be >= {minimum:g}")
         checks.add(low, lambda i: f"{label}={values[i]:g} {'is negative' if values[i] < 0 else why}")
         ok &= ~low
+    if maximum is not None:
+        high = ok & (values > maximum)
+        checks.add(high, lambda i: f"{label}={show(raw.iloc[i])} is out of range (at most {maximum:g})")
+        ok &= ~high
     return np.where(ok, values, np.nan)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.errors import ConfigError
+from sim.outputs import atomic_write, probe_out_dir
 from sim.workload._files import kind_of
 from sim.workload.workload import Workload
 
@@ -22,9 +23,10 @@ def write_trace(workload: Workload, path: str | Path) -> Path:
     out = df[columns].copy()
     if kind == "csv" and "hash_ids" in out.columns:
         out["hash_ids"] = [" ".join(map(str, ids)) for ids in out["hash_ids"]]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "parquet":
-        out.to_parquet(path, index=False)
-    else:
-        out.to_csv(path, index=False, float_format="%.6f")
+    probe_out_dir(path.parent, "out")
+    with atomic_write(path, "out") as tmp:
+        if kind == "parquet":
+            out.to_parquet(tmp, index=False)
+        else:
+            out.to_csv(tmp, index=False, float_format="%.6f", compression="gzip" if path.suffix == ".gz" else None)
     return path

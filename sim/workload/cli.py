@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sim.errors import ConfigError
+from sim.outputs import atomic_write_text, probe_out_dir
 
 if TYPE_CHECKING:
     from sim.workload._spec import WorkloadSpec
@@ -101,9 +102,8 @@ def cmd_describe(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def _dump(spec: "WorkloadSpec", path: Path, header: str) -> None:
     import yaml
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None, width=120)
-    path.write_text(header + text)
+    atomic_write_text(path, header + text)
 
 
 def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -113,6 +113,7 @@ def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from sim.workload._spec import WorkloadSpec
 
     out = out or sys.stdout
+    probe_out_dir(Path(args.out).parent)  # before the fit: an output that cannot be written fails at once
     parsed = _read(args)
     if not parsed.timed:
         raise ConfigError("trace", f"{args.trace} has no arrival times: there is no rate or burstiness to fit")
@@ -139,16 +140,12 @@ def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def load_spec_file(path: Path) -> "WorkloadSpec":
     """A workload spec from YAML: the file itself, or its ``workload:`` section (a study spec)."""
-    import yaml
-
+    from sim.safe_yaml import read_yaml
     from sim.workload._spec import WorkloadSpec
 
     if not path.exists():
         raise ConfigError(str(path), "no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, str(path))
     if isinstance(data, dict) and "workload" in data:
         return WorkloadSpec.from_dict(data["workload"], "workload", base_dir=path.resolve().parent)
     if not isinstance(data, dict):
@@ -161,6 +158,9 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     out = out or sys.stdout
     spec = load_spec_file(args.spec)
+    probe_out_dir(Path(args.out).parent)
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise ConfigError("--seed", f"must be in [0, 2**32), got {args.seed}")
     workload = spec.build(args.seed)
     write_trace(workload, args.out)
     print(f"wrote {args.out}: {len(workload)} requests over {workload.span_s:.1f} s", file=out)

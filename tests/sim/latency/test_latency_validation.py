@@ -103,9 +103,9 @@ def test_validation_benchmark_runs_quickly(capsys):
         spec.loader.exec_module(module)
     finally:
         sys.modules.pop(spec.name, None)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: what the script costs, whatever else the machine runs
     assert module.main(["--data", str(DATA), "--quiet"]) == 0
-    assert time.perf_counter() - start < 30
+    assert time.process_time() - start < 30
     out = capsys.readouterr().out
     assert "ALL except splitwise" in out and "FAIL" not in out  # figure-19 checks all pass
 

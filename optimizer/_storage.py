@@ -1,0 +1,347 @@
+"""A study in its storage: opening it (its spec's identity checked), the context running and exporting it share,
+which stored trials count, and which RUNNING trials are orphans.
+
+- Storage: SQLite under the out dir by default (WAL journaling), any SQLAlchemy URL, or ``memory``.  RDB storages
+  get Optuna's heartbeat (``heartbeat_interval`` / ``grace_period``): the driver records one for each trial it
+  runs, so a second driver on the same storage leaves those trials alone and only fails trials whose heartbeat is
+  stale.  Creating the schema and the study runs under a file lock next to a SQLite file (and is retried on other
+  databases), so drivers started at the same instant do not race on ``CREATE TABLE``.
+- Orphans: a RUNNING trial is an orphan when the driver process that asked for it is gone (same host: its pid
+  and start time no longer match a live process) or its heartbeat is older than the grace period.  Orphans are
+  failed as ``interrupted`` and enqueued again with the same parameters (:func:`recover_interrupted`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
+
+from objectives.registry import Constraint, Objective, get_objective, slo_constraints
+from optimizer._spec import IDENTITY_KEYS, StudySpec
+from sim.errors import ConfigError
+from sim.workload.classes import RequestClass
+from sim.workload.workload import Workload
+
+FAIL_REASON = "fail_reason"
+FAIL_KIND = "fail_kind"
+INTERRUPTED = "interrupted"
+#: Storage "URL" of a study kept in memory (nothing persists).
+MEMORY = "memory"
+#: Seconds between the heartbeats a driver records for its running trials, and how old one may get before
+#: another driver treats the trial as orphaned (Optuna's ``heartbeat_interval`` / ``grace_period``).
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 60
+#: Trial system attribute: the driver process that asked for the trial.
+DRIVER_ATTR = "kvtune.driver"
+_IDENTITY_ATTR = "kvtune.identity"
+_SPEC_ATTR = "kvtune.spec"
+
+
+@dataclass
+class StudyContext:
+    """What running and exporting a study both need: the built workloads, classes, objectives, constraints."""
+
+    spec: StudySpec
+    workloads: dict[int, Workload]
+    classes: dict[str, RequestClass]
+    objectives: list[Objective]
+    constraints: list[Constraint]
+
+    @property
+    def directions(self) -> list[str]:
+        return [o.direction for o in self.objectives]
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.workloads)
+
+
+def prepare(spec: StudySpec) -> StudyContext:
+    """Build the workload of every replicate seed and resolve objectives and constraints against its classes.  An
+    objective or SLO constraint on a class that no request of the workload belongs to is refused: as an objective
+    every trial would fail, as a constraint it would be met vacuously."""
+    workloads = {seed: spec.workload.build(seed) for seed in spec.replicate_seeds()}
+    classes = dict(next(iter(workloads.values())).classes)
+    present = set()
+    for workload in workloads.values():
+        present |= set(workload.requests["class"].unique())
+    objectives = []
+    for i, name in enumerate(spec.objectives):
+        try:
+            objective = get_objective(name, classes)
+        except ConfigError as exc:
+            raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
+        cls = name.rpartition(":")[2] if ":" in name else None
+        if cls is not None and cls in classes and cls not in present:
+            raise ConfigError(f"objectives[{i}]", f"{name!r} names class {cls!r}, which no request of the workload "
+                                                  f"belongs to (classes with requests: {sorted(present)})")
+        objectives.append(objective)
+    if spec.constraints == "none":
+        selected: dict[str, RequestClass] = {}
+    elif spec.constraints == "slo":
+        selected = classes
+        empty = sorted(name for name, c in classes.items() if c.slo.targets() and name not in present)
+        if empty:
+            raise ConfigError(f"workload.classes.{empty[0]}.slo",
+                              f"class {empty[0]!r} has an SLO but no request of the workload belongs to it; a "
+                              f"constraint on it would be met vacuously (fix its match rule or drop the SLO)")
+    else:
+        unknown = [c for c in spec.constraints if c not in classes]
+        if unknown:
+            raise ConfigError("constraints", f"names classes the workload does not have: {unknown}; "
+                                             f"classes: {sorted(classes)}")
+        selected = {name: classes[name] for name in spec.constraints}
+        no_slo = [name for name, cls in selected.items() if not cls.slo.targets()]
+        if no_slo:
+            raise ConfigError("constraints", f"classes {no_slo} have no SLO (workload.classes.<name>.slo)")
+        empty = [name for name in selected if name not in present]
+        if empty:
+            raise ConfigError("constraints", f"class {empty[0]!r} has no request in the workload; its SLO would be "
+                                             f"met vacuously")
+    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected))
+
+
+# ---- storage ---------------------------------------------------------------------------------------------------
+def _sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path not in ("", ":memory:"):
+            return Path(path)
+    return None
+
+
+def _ensure_sqlite_dir(url: str, create: bool = True) -> None:
+    path = _sqlite_path(url)
+    if path is not None and create:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("storage", f"cannot create {path.parent} for {url}: {exc.strerror or exc}") from None
+        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise ConfigError("storage", f"cannot write {path} ({url}): permission denied")
+
+
+@contextlib.contextmanager
+def storage_lock(url: str) -> Iterator[None]:
+    """Held while a driver creates the schema and the study: an exclusive ``flock`` on ``<db>.lock`` beside a
+    SQLite file (nothing for other URLs: :func:`open_study` retries those)."""
+    path = _sqlite_path(url)
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    try:
+        handle = open(f"{path}.lock", "a+")
+    except OSError:  # a read-only folder (export, report): nobody creates tables there
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def make_storage(url: str, *, heartbeat: bool = True) -> Any:
+    """An Optuna storage for ``url`` (``memory``: in this process only, for benchmarks and notebooks).  RDB URLs get
+    the heartbeat (``heartbeat``).  SQLite files get WAL journaling with ``synchronous=NORMAL``: a trial stores
+    dozens of user attributes, each its own commit, and a full fsync per commit would dominate short trials."""
+    if url == MEMORY:
+        return optuna.storages.InMemoryStorage()
+    if "://" not in url or url.startswith(("file:", "journal")):
+        return url
+    import sqlalchemy
+
+    kwargs: dict[str, Any] = {}
+    if heartbeat:
+        kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": GRACE_PERIOD_S}
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval, grace_period
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+    if url.startswith("sqlite:"):
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        sqlalchemy.event.listen(storage.engine, "connect", _pragmas)
+        storage.engine.dispose()  # connections opened while creating the schema lack the pragmas
+    return storage
+
+
+def open_study(ctx: StudyContext, storage: str, sampler: optuna.samplers.BaseSampler | None = None, *,
+               create: bool = True) -> optuna.Study:
+    """The spec's study in ``storage`` (created if ``create``); a stored study made from a different spec (other
+    workload, space, objectives...) is refused, naming what differs."""
+    spec = ctx.spec
+    _ensure_sqlite_dir(storage, create)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for attempt in range(5):
+        try:
+            with storage_lock(storage):
+                backend = make_storage(storage)
+                if create:
+                    study = optuna.create_study(storage=backend, sampler=sampler, study_name=spec.name,
+                                                directions=ctx.directions, load_if_exists=True)
+                else:
+                    study = optuna.load_study(study_name=spec.name, storage=backend, sampler=sampler)
+                study = _check_identity(ctx, study, storage, create)
+            return study
+        except KeyError:
+            raise ConfigError("storage", f"no study named {spec.name!r} in {storage}; run 'kvtune tune' first") from None
+        except (ValueError, ImportError, SQLAlchemyError, optuna.exceptions.DuplicatedStudyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            racing = "already exists" in first or isinstance(exc, optuna.exceptions.DuplicatedStudyError)
+            if racing and attempt < 4:  # another driver created it at the same instant: open theirs
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise ConfigError("storage", f"cannot open {storage}: {first[:300]}") from None
+    raise AssertionError("unreachable")
+
+
+def _check_identity(ctx: StudyContext, study: optuna.Study, storage: str, create: bool) -> optuna.Study:
+    spec = ctx.spec
+    stored = [d.name.lower() for d in study.directions]
+    if stored != ctx.directions:
+        raise ConfigError("objectives", f"study {spec.name!r} in {storage} optimizes {stored}, this spec "
+                                        f"{ctx.directions}; use another study name or storage")
+    identity = spec.identity()
+    previous = study.user_attrs.get(_IDENTITY_ATTR)
+    if previous is None:
+        if create:
+            study.set_user_attr(_IDENTITY_ATTR, identity)
+            study.set_user_attr(_SPEC_ATTR, json.loads(json.dumps(spec.to_dict(), default=str)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(spec.objectives))
+    elif previous != identity:
+        changed = [key for key in IDENTITY_KEYS if previous.get(key) != identity.get(key)]
+        raise ConfigError(changed[0] if changed else "spec",
+                          f"study {spec.name!r} in {storage} was made from a spec with a different "
+                          f"{', '.join(changed) or 'content'}; its trials would not compare. Use another study "
+                          f"name (name:) or storage (--storage), or restore the spec")
+    return study
+
+
+# ---- drivers and orphans -------------------------------------------------------------------------------------
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (Linux: clock ticks since boot, from ``/proc/<pid>/stat``; elsewhere 0.0 for
+    any live process); ``None`` if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return float(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, after the command name
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:  # alive, another user's
+            pass
+        return 0.0
+
+
+def driver_identity() -> dict[str, Any]:
+    """Who this driver is: host, pid and the process's start time (so that a reused pid is not mistaken)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _process_start(os.getpid())}
+
+
+def _driver_gone(driver: Any) -> bool:
+    if not isinstance(driver, dict) or driver.get("host") != socket.gethostname():
+        return False  # another machine's driver: only its heartbeat tells
+    pid = driver.get("pid")
+    if not isinstance(pid, int):
+        return False
+    started = _process_start(pid)
+    return started is None or (driver.get("started") is not None and started != driver["started"])
+
+
+def mark_driver(study: optuna.Study, trial: optuna.Trial, driver: dict[str, Any]) -> None:
+    study._storage.set_trial_system_attr(trial._trial_id, DRIVER_ATTR, driver)  # noqa: SLF001
+
+
+def orphans(study: optuna.Study) -> list[FrozenTrial]:
+    """RUNNING trials no live driver runs: their driver process is gone (this host), their heartbeat is stale, or
+    they carry neither a driver nor a heartbeat (left by a kvtune before heartbeats)."""
+    storage = study._storage  # noqa: SLF001
+    stale: set[int] = set()
+    heartbeats = heartbeat_enabled(study)
+    if heartbeats:
+        stale = set(storage._get_stale_trial_ids(study._study_id))  # noqa: SLF001
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        driver = t.system_attrs.get(DRIVER_ATTR)
+        if t._trial_id in stale or _driver_gone(driver):  # noqa: SLF001
+            out.append(t)
+        elif driver is None and (not heartbeats or not _has_heartbeat(storage, t)):
+            out.append(t)
+    return out
+
+
+def heartbeat_enabled(study: optuna.Study) -> bool:
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return is_heartbeat_enabled(study._storage)  # noqa: SLF001
+
+
+def _has_heartbeat(storage: Any, t: FrozenTrial) -> bool:
+    from optuna.storages._rdb import models
+
+    rdb = getattr(storage, "_backend", storage)
+    session = rdb.scoped_session()
+    try:
+        return session.query(models.TrialHeartbeatModel).filter_by(trial_id=t._trial_id).count() > 0  # noqa: SLF001
+    finally:
+        session.close()
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail the orphaned RUNNING trials (:func:`orphans`) as ``interrupted`` and enqueue their params again.  Trials
+    another live driver runs are left alone; an orphan that another driver recovers first is skipped."""
+    storage = study._storage  # noqa: SLF001
+    waiting = [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    recovered = []
+    for t in orphans(study):
+        try:
+            storage.set_trial_user_attr(t._trial_id, FAIL_REASON,  # noqa: SLF001
+                                        "interrupted: the driver stopped while this trial ran; re-enqueued")
+            storage.set_trial_user_attr(t._trial_id, FAIL_KIND, INTERRUPTED)  # noqa: SLF001
+            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):  # noqa: SLF001
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another driver recovered it first
+        if t.params and t.params not in waiting:
+            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            waiting.append(t.params)
+        recovered.append(t.number)
+    return recovered
+
+
+def is_finished(t: FrozenTrial) -> bool:
+    """Counts against the trial budget: complete, pruned, or failed for a reason other than an interruption or a
+    crash that was retried."""
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return (t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) != INTERRUPTED
+            and not t.user_attrs.get("retried"))
+
+
+def is_feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.user_attrs.get("constraints", ()))
