@@ -16,7 +16,9 @@ Cases (each in its own process, so that its peak RSS is its own, and on one core
   system prompts of 1-4 blocks, the rest unique), prefix caching on.
 - ``v0-swap``: the reasoning workload on ``vllm-v0`` with ``preemption_mode=swap`` and 64 GiB of swap space.
 - ``1m``: one million requests generated from the trace (its lengths, Poisson arrivals at the trace's mean 5.5 req/s),
-  Llama-3-8B on H100-SXM, step table not kept (``record_steps=False``, what a study trial runs).
+  Llama-3-8B on H100-SXM, run as a study trial runs: no step table kept (its totals accumulated in chunks,
+  ``record_steps=False`` with ``objectives.StepTotals``) and no ended request's state (``keep_requests=False``).
+  ``gen-N``: the same with N requests (time and memory against request count).
 
 Figures: wall seconds and CPU seconds of ``simulate`` (process time; on a shared machine wall time inflates,
 CPU time less so), simulated requests per CPU second, engine iterations per CPU second, peak RSS of the
@@ -116,13 +118,13 @@ def _build(name: str):
             hashes.append(ids)
         df["hash_ids"] = hashes
         return workload.with_requests(df), EngineConfig(enable_prefix_caching=True), "Llama-3-8B", "L40S", {}
-    if name == "1m":
+    if name == "1m" or name.startswith("gen-"):
         import pandas as pd
 
         from sim.workload import Workload
 
         base = load_trace(bundled_trace_path()).requests
-        n = 1_000_000
+        n = 1_000_000 if name == "1m" else int(name[4:])
         rng = np.random.default_rng(0)
         pick = rng.integers(0, len(base), n)
         df = pd.DataFrame({
@@ -132,7 +134,7 @@ def _build(name: str):
             "prompt_tokens": base["prompt_tokens"].to_numpy()[pick],
             "output_tokens": base["output_tokens"].to_numpy()[pick],
         })
-        return Workload(df), EngineConfig(), "Llama-3-8B", "H100-SXM", {"record_steps": False}
+        return Workload(df), EngineConfig(), "Llama-3-8B", "H100-SXM", {"trial": True}
     raise SystemExit(f"unknown case {name!r}; cases: {', '.join(ALL_CASES)}")
 
 
@@ -171,6 +173,12 @@ def _case(name: str, profile: bool, queue) -> None:
 
     workload, config, model, gpu, kwargs = _build(name)
     model, gpu = load_model(model), load_gpu(gpu)
+    if kwargs.pop("trial", False):
+        # What a study trial runs: no step table and no finished request's state kept, step metrics
+        # accumulated as the run goes.
+        from objectives import StepTotals
+
+        kwargs.update(record_steps=False, keep_requests=False, step_sink=StepTotals().add)
     if profile:
         import cProfile
 
@@ -226,7 +234,7 @@ def main() -> None:
         row["cpu"] = statistics.median(r["cpu"] for r in runs)
         row["peak_mb"] = max(r["peak_mb"] for r in runs)
         shares = {"scheduler": float("nan"), "latency": float("nan"), "tables": float("nan")}
-        if not args.no_profile and name != "1m":
+        if not args.no_profile and name != "1m" and not name.startswith("gen-"):
             shares = _run(ctx, name, True)
         print(f"| {name} | {row['requests']} | {row['wall']:.2f} | {row['cpu']:.2f} | "
               f"{row['requests'] / row['cpu']:.0f} | {row['requests'] / row['wall']:.0f} | "
