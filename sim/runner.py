@@ -124,7 +124,8 @@ class Simulation:
         self.requests: list[Request] = [self._request(i) for i in range(len(workload))] if keep_requests else []
         self._done = 0
         scheduler = self.core.scheduler
-        scheduler.shares_prefixes = scheduler.pool.enable_caching and any(self._keys)
+        if scheduler.pool.enable_caching and any(self._keys):
+            scheduler.share_prefixes()
         self._deadlines: list[tuple[float, int]] = []
         self._next_arrival = 0
         self.env = simpy.Environment()

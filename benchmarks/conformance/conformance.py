@@ -50,6 +50,15 @@ class CaseConfig:
     policy: str = "fcfs"
     prefix_caching: bool = False
     long_prefill_token_threshold: int = 0
+    #: Tokens per trace ``hash_ids`` entry (0: the trace has none); both sides build prompts from the ids.
+    hash_block_tokens: int = 0
+    #: vLLM side: ``AsyncScheduler`` instead of ``Scheduler``; kvtune side: the ``async_scheduling`` knob.
+    async_scheduling: bool = False
+    #: ``vllm-v0``: compared with vLLM 0.8.5's V0 scheduler (``v0_side.py``); these three are its knobs.
+    flavor: str = "vllm-v1"
+    chunked_prefill: bool = False
+    preemption_mode: str = "recompute"
+    swap_space_gb: float = 0.0
     step_base_s: float = STEP_BASE_S
     step_per_token_s: float = STEP_PER_TOKEN_S
 
@@ -70,7 +79,20 @@ class CaseConfig:
     def engine_config(self, max_model_len: int):
         from sim.engine.config import EngineConfig
 
+        if self.flavor == "vllm-v0":
+            return EngineConfig(
+                flavor="vllm-v0", num_gpu_blocks_override=self.num_gpu_blocks, block_size=self.block_size,
+                max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                enable_chunked_prefill=self.chunked_prefill, preemption_mode=self.preemption_mode,
+                swap_space_gb=self.swap_space_gb, max_model_len=max_model_len,
+            )
+        knobs = {}
+        if "async_scheduling" in {f.name for f in dataclasses.fields(EngineConfig)}:
+            knobs["async_scheduling"] = self.async_scheduling  # explicit: the knob's default depends on version
+        elif self.async_scheduling:
+            raise ValueError("this kvtune has no async_scheduling engine knob")
         return EngineConfig(
+            **knobs,
             flavor="vllm-v1",
             num_gpu_blocks_override=self.num_gpu_blocks,
             block_size=self.block_size,
@@ -84,7 +106,23 @@ class CaseConfig:
             max_model_len=max_model_len,
         )
 
+    def v0_job_config(self, max_model_len: int, num_cpu_blocks: int) -> dict:
+        """What ``v0_side.py`` needs to build vLLM 0.8.5's Scheduler (CPU blocks: kvtune's sizing of the swap
+        space, so that both sides get the same count)."""
+        return {
+            "block_size": self.block_size, "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks,
+            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": max_model_len, "chunked": self.chunked_prefill, "preemption_mode": self.preemption_mode,
+            "step_base_s": self.step_base_s, "step_per_token_s": self.step_per_token_s,
+        }
+
     def label(self) -> str:
+        if self.flavor == "vllm-v0":
+            return " ".join([
+                "v0", f"seqs={self.max_num_seqs}", f"mbt={self.max_num_batched_tokens}", f"blocks={self.num_gpu_blocks}",
+                "chunked" if self.chunked_prefill else "unchunked", self.preemption_mode,
+                *([f"swap={self.swap_space_gb:g}GB"] if self.preemption_mode == "swap" else []),
+            ])
         parts = [
             f"seqs={self.max_num_seqs}", f"mbt={self.max_num_batched_tokens}", f"blocks={self.num_gpu_blocks}",
             f"wm={self.watermark:g}", f"isl={'on' if self.reserve_full_isl else 'off'}", self.policy,
@@ -92,6 +130,12 @@ class CaseConfig:
         ]
         if self.long_prefill_token_threshold:
             parts.append(f"lpt={self.long_prefill_token_threshold}")
+        if self.block_size != 16:
+            parts.append(f"bs={self.block_size}")
+        if self.hash_block_tokens:
+            parts.append(f"hash={self.hash_block_tokens}")
+        if self.async_scheduling:
+            parts.append("async")
         return " ".join(parts)
 
 
@@ -150,19 +194,68 @@ def azure_slice(path: str, start: int, num_requests: int, speedup: float, max_le
 
 
 def write_trace(df: pd.DataFrame, path: str) -> None:
-    """CSV with full float precision (``repr`` round-trips), the replay script's input format."""
+    """CSV with full float precision (``repr`` round-trips), the replay script's input format; optional
+    ``hash_ids`` (space-separated) and ``timeout_s`` (empty: no deadline) columns for the lock-step driver."""
+    extra = [c for c in ("hash_ids", "timeout_s") if c in df.columns]
     with open(path, "w") as f:
-        f.write("arrival_s,prompt_tokens,output_tokens,priority\n")
-        for a, p, o, pr in zip(df.arrival_s, df.prompt_tokens, df.output_tokens, df.priority):
-            f.write(f"{float(a)!r},{int(p)},{int(o)},{int(pr)}\n")
+        f.write(",".join(["arrival_s", "prompt_tokens", "output_tokens", "priority", *extra]) + "\n")
+        for i, (a, p, o, pr) in enumerate(zip(df.arrival_s, df.prompt_tokens, df.output_tokens, df.priority)):
+            cells = [repr(float(a)), str(int(p)), str(int(o)), str(int(pr))]
+            if "hash_ids" in extra:
+                cells.append(" ".join(str(int(h)) for h in df.hash_ids.iloc[i]))
+            if "timeout_s" in extra:
+                t = df.timeout_s.iloc[i]
+                cells.append("" if t is None or t != t else repr(float(t)))
+            f.write(",".join(cells) + "\n")
 
 
 def read_trace(path: str) -> pd.DataFrame:
-    df = pd.read_csv(path, dtype={"arrival_s": str})
+    df = pd.read_csv(path, dtype={"arrival_s": str, "hash_ids": str, "timeout_s": str}, keep_default_na=False)
     df["arrival_s"] = df.arrival_s.map(float)  # Python's float() round-trips repr() exactly
     if "priority" not in df.columns:
         df["priority"] = 0
+    if "hash_ids" in df.columns:
+        df["hash_ids"] = [[int(x) for x in str(v).split()] for v in df.hash_ids]
+    if "timeout_s" in df.columns:
+        df["timeout_s"] = [float(v) if v != "" else float("nan") for v in df.timeout_s]
     return df
+
+
+def shared_prefix_trace(seed: int, num_requests: int, rate_per_s: float, hash_block_tokens: int, num_groups: int,
+                        max_ids: int, suffix_median: int, suffix_max: int, output_median: int, output_max: int,
+                        num_priorities: int = 3) -> pd.DataFrame:
+    """Poisson arrivals whose prompts start with a path of a prefix tree (``hash_ids``), then a suffix of at
+    least one token of their own.  Per group: a trunk of 2 ids, then one of 2 branches; an id always sits at
+    the same depth under the same parent, so equal ids mean equal prefixes (as in Mooncake's traces)."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, num_requests))
+    hashes, prompts = [], []
+    for _ in range(num_requests):
+        group, branch, depth = int(rng.integers(num_groups)), int(rng.integers(1, 3)), int(rng.integers(0, max_ids + 1))
+        ids = [group * 1000 + (m if m < 2 else branch * 100 + m) for m in range(depth)]
+        suffix = int(np.clip(np.round(rng.lognormal(math.log(suffix_median), 0.9)), 1, suffix_max))
+        hashes.append(ids)
+        prompts.append(depth * hash_block_tokens + suffix)
+    outputs = np.clip(np.round(rng.lognormal(math.log(output_median), 0.8, num_requests)), 1, output_max)
+    return pd.DataFrame({
+        "arrival_s": on_time_grid(arrivals - arrivals[0]),
+        "prompt_tokens": np.array(prompts, dtype=int),
+        "output_tokens": outputs.astype(int),
+        "priority": rng.integers(0, num_priorities, num_requests),
+        "hash_ids": hashes,
+    })
+
+
+def with_timeouts(df: pd.DataFrame, seed: int, timeouts_s: tuple[float, ...], share: float) -> pd.DataFrame:
+    """A copy of ``df`` where a ``share`` of the requests (drawn with ``seed``) get a client deadline of one of
+    ``timeouts_s`` after arrival.  Timeouts must be multiples of the arrival grid (2**-10 s), so that deadlines
+    stay off step boundaries like the arrivals."""
+    assert all((t / ARRIVAL_GRID_S).is_integer() for t in timeouts_s)
+    rng = np.random.default_rng(seed)
+    out = df.copy()
+    picks = rng.choice(np.array(timeouts_s, dtype=float), len(df))
+    out["timeout_s"] = np.where(rng.random(len(df)) < share, picks, np.nan)
+    return out
 
 
 def trace_max_model_len(df: pd.DataFrame) -> int:
@@ -175,26 +268,39 @@ def trace_max_model_len(df: pd.DataFrame) -> int:
 class SideResult:
     """One side's decisions: per step (only steps that scheduled or preempted something) and per request."""
 
-    steps: list[dict]  # {"step", "sched": {rid: tokens} (ordered), "preempted": [rid...], "free"}
+    #: {"step", "sched": {rid: tokens} (ordered), "preempted": [rid...], "free", "hits": {rid: tokens} | None}
+    #: (``hits``: prefix-cache hit tokens of the requests admitted in the step; None when not recorded)
+    steps: list[dict]
     preemptions: dict[str, int]
     first_token_step: dict[str, int]  # in the numbering of ``steps`` (index into the list); -1 if never
     finish_step: dict[str, int]
     num_idle_schedule_calls: int = 0  # schedule() calls that did nothing (not compared)
     extra: dict = field(default_factory=dict)
+    #: Per request "finished" / "aborted" / "unfinished", and the number of steps before its abort (-1: none);
+    #: empty when the side did not record them (the replay script's own loop has no aborts).
+    status: dict[str, str] = field(default_factory=dict)
+    abort_step: dict[str, int] = field(default_factory=dict)
 
 
 def write_compact_steps(out_dir: str, path: str) -> None:
     """One CSV with what the comparison needs from a vLLM run (for the recorded reference in the tests):
-    ``step`` (the script's numbering), ``t_start_s``, ``free`` (after schedule()), ``preempted`` and ``sched``
-    (``index:tokens`` pairs of requests ``r<index>``, space-separated, in vLLM's order)."""
+    ``step`` (the script's numbering), ``t_start_s``, ``free`` (after schedule()), ``preempted``, ``sched``
+    (``index:tokens`` pairs of requests ``r<index>``, space-separated, in vLLM's order) and ``hits``
+    (``index:tokens``: prefix-cache hit tokens of the requests admitted in the step)."""
     starts = pd.read_csv(os.path.join(out_dir, "steps.csv")).set_index("step").t_start_s
     with open(os.path.join(out_dir, "sched_steps.jsonl")) as f, open(path, "w") as out:
-        out.write("step,t_start_s,free,preempted,sched\n")
+        out.write("step,t_start_s,free,preempted,sched,hits\n")
         for line in f:
             row = json.loads(line)
             sched = " ".join(f"{rid[1:]}:{n}" for rid, n in row["sched"])
             pre = " ".join(rid[1:] for rid in row["preempted"])
-            out.write(f"{row['step']},{float(starts.get(row['step'], float('nan')))!r},{row['free_after_schedule']},{pre},{sched}\n")
+            hits = " ".join(f"{rid[1:]}:{n}" for rid, n in row.get("hits", []))
+            out.write(f"{row['step']},{float(starts.get(row['step'], float('nan')))!r},{row['free_after_schedule']},"
+                      f"{pre},{sched},{hits}\n")
+
+
+def _pairs(text: str) -> list[list]:
+    return [[f"r{a}", int(b)] for a, b in (p.split(":") for p in text.split())]
 
 
 def _read_vllm_steps(out_dir: str) -> list[dict]:
@@ -204,19 +310,20 @@ def _read_vllm_steps(out_dir: str) -> list[dict]:
         with open(jsonl) as f:
             return [json.loads(line) for line in f]
     rows = []
-    df = pd.read_csv(os.path.join(out_dir, "sched.csv"), keep_default_na=False, dtype={"preempted": str, "sched": str})
-    for step, free, pre, sched in zip(df.step, df.free, df.preempted, df.sched):
-        rows.append({
-            "step": int(step),
-            "sched": [[f"r{a}", int(b)] for a, b in (p.split(":") for p in sched.split())],
-            "preempted": [f"r{i}" for i in pre.split()],
-            "free_after_schedule": int(free),
-        })
+    df = pd.read_csv(os.path.join(out_dir, "sched.csv"), keep_default_na=False,
+                     dtype={"preempted": str, "sched": str, "hits": str})
+    hits = df.hits if "hits" in df.columns else [None] * len(df)
+    for step, free, pre, sched, hit in zip(df.step, df.free, df.preempted, df.sched, hits):
+        row = {"step": int(step), "sched": _pairs(sched), "preempted": [f"r{i}" for i in pre.split()],
+               "free_after_schedule": int(free)}
+        if hit is not None:
+            row["hits"] = _pairs(hit)
+        rows.append(row)
     return rows
 
 
 def load_vllm_result(out_dir: str) -> SideResult:
-    """Read what ``vllm_side.py`` (and the replay script) left in ``out_dir``."""
+    """Read what ``vllm_side.py`` (and the replay script or the lock-step driver) left in ``out_dir``."""
     steps: list[dict] = []
     renumber: dict[int, int] = {}
     idle = 0
@@ -230,26 +337,26 @@ def load_vllm_result(out_dir: str) -> SideResult:
             "sched": {rid: n for rid, n in row["sched"]},
             "preempted": list(row["preempted"]),
             "free": row["free_after_schedule"],
+            "hits": {rid: n for rid, n in row["hits"]} if "hits" in row else None,
         })
     req = pd.read_csv(os.path.join(out_dir, "requests.csv"))
     preemptions = dict(zip(req.req_id, req.num_preemptions.astype(int)))
     first = {rid: renumber.get(int(s), -1) for rid, s in zip(req.req_id, req.first_token_step)}
     finish = {rid: renumber.get(int(s), -1) for rid, s in zip(req.req_id, req.finish_step)}
-    return SideResult(steps, preemptions, first, finish, idle)
+    status = dict(zip(req.req_id, req.status)) if "status" in req.columns else {}
+    abort_step = dict(zip(req.req_id, req.abort_step.astype(int))) if "abort_step" in req.columns else {}
+    return SideResult(steps, preemptions, first, finish, idle, status=status, abort_step=abort_step)
 
 
 def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | None = None) -> SideResult:
     """Run kvtune's ``vllm-v1`` flavor over ``trace`` step by step, recording what vLLM's side records."""
-    from sim.latency import LinearStepModel
-    from sim.profiles import load_gpu, load_model
-    from sim.runner import Simulation
+    from sim.engine.request import Status
 
     max_model_len = max_model_len or trace_max_model_len(trace)
-    workload = _workload(trace)
-
     steps: list[dict] = []
     first: dict[str, int] = {}
     finish: dict[str, int] = {}
+    aborted: dict[str, int] = {}
     idle = [0]
 
     def record(out) -> None:
@@ -264,25 +371,26 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
                     first.setdefault(rid, k)
                 if req.num_output_tokens + 1 >= req.max_output:
                     finish[rid] = k
+        # Admitted requests come last in ``scheduled``; what they had computed before their first chunk is
+        # their prefix-cache hit.
+        admitted = out.scheduled[len(out.scheduled) - out.num_admitted:] if out.num_admitted else []
         steps.append({
             "step": k,
             "sched": sched,
             "preempted": sorted(f"r{r.index}" for r in out.preempted),
             "free": sim.core.scheduler.pool.num_free,
+            "hits": {f"r{req.index}": int(req.num_computed_tokens) for req, _ in admitted},
         })
 
     def observer(iteration, now, out) -> None:
         record(out)
 
-    sim = Simulation(
-        workload, config.engine_config(max_model_len), model=load_model("Llama-3-8B"), gpu=load_gpu("H100-SXM"),
-        latency=LinearStepModel(config.step_base_s, config.step_per_token_s), batch_decode_runs=False,
-        observer=observer,
-    )
+    sim = _simulation(trace, config, max_model_len, batch_decode_runs=False, observer=observer)
     # The observer sees every step that scheduled something; a step that only preempted (possible under the
     # priority policy) and idle schedule() calls reach it not, so wrap schedule() for those.
     scheduler = sim.core.scheduler
     original = scheduler.schedule
+    original_abort = scheduler.abort
 
     def schedule(now):
         out = original(now)
@@ -293,29 +401,43 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
                 idle[0] += 1
         return out
 
+    def abort(req, status, now):
+        if req.status in (Status.WAITING, Status.RUNNING, Status.SWAPPED):
+            aborted[f"r{req.index}"] = len(steps)
+        original_abort(req, status, now)
+
     scheduler.schedule = schedule
+    scheduler.abort = abort
     result = sim.run()
     rt = result.requests
     preemptions = {f"r{i}": int(n) for i, n in zip(range(len(rt)), rt.num_preemptions)}
     ids = [f"r{i}" for i in range(len(rt))]
+    statuses = {f"r{i}": _STATUS.get(s, s) for i, s in zip(range(len(rt)), rt.status)}
     return SideResult(
         steps, preemptions, {r: first.get(r, -1) for r in ids}, {r: finish.get(r, -1) for r in ids}, idle[0],
-        extra={"statuses": rt.status.value_counts().to_dict(), "num_iterations": result.num_iterations},
+        extra={"statuses": rt.status.value_counts().to_dict(), "num_iterations": result.num_iterations,
+               "aborted": result.aborted},
+        status=statuses, abort_step={r: aborted.get(r, -1) for r in ids},
     )
+
+
+#: kvtune's final statuses as the vLLM side names them (a client deadline is an abort there).
+_STATUS = {"timed_out": "aborted", "cancelled": "aborted"}
+
+
+def kvtune_cpu_blocks(config: CaseConfig, max_model_len: int) -> int:
+    """The CPU (swap) blocks kvtune sizes for this config on the benchmark's model and GPU."""
+    from sim.engine.sizing import size_kv_cache
+    from sim.profiles import load_gpu, load_model
+
+    model = load_model("Llama-3-8B")
+    resolved = config.engine_config(max_model_len).resolve(model.max_model_len)
+    return size_kv_cache(model, load_gpu("H100-SXM"), resolved).num_cpu_blocks
 
 
 def run_kvtune_batched(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | None = None) -> pd.DataFrame:
     """kvtune as studies run it (identical decode steps batched into runs): the request table."""
-    from sim.latency import LinearStepModel
-    from sim.profiles import load_gpu, load_model
-    from sim.runner import Simulation
-
-    max_model_len = max_model_len or trace_max_model_len(trace)
-    sim = Simulation(
-        _workload(trace), config.engine_config(max_model_len), model=load_model("Llama-3-8B"),
-        gpu=load_gpu("H100-SXM"), latency=LinearStepModel(config.step_base_s, config.step_per_token_s),
-    )
-    return sim.run().requests
+    return _simulation(trace, config, max_model_len or trace_max_model_len(trace)).run().requests
 
 
 def vllm_request_times(out_dir: str, config: CaseConfig) -> pd.DataFrame:
@@ -330,42 +452,67 @@ def vllm_request_times(out_dir: str, config: CaseConfig) -> pd.DataFrame:
         tokens = steps.sched.map(lambda s: sum(int(p.split(":")[1]) for p in s.split()))
     end = steps.t_start_s + np.where(tokens > 0, config.step_base_s + config.step_per_token_s * tokens, 0.0)
     req = pd.read_csv(os.path.join(out_dir, "requests.csv"))
+    finished = req.status.eq("finished").to_numpy() if "status" in req.columns else np.ones(len(req), bool)
     return pd.DataFrame({
         "num_preemptions": req.num_preemptions.to_numpy(int),
         "first_token_s": [end.get(int(k), np.nan) if k >= 0 else np.nan for k in req.first_token_step],
-        "end_s": [end.get(int(k), np.nan) if k >= 0 else np.nan for k in req.finish_step],
+        "end_s": [end.get(int(k), np.nan) if k >= 0 and f else np.nan for k, f in zip(req.finish_step, finished)],
     })
 
 
 def compare_batched(vllm_times: pd.DataFrame, kv: pd.DataFrame, tol_s: float = 1e-5) -> dict:
     """Per-request agreement of kvtune's batched run with vLLM: preemptions, first-token and finish times."""
     ft = np.abs(vllm_times.first_token_s.to_numpy() - kv.first_token_s.to_numpy())
-    en = np.abs(vllm_times.end_s.to_numpy() - kv.end_s.to_numpy())
+    # An aborted request has no finish time on the vLLM side (kvtune records its deadline).
+    kv_end = np.where(kv.status.eq("finished").to_numpy(), kv.end_s.to_numpy(float), np.nan)
+    en = np.abs(vllm_times.end_s.to_numpy() - kv_end)
+    both_nan = np.isnan(vllm_times.end_s.to_numpy()) & np.isnan(kv_end)
+    ft_nan = np.isnan(vllm_times.first_token_s.to_numpy()) & np.isnan(kv.first_token_s.to_numpy())
     pv, pk = vllm_times.num_preemptions.to_numpy(), kv.num_preemptions.to_numpy()
     return {
         "batched_preemptions_kvtune": int(pk.sum()),
         "batched_requests_preemption_count_differs": int((pv != pk).sum()),
-        "batched_first_token_time_differs": int(np.sum(~(ft <= tol_s))),
-        "batched_end_time_differs": int(np.sum(~(en <= tol_s))),
-        "batched_end_time_max_abs_err_s": float(np.nanmax(en)) if len(en) else 0.0,
+        "batched_first_token_time_differs": int(np.sum(~((ft <= tol_s) | ft_nan))),
+        "batched_end_time_differs": int(np.sum(~((en <= tol_s) | both_nan))),
+        "batched_end_time_max_abs_err_s": float(np.nanmax(en)) if len(en) and not np.isnan(en).all() else 0.0,
     }
 
 
 def _workload(trace: pd.DataFrame):
-    """The trace as a kvtune workload: one request class per priority value."""
+    """The trace as a kvtune workload: one request class per (priority, timeout) pair, and ``hash_ids``."""
     from sim.workload.classes import RequestClass
     from sim.workload.workload import Workload
 
-    priorities = sorted({int(p) for p in trace.priority})
-    classes = {f"p{p}": RequestClass(f"p{p}", priority=p) for p in priorities}
+    timeouts = trace.timeout_s.to_numpy(float) if "timeout_s" in trace.columns else np.full(len(trace), np.nan)
+    names, classes = [], {}
+    for p, t in zip(trace.priority, timeouts):
+        name = f"p{int(p)}" if t != t else f"p{int(p)}-t{t!r}"
+        if name not in classes:
+            classes[name] = RequestClass(name, priority=int(p), timeout_s=None if t != t else float(t))
+        names.append(name)
     df = pd.DataFrame({
         "request_id": np.arange(len(trace)),
-        "class": [f"p{int(p)}" for p in trace.priority],
+        "class": names,
         "arrival_s": trace.arrival_s.to_numpy(float),
         "prompt_tokens": trace.prompt_tokens.to_numpy(int),
         "output_tokens": trace.output_tokens.to_numpy(int),
     })
+    if "hash_ids" in trace.columns:
+        df["hash_ids"] = [list(ids) for ids in trace.hash_ids]
     return Workload(requests=df, classes=classes)
+
+
+def _simulation(trace: pd.DataFrame, config: "CaseConfig", max_model_len: int, **kwargs):
+    from sim.latency import LinearStepModel
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import Simulation
+
+    if config.hash_block_tokens:
+        kwargs["hash_block_tokens"] = config.hash_block_tokens
+    return Simulation(
+        _workload(trace), config.engine_config(max_model_len), model=load_model("Llama-3-8B"),
+        gpu=load_gpu("H100-SXM"), latency=LinearStepModel(config.step_base_s, config.step_per_token_s), **kwargs,
+    )
 
 
 # ---- comparison ---------------------------------------------------------------------------------------------
@@ -388,6 +535,8 @@ def _describe_diff(a: dict, b: dict, limit: int = 4) -> str:
         parts.append(f"preempted vLLM {a['preempted'][:limit]} vs kvtune {b['preempted'][:limit]}")
     if a["free"] != b["free"]:
         parts.append(f"free blocks vLLM {a['free']} vs kvtune {b['free']}")
+    if a.get("hits") is not None and a["hits"] != b.get("hits"):
+        parts.append(f"prefix hits vLLM {a['hits']} vs kvtune {b.get('hits')}")
     return "; ".join(parts)
 
 
@@ -395,19 +544,27 @@ def compare(vllm: SideResult, kv: SideResult) -> dict:
     """Per-step and per-request agreement of the two sides."""
     nv, nk = len(vllm.steps), len(kv.steps)
     n = max(nv, nk)
-    same_sched = same_pre = same_free = same_all = 0
+    same_sched = same_pre = same_free = same_hits = same_all = 0
+    hits_v = hits_k = 0
     first_div = None
     for i in range(min(nv, nk)):
         a, b = vllm.steps[i], kv.steps[i]
         s = a["sched"] == b["sched"]
         p = sorted(a["preempted"]) == sorted(b["preempted"])
         f = a["free"] == b["free"]
+        # Prefix-hit tokens of the admitted requests, when the vLLM side recorded them.
+        h = a.get("hits") is None or a["hits"] == b.get("hits")
         same_sched += s
         same_pre += p
         same_free += f
-        same_all += s and p and f
-        if first_div is None and not (s and p and f):
+        same_hits += h
+        same_all += s and p and f and h
+        if first_div is None and not (s and p and f and h):
             first_div = {"step": i, "what": _describe_diff(a, b)}
+    has_hits = any(a.get("hits") is not None for a in vllm.steps)
+    if has_hits:
+        hits_v = sum(sum(a["hits"].values()) for a in vllm.steps if a.get("hits"))
+        hits_k = sum(sum(b["hits"].values()) for b in kv.steps if b.get("hits"))
     if first_div is None and nv != nk:
         first_div = {"step": min(nv, nk), "what": f"vLLM ran {nv} steps, kvtune {nk}"}
     ids = sorted(vllm.preemptions, key=lambda r: int(r[1:]))
@@ -435,6 +592,23 @@ def compare(vllm: SideResult, kv: SideResult) -> dict:
         "finish_step_abs_err_mean": float(np.mean(fin_diff)) if fin_diff else 0.0,
         "idle_schedule_calls_vllm": vllm.num_idle_schedule_calls,
         "idle_schedule_calls_kvtune": kv.num_idle_schedule_calls,
+        "share_same_hits": same_hits / n if n else 1.0,
+        "hits_recorded": has_hits,
+        "prefix_hit_tokens_vllm": hits_v,
+        "prefix_hit_tokens_kvtune": hits_k,
+        **_compare_aborts(vllm, kv, ids),
+    }
+
+
+def _compare_aborts(vllm: SideResult, kv: SideResult, ids: list[str]) -> dict:
+    """Final statuses and abort steps, when the vLLM side recorded them (the lock-step driver does)."""
+    if not vllm.status:
+        return {"aborts_vllm": 0, "aborts_kvtune": 0, "requests_status_differs": 0, "requests_abort_step_differs": 0}
+    return {
+        "aborts_vllm": sum(vllm.status[r] == "aborted" for r in ids),
+        "aborts_kvtune": sum(kv.status.get(r) == "aborted" for r in ids),
+        "requests_status_differs": sum(vllm.status[r] != kv.status.get(r) for r in ids),
+        "requests_abort_step_differs": sum(vllm.abort_step[r] != kv.abort_step.get(r, -1) for r in ids),
     }
 
 

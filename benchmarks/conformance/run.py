@@ -35,11 +35,14 @@ from benchmarks.conformance.conformance import (  # noqa: E402
     azure_slice,
     compare,
     compare_batched,
+    kvtune_cpu_blocks,
     load_vllm_result,
     read_trace,
     run_kvtune,
     run_kvtune_batched,
+    shared_prefix_trace,
     synthetic_trace,
+    with_timeouts,
     trace_max_model_len,
     vllm_request_times,
     write_compact_steps,
@@ -48,11 +51,23 @@ from benchmarks.conformance.conformance import (  # noqa: E402
 
 REFERENCE_DIR = Path(os.environ.get("KVTUNE_VLLM_REFERENCE", "/work/shared/tools/vllm-reference"))
 DEFAULT_VENV = Path(os.environ.get("KVTUNE_VLLM_VENV", "/work/vllm-ref-venv"))
+#: vLLM 0.8.5 (the V0 scheduler) in a CPU-only venv; see README.md for how it is installed.
+DEFAULT_V0_VENV = Path(os.environ.get("KVTUNE_VLLM_V0_VENV", "/work/vllm-v0-venv"))
 AZURE_CONV = Path(os.environ.get("KVTUNE_AZURE_CONV", "/work/shared/data/traces/azure_conv_2023.csv"))
 RECORD_DIR = REPO / "tests" / "sim" / "conformance" / "data"
 #: Cases kept as the recorded reference (small trace, incl. scarce blocks with preemptions).
 RECORD_CASES = ("tiny/ample", "tiny/scarce", "tiny/scarce-wm", "tiny/scarce-isl-off", "tiny/scarce-priority",
-                "tiny/scarce-apc", "tiny/scarce-lpt32")
+                "tiny/scarce-apc", "tiny/scarce-lpt32",
+                "tinyshp/medium", "tinyshp/scarce", "tinyshp/tight", "tinyshp/scarce-priority", "tinyshp/scarce-lpt32",
+                "tinyshp/scarce-bs32", "tinyabort/scarce", "tinyabort/scarce-apc-off", "tinyabort/tight-priority",
+                "tiny/v0-scarce", "tiny/v0-tight-swap", "tiny/v0-chunked-scarce", "tiny/v0-chunked-scarce-swap",
+                "tiny/v0-scarce-swap-small")
+#: Cases also run with vLLM's AsyncScheduler (name + "-async").
+ASYNC_OF = ("tiny/scarce", "tiny/scarce-apc", "tiny/scarce-priority", "syn/scarce", "syn/tight", "syn/scarce-apc",
+            "tinyshp/scarce", "tinyshp/tight", "shp/scarce", "tinyabort/scarce", "abort/scarce",
+            "abort/scarce-priority")
+#: Tokens per hash id in the shared-prefix traces (4 blocks of 16, 2 of 32).
+HASH_BLOCK_TOKENS = 64
 
 
 # ---- the matrix ---------------------------------------------------------------------------------------------
@@ -67,6 +82,17 @@ def make_traces(include_azure: bool = True) -> dict:
         "synlong": synthetic_trace(seed=2, num_requests=80, rate_per_s=6.0, prompt_median=1500, prompt_max=6000,
                                    output_median=150, output_max=500),
     }
+    # Shared prefixes: prompts start with a path of a prefix tree of hash ids (see shared_prefix_trace).
+    traces["tinyshp"] = shared_prefix_trace(seed=5, num_requests=60, rate_per_s=60.0,
+                                            hash_block_tokens=HASH_BLOCK_TOKENS, num_groups=3, max_ids=5,
+                                            suffix_median=100, suffix_max=600, output_median=30, output_max=150)
+    traces["shp"] = shared_prefix_trace(seed=6, num_requests=200, rate_per_s=20.0, hash_block_tokens=HASH_BLOCK_TOKENS,
+                                        num_groups=4, max_ids=8, suffix_median=150, suffix_max=2000,
+                                        output_median=100, output_max=500)
+    # Client deadlines (0.25-2 s) on half of the requests: aborts at step boundaries.
+    traces["tinyabort"] = with_timeouts(traces["tinyshp"], seed=7, timeouts_s=(0.25, 0.5, 1.0), share=0.5)
+    traces["abort"] = with_timeouts(traces["syn"], seed=8, timeouts_s=(0.5, 1.0, 2.0), share=0.5)
+    traces["shpabort"] = with_timeouts(traces["shp"], seed=9, timeouts_s=(0.5, 1.0, 2.0), share=0.5)
     if include_azure and AZURE_CONV.exists():
         # 200 conversation requests from the start of the trace, 4x faster than recorded (a busy server).
         traces["azure"] = azure_slice(str(AZURE_CONV), start=0, num_requests=200, speedup=4.0, max_len=8192)
@@ -83,6 +109,71 @@ def _blocks(df, bs: int = 16) -> dict:
         "scarce": max(need_min + 4, total // 16),
         "tight": need_min + 2,
     }
+
+
+def _family_variants(tname: str, b: dict, base: CaseConfig, scarce: CaseConfig, v) -> dict | None:
+    """The variants of the shared-prefix and abort families (None: the trace is one of the classic ones)."""
+    if tname in ("tinyshp", "shp"):
+        shp = {"prefix_caching": True, "hash_block_tokens": HASH_BLOCK_TOKENS}
+        return {
+            "medium": v(base, **shp),
+            "scarce": v(scarce, **shp),
+            "tight": v(base, num_gpu_blocks=b["tight"], **shp),
+            "scarce-priority": v(scarce, policy="priority", **shp),
+            "scarce-lpt32": v(scarce, long_prefill_token_threshold=32, **shp),
+            "scarce-wm": v(scarce, watermark=0.05, **shp),
+            "scarce-isl-off": v(scarce, reserve_full_isl=False, **shp),
+            "scarce-mbt512": v(scarce, max_num_batched_tokens=512, **shp),
+            "scarce-bs32": v(scarce, block_size=32, num_gpu_blocks=scarce.num_gpu_blocks // 2 + 1, **shp),
+            "tight-priority-seqs256-mbt8192": v(base, num_gpu_blocks=b["tight"], policy="priority", max_num_seqs=256,
+                                                max_num_batched_tokens=8192, **shp),
+            "scarce-apc-off": v(scarce, hash_block_tokens=HASH_BLOCK_TOKENS),
+        }
+    if tname in ("tinyabort", "abort", "shpabort"):
+        extra = {"hash_block_tokens": HASH_BLOCK_TOKENS} if tname != "abort" else {}
+        return {
+            "medium": v(base, **extra),
+            "scarce": v(scarce, prefix_caching=tname != "abort", **extra),
+            "scarce-apc-off": v(scarce, **extra),
+            "scarce-priority": v(scarce, policy="priority", prefix_caching=True, **extra),
+            "tight-priority": v(base, num_gpu_blocks=b["tight"], policy="priority", prefix_caching=True, **extra),
+            "scarce-lpt32": v(scarce, long_prefill_token_threshold=32, prefix_caching=True, **extra),
+        }
+    return None
+
+
+def _v0_cases(tname: str, df) -> list[Case]:
+    """V0 variants: its watermark is fixed (1% of the blocks, block_manager.py) and binds on scarce blocks."""
+    b = _blocks(df)
+    mml = trace_max_model_len(df)
+    unchunked = CaseConfig(num_gpu_blocks=b["medium"], flavor="vllm-v0", max_num_seqs=64,
+                           max_num_batched_tokens=max(2048, mml))  # 0.8.5 needs mbt >= max_model_len unchunked
+    chunked = CaseConfig(num_gpu_blocks=b["medium"], flavor="vllm-v0", max_num_seqs=64, max_num_batched_tokens=2048,
+                         chunked_prefill=True)
+
+    def v(cfg: CaseConfig, **kw) -> CaseConfig:
+        return cfg.__class__(**{**cfg.__dict__, **kw})
+
+    swap = {"preemption_mode": "swap", "swap_space_gb": 1.0}  # 512 CPU blocks of 2 MiB (Llama-3-8B, 16 tokens)
+    variants = {
+        "medium": unchunked,
+        "scarce": v(unchunked, num_gpu_blocks=b["scarce"]),
+        "tight": v(unchunked, num_gpu_blocks=b["tight"]),
+        "scarce-swap": v(unchunked, num_gpu_blocks=b["scarce"], **swap),
+        "tight-swap": v(unchunked, num_gpu_blocks=b["tight"], **swap),
+        "scarce-seqs16": v(unchunked, num_gpu_blocks=b["scarce"], max_num_seqs=16),
+        "chunked-medium": chunked,
+        "chunked-scarce": v(chunked, num_gpu_blocks=b["scarce"]),
+        "chunked-tight": v(chunked, num_gpu_blocks=b["tight"]),
+        "chunked-scarce-swap": v(chunked, num_gpu_blocks=b["scarce"], **swap),
+        "chunked-scarce-mbt512": v(chunked, num_gpu_blocks=b["scarce"], max_num_batched_tokens=512),
+        # Swap space of 32 blocks: runs out, and vLLM aborts ("Aborted due to the lack of CPU swap space").
+        "scarce-swap-small": v(unchunked, num_gpu_blocks=b["scarce"], preemption_mode="swap", swap_space_gb=0.0625),
+    }
+    if tname == "tiny":
+        keep = {c.split("/")[1] for c in RECORD_CASES if c.startswith("tiny/v0-")}
+        variants = {k: c for k, c in variants.items() if f"v0-{k}" in keep}
+    return [Case(name=f"{tname}/v0-{k}", trace=tname, config=c) for k, c in variants.items()]
 
 
 def make_cases(traces: dict) -> list[Case]:
@@ -123,11 +214,23 @@ def make_cases(traces: dict) -> list[Case]:
             "scarce-lpt32": v(scarce, long_prefill_token_threshold=32),
             "scarce-bs32": v(scarce, block_size=32, num_gpu_blocks=scarce.num_gpu_blocks // 2 + 1),
         }
-        if tname == "tiny":
-            keep = {c.split("/")[1] for c in RECORD_CASES}
+        family = _family_variants(tname, b, base, scarce, v)
+        if family is not None:
+            variants = family
+        if tname in ("tiny", "tinyabort"):
+            keep = {c.split("/")[1] for c in RECORD_CASES if c.startswith(tname + "/")}
             variants = {k: c for k, c in variants.items() if k in keep}
         for vname, cfg in variants.items():
             cases.append(Case(name=f"{tname}/{vname}", trace=tname, config=cfg))
+    # vLLM 0.8.5's V0 scheduler: recompute and swap, chunked and not, on the traces with unique prompts.
+    for tname in ("tiny", "syn", "synlong"):
+        if tname in traces:
+            cases += _v0_cases(tname, traces[tname])
+    # vLLM's AsyncScheduler (the 0.33 default), driven as EngineCore.step_with_batch_queue does.
+    for case in list(cases):
+        if case.name in ASYNC_OF:
+            cfg = case.config.__class__(**{**case.config.__dict__, "async_scheduling": True})
+            cases.append(Case(name=f"{case.name}-async", trace=case.trace, config=cfg))
     return cases
 
 
@@ -164,6 +267,11 @@ def make_fuzz_cases(num_cases: int, seed: int) -> tuple[dict, list[Case]]:
     return traces, cases
 
 
+def needs_driver(case: Case, df) -> bool:
+    """The replay script's own loop cannot build shared prefixes, abort, or run the async scheduler."""
+    return bool(case.config.hash_block_tokens or case.config.async_scheduling or "timeout_s" in df.columns)
+
+
 # ---- the vLLM side ------------------------------------------------------------------------------------------
 def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
@@ -184,7 +292,7 @@ def ensure_reference(venv: Path) -> Path:
     return py
 
 
-def run_vllm_side(py: Path, jobs: list[dict], work: Path, parallel: int) -> None:
+def run_vllm_side(py: Path, jobs: list[dict], work: Path, parallel: int, script: str = "vllm_side.py") -> None:
     """Split the jobs over ``parallel`` reference processes (each pays vLLM's ~5 s import once)."""
     env = dict(os.environ)
     env["KVTUNE_VLLM_REPLAY"] = str(REFERENCE_DIR / "vllm_sched_replay.py")
@@ -194,17 +302,17 @@ def run_vllm_side(py: Path, jobs: list[dict], work: Path, parallel: int) -> None
         part = jobs[k::parallel]
         if not part:
             continue
-        path = work / f"jobs{k}.json"
+        path = work / f"jobs{k}-{script[:-3]}.json"
         path.write_text(json.dumps(part, indent=1))
-        log = open(work / f"vllm_side{k}.log", "w")
-        procs.append((subprocess.Popen([str(py), str(HERE / "vllm_side.py"), str(path)], env=env,
+        log = open(work / f"{script[:-3]}{k}.log", "w")
+        procs.append((subprocess.Popen([str(py), str(HERE / script), str(path)], env=env,
                                        stdout=log, stderr=subprocess.STDOUT), log))
     failed = False
     for proc, log in procs:
         failed |= proc.wait() != 0
         log.close()
     if failed:
-        sys.exit(f"the vLLM side failed; see {work}/vllm_side*.log")
+        sys.exit(f"the vLLM side failed; see {work}/{script[:-3]}*.log")
 
 
 # ---- the report ---------------------------------------------------------------------------------------------
@@ -257,6 +365,7 @@ def render_report(rows: list[dict], meta: dict) -> str:
         f"error {max((r['batched_end_time_max_abs_err_s'] for r in ok), default=0) * 1e6:.1f} us, the replay "
         "script rounds its step start times to 1 us).",
         "",
+        *render_families(rows),
         "## Cases",
         "",
         "Columns: steps (vLLM/kvtune, steps that scheduled or preempted something); `sched` = share of steps "
@@ -285,6 +394,57 @@ def render_report(rows: list[dict], meta: dict) -> str:
         )
     lines += ["", meta.get("notes", "").strip(), ""]
     return "\n".join(lines)
+
+
+def family(row: dict) -> str:
+    """The case family a result row belongs to (for the per-family summary)."""
+    cfg, trace = row["config"], row["trace"]
+    if cfg.get("flavor") == "vllm-v0":
+        return "V0 (vLLM 0.8.5): " + ("swap" if cfg.get("preemption_mode") == "swap" else "recompute") + ", " + (
+            "chunked" if cfg.get("chunked_prefill") else "unchunked")
+    if cfg.get("async_scheduling"):
+        return "async scheduler"
+    if trace in ("tinyabort", "abort", "shpabort"):
+        return "client aborts" + (" + shared prefixes" if cfg.get("hash_block_tokens") else "")
+    if cfg.get("hash_block_tokens"):
+        return "shared prefixes" + ("" if cfg.get("prefix_caching") else " (prefix caching off)")
+    if trace.startswith("fuzz"):
+        return "random (unique prompts)"
+    return "matrix (unique prompts)"
+
+
+def render_families(rows: list[dict]) -> list[str]:
+    """Per family: cases, steps, % identical (prefix hits included), preemptions, prefix-hit tokens, aborts."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(family(r), []).append(r)
+    lines = [
+        "## Families",
+        "",
+        "`ident` = steps identical in scheduled set, preempted set, free blocks and (where recorded) the prefix-hit "
+        "tokens of every admission; `errors` = cases that did not run (see the case table).",
+        "",
+        "| family | cases | errors | steps (vLLM) | ident | preemptions vLLM/kvtune | prefix-hit tokens vLLM/kvtune "
+        "| aborts vLLM/kvtune (at the same step) | status≠ | batched≠ |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        n = sum(max(r["steps_vllm"], r["steps_kvtune"]) for r in ok)
+        ident = sum(r["share_identical"] * max(r["steps_vllm"], r["steps_kvtune"]) for r in ok) / n if n else float("nan")
+        hits = [r for r in ok if r.get("hits_recorded")]
+        hit_text = (f"{sum(r['prefix_hit_tokens_vllm'] for r in hits)}/{sum(r['prefix_hit_tokens_kvtune'] for r in hits)}"
+                    if hits else "not recorded")
+        ab_v = sum(r.get("aborts_vllm", 0) for r in ok)
+        ab_same = ab_v and sum(r.get("aborts_vllm", 0) - r.get("requests_abort_step_differs", 0) for r in ok)
+        batched = sum(r["batched_requests_preemption_count_differs"] + r["batched_first_token_time_differs"]
+                      + r["batched_end_time_differs"] for r in ok)
+        lines.append(
+            f"| {name} | {len(rs)} | {len(rs) - len(ok)} | {sum(r['steps_vllm'] for r in ok)} | {_pct(ident)} "
+            f"| {sum(r['preemptions_vllm'] for r in ok)}/{sum(r['preemptions_kvtune'] for r in ok)} | {hit_text} "
+            f"| {ab_v}/{sum(r.get('aborts_kvtune', 0) for r in ok)} ({ab_same}) "
+            f"| {sum(r.get('requests_status_differs', 0) for r in ok)} | {batched} |")
+    return lines + [""]
 
 
 NOTES = """
@@ -351,6 +511,7 @@ and 4 (checked by undoing each).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="vLLM reference venv (installed if missing)")
+    ap.add_argument("--v0-venv", type=Path, default=DEFAULT_V0_VENV, help="vLLM 0.8.5 venv for the V0 cases")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "kvtune-conformance",
                     help="scratch folder for traces and vLLM outputs")
     ap.add_argument("--cases", default=None, help="regex on case names (trace/variant)")
@@ -390,15 +551,34 @@ def main() -> None:
         return work / "vllm" / case.name.replace("/", "__")
 
     if not args.reuse_vllm:
-        py = ensure_reference(args.venv)
-        jobs = []
-        for case in cases:
+        v0_jobs = []
+        for case in [c for c in cases if c.config.flavor == "vllm-v0"]:
             mml = case.max_model_len or trace_max_model_len(traces[case.trace])
             d = out_dir(case)
             shutil.rmtree(d, ignore_errors=True)
-            jobs.append({"trace": str(trace_paths[case.trace]), "args": case.config.replay_args(mml), "out_dir": str(d)})
-        print(f"vLLM side: {len(jobs)} cases in {args.parallel} processes ...", file=sys.stderr)
-        run_vllm_side(py, jobs, work, args.parallel)
+            v0_jobs.append({"trace": str(trace_paths[case.trace]), "out_dir": str(d),
+                            "config": case.config.v0_job_config(mml, kvtune_cpu_blocks(case.config, mml))})
+        if v0_jobs:
+            v0_py = venv_python(args.v0_venv)
+            if not v0_py.exists():
+                sys.exit(f"no vLLM 0.8.5 venv at {args.v0_venv} (see README.md, 'The V0 reference')")
+            print(f"vLLM V0 side: {len(v0_jobs)} cases in {args.parallel} processes ...", file=sys.stderr)
+            run_vllm_side(v0_py, v0_jobs, work, args.parallel, script="v0_side.py")
+        cases_v1 = [c for c in cases if c.config.flavor != "vllm-v0"]
+        py = ensure_reference(args.venv) if cases_v1 else None
+        jobs = []
+        for case in cases_v1:
+            mml = case.max_model_len or trace_max_model_len(traces[case.trace])
+            d = out_dir(case)
+            shutil.rmtree(d, ignore_errors=True)
+            job = {"trace": str(trace_paths[case.trace]), "args": case.config.replay_args(mml), "out_dir": str(d)}
+            if needs_driver(case, traces[case.trace]):
+                job["driver"] = {"hash_block_tokens": case.config.hash_block_tokens,
+                                 "async_scheduling": case.config.async_scheduling}
+            jobs.append(job)
+        if jobs:
+            print(f"vLLM side: {len(jobs)} cases in {args.parallel} processes ...", file=sys.stderr)
+            run_vllm_side(py, jobs, work, args.parallel)
 
     rows = []
     vllm_version = "?"
@@ -406,24 +586,27 @@ def main() -> None:
         d = out_dir(case)
         label = case.config.label() + (f" mml={case.max_model_len}" if case.max_model_len else "")
         row = {"name": case.name, "trace": case.trace, "label": label, "config": case.config.__dict__}
-        if (d / "error.txt").exists():
-            row["error"] = (d / "error.txt").read_text().strip()
+        if (d / "error.txt").exists() or not (d / "summary.json").exists():
+            row["error"] = (d / "error.txt").read_text().strip() if (d / "error.txt").exists() else "no vLLM output"
             rows.append(row)
             continue
         summary = json.loads((d / "summary.json").read_text())
-        vllm_version = summary.get("vllm_version", vllm_version)
+        if case.config.flavor != "vllm-v0":
+            vllm_version = summary.get("vllm_version", vllm_version)
         trace = read_trace(str(trace_paths[case.trace]))
         vres = load_vllm_result(str(d))
         try:
             kres = run_kvtune(trace, case.config, case.max_model_len or trace_max_model_len(trace))
+            # kvtune as studies run it (identical decode steps batched): same per-request outcome and times?
+            kb = run_kvtune_batched(trace, case.config, case.max_model_len or trace_max_model_len(trace))
         except Exception as exc:  # report it as the case's result and go on with the others
             row["error"] = f"kvtune: {type(exc).__name__}: {exc}"
             rows.append(row)
             print(f"{case.name:32s} {row['error']}", file=sys.stderr)
             continue
         row.update(compare(vres, kres))
-        # kvtune as studies run it (identical decode steps batched): same per-request outcome and times?
-        kb = run_kvtune_batched(trace, case.config, case.max_model_len or trace_max_model_len(trace))
+        row["engine_aborted_vllm"] = bool(summary.get("engine_aborted"))
+        row["engine_aborted_kvtune"] = bool(kres.extra.get("aborted"))
         row.update(compare_batched(vllm_request_times(str(d), case.config), kb))
         row["num_requests"] = len(trace)
         rows.append(row)

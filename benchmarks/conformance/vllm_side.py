@@ -44,13 +44,20 @@ def main() -> None:
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    original = Scheduler.schedule
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
     state: dict = {"log": None, "step": 0}
 
-    def recording_schedule(self, *args, **kwargs):
-        so = original(self, *args, **kwargs)
-        log = state["log"]
-        if log is not None:
+    def recorder(original):
+        def recording_schedule(self, *args, **kwargs):
+            log = state["log"]
+            if log is None:
+                return original(self, *args, **kwargs)
+            # Requests waiting before this call: those scheduled now were admitted; what they had computed
+            # before their first chunk is their prefix-cache hit (num_computed_tokens already counts the chunk).
+            waiting = [r for queue in (self.waiting, self.kv_holding_waiting) for r in queue]
+            so = original(self, *args, **kwargs)
+            admitted = [r for r in waiting if r.request_id in so.num_scheduled_tokens]
             row = {
                 "step": state["step"],
                 "sched": [[rid, int(n)] for rid, n in so.num_scheduled_tokens.items()],
@@ -58,12 +65,17 @@ def main() -> None:
                 "free_after_schedule": self.kv_cache_manager.block_pool.get_num_free_blocks(),
                 "num_running": len(self.running),
                 "num_waiting": len(self.waiting) + len(self.kv_holding_waiting),
+                "hits": [[r.request_id, int(r.num_computed_tokens - so.num_scheduled_tokens[r.request_id])]
+                         for r in admitted],
             }
             log.write(json.dumps(row, separators=(",", ":")) + "\n")
-        state["step"] += 1
-        return so
+            state["step"] += 1
+            return so
+        return recording_schedule
 
-    Scheduler.schedule = recording_schedule
+    Scheduler.schedule = recorder(Scheduler.schedule)
+    if "schedule" in AsyncScheduler.__dict__:
+        AsyncScheduler.schedule = recorder(AsyncScheduler.__dict__["schedule"])
     saved_argv = sys.argv
     for i, job in enumerate(jobs):
         out_dir = job["out_dir"]
@@ -71,9 +83,15 @@ def main() -> None:
         t0 = time.time()
         with open(os.path.join(out_dir, "sched_steps.jsonl"), "w") as log:
             state["log"], state["step"] = log, 0
-            sys.argv = ["vllm_sched_replay.py", job["trace"], *map(str, job["args"]), "--out-dir", out_dir, "--quiet"]
+            argv = ["vllm_sched_replay.py", job["trace"], *map(str, job["args"]), "--out-dir", out_dir, "--quiet"]
             try:
-                replay.main()
+                if job.get("driver"):
+                    from lockstep_driver import drive  # the project's own loop: shared prefixes, aborts
+
+                    drive(replay, argv[1:], job["driver"])
+                else:
+                    sys.argv = argv
+                    replay.main()
             except SystemExit as exc:  # the script exits on bad input: record it and go on
                 with open(os.path.join(out_dir, "error.txt"), "w") as err:
                     err.write(str(exc))

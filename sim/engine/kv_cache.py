@@ -63,20 +63,14 @@ class LruBlockStore:
             num_blocks -= have
 
 
-def _shared_entry(key: int) -> int:
-    """LRU key of a cached shared-prefix block (negative, apart from request indexes)."""
-    return -1 - key
-
-
 class GpuBlockPool:
     """The GPU's usable KV blocks: ``num_used + num_cached + num_empty == num_blocks`` at all times.
 
-    Shared-prefix blocks (workloads with ``hash_ids``): a block whose key several requests share is used once
-    however many running requests reference it (``shared_refs``), and cached under its key when none does, so
-    a later request with the same prefix re-hits it (vLLM's hash-keyed prefix cache, at block granularity).
+    For prompts that share nothing: a request's cached blocks can only be re-hit by itself.  Shared prefixes
+    (trace ``hash_ids``) use :class:`~sim.engine.prefix_pool.PrefixBlockPool`, block by block.
     """
 
-    __slots__ = ("num_blocks", "num_used", "num_empty", "cache", "enable_caching", "shared_refs")
+    __slots__ = ("num_blocks", "num_used", "num_empty", "cache", "enable_caching")
 
     def __init__(self, num_blocks: int, enable_caching: bool):
         self.num_blocks = num_blocks
@@ -84,7 +78,6 @@ class GpuBlockPool:
         self.num_empty = num_blocks
         self.cache = LruBlockStore()
         self.enable_caching = enable_caching
-        self.shared_refs: dict[int, int] = {}
 
     @property
     def num_cached(self) -> int:
@@ -115,60 +108,6 @@ class GpuBlockPool:
 
     def cached_prefix(self, key: int) -> int:
         return self.cache.count(key) if self.enable_caching else 0
-
-    # ---- shared-prefix blocks --------------------------------------------------------------------------
-    def shared_prefix(self, keys, limit: int) -> tuple[int, int]:
-        """How many leading ``keys`` (at most ``limit``) are on the GPU, and how many of those are in use by
-        running requests (the rest are cached, so taking them still consumes free blocks)."""
-        refs, entries = self.shared_refs, self.cache.entries
-        hit = active = 0
-        for key in keys[:limit]:
-            if key in refs:
-                active += 1
-            elif _shared_entry(key) not in entries:
-                break
-            hit += 1
-        return hit, active
-
-    def acquire_shared(self, keys) -> None:
-        """Reference these shared blocks (found by :meth:`shared_prefix`): cached ones become used again."""
-        refs, cache = self.shared_refs, self.cache
-        for key in keys:
-            count = refs.get(key)
-            if count:
-                refs[key] = count + 1
-            else:
-                cache.take(_shared_entry(key), 1)
-                self.num_used += 1
-                refs[key] = 1
-
-    def register_shared(self, keys) -> None:
-        """A request has just computed these blocks itself: they become the shared copies.  If another request
-        computed the same block meanwhile, this one's copy is dropped and the existing one referenced instead
-        (vLLM keeps the duplicate private until it is freed; kvtune frees it at once)."""
-        refs, cache = self.shared_refs, self.cache
-        for key in keys:
-            count = refs.get(key)
-            if count:
-                refs[key] = count + 1
-                self.num_used -= 1
-                self.num_empty += 1
-                continue
-            if cache.take(_shared_entry(key), 1):
-                self.num_empty += 1  # an older cached copy of the same block is superseded
-            refs[key] = 1
-
-    def release_shared(self, keys) -> None:
-        """Drop references; a block nobody references any more stays cached under its key."""
-        refs, cache = self.shared_refs, self.cache
-        for key in keys:
-            count = refs[key] - 1
-            if count:
-                refs[key] = count
-            else:
-                del refs[key]
-                self.num_used -= 1
-                cache.put(_shared_entry(key), 1)
 
     def reuse_cached(self, key: int, num_blocks: int) -> int:
         """A resumed request re-hits its own surviving cached blocks: they become used again."""

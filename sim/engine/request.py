@@ -35,7 +35,7 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "shared_held", "shared_prev",
+        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids",
     )
 
     def __init__(
@@ -84,9 +84,9 @@ class Request:
         self.processed_tokens = 0
         #: Keys of the leading prompt blocks other requests may share (from the trace's ``hash_ids``).
         self.prefix_keys = prefix_keys
-        #: Leading blocks this request holds as shared blocks now, and held when its blocks were last freed.
-        self.shared_held = 0
-        self.shared_prev = 0
+        #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
+        #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
+        self.block_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sim.engine.config import EngineConfig
 from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
+from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
 
@@ -100,7 +101,9 @@ class BaseScheduler(ABC):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.pool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        self.pool: GpuBlockPool | PrefixBlockPool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        #: The pool tracks hashed blocks one by one (shared prefixes; see :meth:`share_prefixes`).
+        self.blocks_hashed = False
         self.cpu = CpuBlockTier(num_cpu_blocks)
         self.waiting = WaitingQueue(priority=config.scheduling_policy == "priority")
         self.running: list[Request] = []
@@ -110,8 +113,13 @@ class BaseScheduler(ABC):
         self.finished: list[Request] = []
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
-        #: Some request has shared-prefix keys and the prefix cache is on (set by the run loop).
-        self.shares_prefixes = False
+
+    def share_prefixes(self) -> None:
+        """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
+        block-by-block pool.  Called by the run loop before the first request arrives."""
+        if not self.blocks_hashed:
+            self.pool = PrefixBlockPool(self.pool.num_blocks, self.block_size)
+            self.blocks_hashed = True
 
     # ---- queries ---------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -173,6 +181,11 @@ class BaseScheduler(ABC):
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
             self.pool.allocate(grown)
+            if self.blocks_hashed:
+                # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
+                cache_blocks = self.pool.cache_blocks
+                for req, _ in out.scheduled:
+                    cache_blocks(req, req.num_computed_tokens)
         else:
             scheduled = out.scheduled
             bulk = out.bulk_decode
@@ -208,18 +221,13 @@ class BaseScheduler(ABC):
                     req.first_token_s = end_s
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
-        if self.shares_prefixes and num_steps == 1:
-            self._register_shared_blocks(out)
         for req in done:
+            # A request whose last token comes out of the step that crosses its client deadline is finished:
+            # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
+            # abort, which the engine core takes between steps (Scheduler.finish_requests).
             self.running.remove(req)
-            status = Status.FINISHED
-            if end_s > req.deadline:
-                status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
-                end_s_req = req.deadline
-            else:
-                end_s_req = end_s
             self._free(req)
-            self._end(req, status, end_s_req)
+            self._end(req, Status.FINISHED, end_s)
         return grown
 
     # ---- shared mechanics ------------------------------------------------------------------------------
@@ -240,25 +248,11 @@ class BaseScheduler(ABC):
         raise NotImplementedError
 
     def _free(self, req: Request) -> None:
-        if req.blocks:
-            shared = req.shared_held
-            if shared:
-                self.pool.release_shared(req.prefix_keys[:shared])
-                req.shared_prev, req.shared_held = shared, 0
-            full = req.num_computed_tokens // self.block_size
-            self.pool.release(req.index, req.blocks - shared, max(0, full - shared))
+        if self.blocks_hashed:
+            self.pool.free(req)
+        elif req.blocks:
+            self.pool.release(req.index, req.blocks, req.num_computed_tokens // self.block_size)
             req.blocks = 0
-
-    def _register_shared_blocks(self, out: SchedulerOutput) -> None:
-        """Blocks of a shared prefix become shareable once a request has computed them."""
-        block_size = self.block_size
-        for req, _ in out.scheduled:
-            keys = req.prefix_keys
-            if keys and req.shared_held < len(keys) and req.blocks:
-                full = min(len(keys), req.num_computed_tokens // block_size)
-                if full > req.shared_held:
-                    self.pool.register_shared(keys[req.shared_held:full])
-                    req.shared_held = full
 
     def _end(self, req: Request, status: Status, now: float) -> None:
         req.status = status

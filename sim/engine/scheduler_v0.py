@@ -36,6 +36,9 @@ class V0Scheduler(BaseScheduler):
             self.max_model_len if self.chunked else min(self.max_model_len, self.max_num_batched_tokens)
         )
 
+    def share_prefixes(self) -> None:
+        """The V0 flavor models no cross-request prefix cache: shared prefixes are ignored."""
+
     def num_swapped(self) -> int:
         return len(self.swapped)
 

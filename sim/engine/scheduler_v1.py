@@ -36,6 +36,7 @@ class V1Scheduler(BaseScheduler):
         threshold = self.long_prefill_threshold if len(running) + len(self.waiting) > 1 else 0
         self._step_threshold = threshold
         block_size = self.block_size
+        hashed = self.blocks_hashed
         all_decode = True
         # ---- running requests ------------------------------------------------------------------------
         index = 0
@@ -79,6 +80,10 @@ class V1Scheduler(BaseScheduler):
                 break
             pool.allocate(need)
             req.blocks += need
+            if hashed:
+                # allocate_slots hashes the blocks this step fills (v1/core/kv_cache_manager.py, 0.33.0).
+                end = req.num_computed_tokens + num_new
+                pool.cache_blocks(req, end if end < req.num_tokens else req.num_tokens)
             if num_new != 1 or req.num_computed_tokens < req.prompt_tokens:
                 all_decode = False
             self._account(out, req, num_new)
@@ -129,6 +134,12 @@ class V1Scheduler(BaseScheduler):
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
+        if self.blocks_hashed:
+            # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
+            cache_blocks = self.pool.cache_blocks
+            for req in self.running:
+                if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
+                    cache_blocks(req, req.num_computed_tokens + 1)
         count = len(self.running)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.scheduled = [(req, 1) for req in self.running]
@@ -159,19 +170,19 @@ class V1Scheduler(BaseScheduler):
         pool = self.pool
         block_size = self.block_size
         num_tokens = req.num_tokens
-        # Prefix cache: a resumed request re-hits its own surviving full blocks; vLLM always recomputes
-        # at least the last token (max_cache_hit_length = num_tokens - 1).
+        # Prefix cache: the longest run of leading blocks found in the cache; vLLM always recomputes at least
+        # the last token (get_computed_blocks: max_cache_hit_length = num_tokens - 1).
         max_hit = (num_tokens - 1) // block_size
-        own = pool.cached_prefix(req.index)
-        shared_hit = shared_active = 0
-        if req.prefix_keys and pool.enable_caching:
-            # Shared prefix first (blocks keyed by the trace's hash ids, possibly computed by other requests),
-            # then this request's own cached blocks when they continue it.
-            shared_hit, shared_active = pool.shared_prefix(req.prefix_keys, max_hit)
-            own = min(own, max_hit - shared_hit) if shared_hit == req.shared_prev else 0
-            gpu_hit = shared_hit + own
+        hit_ids: list[int] = []
+        if self.blocks_hashed:
+            # Shared prefixes: blocks keyed by content, possibly computed (or being computed) by other requests.
+            hit_ids = pool.lookup(req, max_hit)
+            gpu_hit = len(hit_ids)
+            hit_active = gpu_hit - pool.num_evictable(hit_ids)  # hits on blocks in use cost no free block
         else:
-            gpu_hit = min(own, max_hit)
+            # Unique prompts: a resumed request re-hits its own surviving full blocks.
+            gpu_hit = min(pool.cached_prefix(req.index), max_hit)
+            hit_active = 0
         cpu_hit = min(self.cpu.cached_prefix(req.index), max_hit)
         load = cpu_hit - gpu_hit if cpu_hit > gpu_hit else 0
         computed = (gpu_hit + load) * block_size
@@ -185,23 +196,28 @@ class V1Scheduler(BaseScheduler):
         # The watermark and kvtune's reserve/headroom apply only while something runs, so an idle engine
         # always admits (a max-length request fits an empty cache: checked at start-up).
         keep_free = (self.watermark_blocks + self.reserved_blocks) if something_running else 0
-        # Shared blocks that running requests already use cost no free block (cached ones do).
-        if self.reserve_full_isl and self.blocks_for(num_tokens) - shared_active + keep_free > free:
+        # get_num_blocks_to_allocate: new blocks + hit blocks that are free (those in use cost nothing).
+        if self.reserve_full_isl and self.blocks_for(num_tokens) - hit_active + keep_free > free:
             return False
         need = self.blocks_for(computed + num_new)
-        if need - shared_active + keep_free > free:
+        if need - hit_active + keep_free > free:
             return False
         if self.predicted_admission and something_running and not self._predicted_fits(req, free):
             return False
         # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
-        if shared_hit:
-            pool.acquire_shared(req.prefix_keys[:shared_hit])
-            req.shared_held = shared_hit
-        hit = pool.reuse_cached(req.index, gpu_hit - shared_hit) if gpu_hit > shared_hit else 0
-        pool.allocate(need - shared_hit - hit)
-        req.blocks = need
+        if self.blocks_hashed:
+            pool.touch(req, hit_ids)
+            pool.allocate(need - gpu_hit)
+            req.blocks = need
+            end = computed + num_new
+            pool.cache_blocks(req, end if end < num_tokens else num_tokens)
+        else:
+            if gpu_hit:
+                pool.reuse_cached(req.index, gpu_hit)
+            pool.allocate(need - gpu_hit)
+            req.blocks = need
         req.num_computed_tokens = computed
-        req.prefix_hit_tokens += (shared_hit + hit) * block_size
+        req.prefix_hit_tokens += gpu_hit * block_size
         if load:
             req.swapped_in_blocks += load
             out.swap_in_blocks += load

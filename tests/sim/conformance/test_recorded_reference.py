@@ -1,11 +1,14 @@
 """kvtune's ``vllm-v1`` flavor against decisions recorded from vLLM 0.33.0's real V1 scheduler.
 
-The data in ``data/`` was produced by ``benchmarks/conformance/run.py --record`` (the reference replay script
-stepping vLLM's own ``Scheduler`` on a CPU, no model): a 40-request trace and a few configs, from ample KV
-blocks to scarce ones with preemptions, with the watermark, full-input admission off, the priority policy,
-prefix caching and a long-prefill cap.  No vLLM import here: the test only replays kvtune and compares, step
-by step, the scheduled requests and token counts, the preempted requests and the free blocks after each
-``schedule()``, and per request the preemption count, first-token step and finish step.
+The data in ``data/`` was produced by ``benchmarks/conformance/run.py --record`` (the reference replay script,
+or the project's lock-step driver, stepping vLLM's own ``Scheduler`` on a CPU, no model): a 40-request trace
+and a few configs, from ample KV blocks to scarce ones with preemptions, with the watermark, full-input
+admission off, the priority policy, prefix caching and a long-prefill cap; a 60-request trace whose prompts
+share prefixes (hash ids: vLLM's real prefix cache hits them across requests); the same with client deadlines
+(vLLM aborts with ``finish_requests`` at the step boundary).  No vLLM import here: the test only replays
+kvtune and compares, step by step, the scheduled requests and token counts, the preempted requests, the free
+blocks after each ``schedule()`` and the prefix-hit tokens of every admission, and per request the preemption
+count, first-token step, finish step, final status and abort step.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ def test_every_step_matches_vllm(case):
     assert result["first_divergence"] is None, f"{spec['name']}: {result['first_divergence']}"
     assert result["steps_vllm"] == result["steps_kvtune"] > 0
     assert result["share_identical"] == 1.0
+    if result["hits_recorded"]:
+        assert result["share_same_hits"] == 1.0
+        assert result["prefix_hit_tokens_vllm"] == result["prefix_hit_tokens_kvtune"]
 
 
 def test_per_request_outcomes_match_vllm(case):
@@ -64,7 +70,12 @@ def test_per_request_outcomes_match_vllm(case):
     assert kv.preemptions == vllm.preemptions
     assert kv.first_token_step == vllm.first_token_step
     assert kv.finish_step == vllm.finish_step
-    assert all(step >= 0 for step in kv.finish_step.values()), "every request finishes"
+    if vllm.status:  # recorded by the lock-step driver: deadlines abort some requests
+        assert kv.status == vllm.status
+        assert kv.abort_step == vllm.abort_step
+        assert all(kv.finish_step[r] >= 0 for r, s in kv.status.items() if s == "finished")
+    else:
+        assert all(step >= 0 for step in kv.finish_step.values()), "every request finishes"
 
 
 def test_batched_decode_runs_give_the_same_outcome(case):
@@ -84,6 +95,12 @@ def test_recorded_reference_exercises_preemption():
     policies = {c["config"]["policy"] for c in CASES}
     assert policies == {"fcfs", "priority"}
     assert any(c["config"]["prefix_caching"] for c in CASES)
+    # Prefix sharing across requests and client aborts are exercised.
+    shared = [c for c in CASES if c["config"].get("hash_block_tokens") and c["config"]["prefix_caching"]]
+    assert shared and all(load_vllm_result(str(DATA / c["dir"])).steps for c in shared)
+    assert sum(sum((s["hits"] or {}).values()) for c in shared for s in load_vllm_result(str(DATA / c["dir"])).steps) > 0
+    aborts = [json.loads((DATA / c["dir"] / "summary.json").read_text()).get("aborted", 0) for c in CASES]
+    assert sum(aborts) >= 20
 
 
 def test_time_grid_keeps_arrivals_off_step_boundaries():

@@ -94,13 +94,19 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
         last_now[0] = now
         assert pool.num_used >= 0 and pool.num_empty >= 0 and pool.num_cached >= 0
         assert pool.num_used + pool.num_cached + pool.num_empty == pool.num_blocks
-        # A shared-prefix block is used once however many running requests hold it.
-        assert pool.num_used == sum(r.blocks - r.shared_held for r in scheduler.running) + len(pool.shared_refs)
-        holders: dict[int, int] = {}
-        for r in scheduler.running:
-            for key in r.prefix_keys[:r.shared_held]:
-                holders[key] = holders.get(key, 0) + 1
-        assert holders == pool.shared_refs
+        if scheduler.blocks_hashed:
+            # A hashed block is used once however many running requests hold it; its reference count is the
+            # number of holders, and a block nobody holds is in the free queue.
+            holders: dict[int, int] = {}
+            for r in scheduler.running:
+                assert len(r.block_ids) <= r.blocks
+                for bid in r.block_ids:
+                    holders[bid] = holders.get(bid, 0) + 1
+            assert pool.num_used == sum(r.blocks - len(r.block_ids) for r in scheduler.running) + len(holders)
+            assert holders == {bid: n for bid, n in pool.ref.items() if n}
+            assert set(pool.free_hashed) == {bid for bid, n in pool.ref.items() if n == 0}
+        else:
+            assert pool.num_used == sum(r.blocks for r in scheduler.running)
         assert len(scheduler.running) <= resolved.max_num_seqs
         assert sum(n for _, n in out.scheduled) <= resolved.max_num_batched_tokens
         assert len({id(r) for r, _ in out.scheduled}) == len(out.scheduled), "a request scheduled twice in a step"
@@ -162,7 +168,7 @@ def test_batched_decode_runs_match_single_steps(workload, config_and_runs):
 
 
 @st.composite
-def shared_prefix_workloads(draw):
+def shared_prefix_workloads(draw, with_clients: bool = False):
     """Requests whose prompts start with one of three shared prefixes (hash ids of 32-token blocks)."""
     n = draw(st.integers(2, 20))
     rows, t, hashes = [], 0.0, []
@@ -173,7 +179,8 @@ def shared_prefix_workloads(draw):
         prompt = draw(st.integers(1, 200))
         rows.append((t, prompt, draw(st.integers(1, 40)), "a"))
         hashes.append([group * 100 + j for j in range(num_ids)])
-    workload = make_workload(rows, {"a": RequestClass("a")})
+    timeout = draw(st.sampled_from([None, 0.05, 0.3])) if with_clients else None
+    workload = make_workload(rows, {"a": RequestClass("a", timeout_s=timeout)})
     workload.requests["hash_ids"] = hashes
     return workload
 
@@ -189,7 +196,9 @@ def test_shared_prefix_blocks(workload, config_and_runs):
     if result.aborted is not None:
         return
     pool = sim.core.scheduler.pool
-    assert pool.num_used == 0 and not pool.shared_refs
+    assert pool.num_used == 0
+    if sim.core.scheduler.blocks_hashed:
+        assert not any(pool.ref.values()), "a block is still referenced"
     for req in sim.requests:
         if req.status == Status.FINISHED:
             full = req.prompt_tokens + req.num_output_tokens - 1 + req.recomputed_tokens
@@ -198,3 +207,17 @@ def test_shared_prefix_blocks(workload, config_and_runs):
     stepped = int((steps["prefill_tokens_new"] + steps["prefill_tokens_recompute"] + steps["decode_tokens"]).sum())
     assert stepped == sum(r.processed_tokens for r in sim.requests)
 
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=shared_prefix_workloads(with_clients=True), config_and_runs=configs())
+def test_batched_decode_runs_match_single_steps_with_shared_prefixes(workload, config_and_runs):
+    """With shared prefixes too, batching decode steps changes no request's preemptions, hits, first token or
+    finish (block hashing along a run, then eviction at its end, give the step-by-step cache state)."""
+    config, _ = config_and_runs
+    _, batched = _run_checked(workload, config, True, hash_block_tokens=32)
+    _, single = _run_checked(workload, config, False, hash_block_tokens=32)
+    cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens"]
+    assert batched.requests[cols].equals(single.requests[cols])
+    for col in ("first_token_s", "end_s"):
+        assert np.allclose(batched.requests[col].fillna(-1), single.requests[col].fillna(-1), rtol=0, atol=1e-9)

@@ -101,3 +101,18 @@ def test_token_budget_chunks_long_prompts():
     chunks = [n for _, scheduled, _ in log for rid, n in scheduled]
     assert chunks[:4] == [32, 32, 32, 4]
     assert chunks[4:] == [1, 1]
+
+
+def test_last_token_in_the_step_that_crosses_the_deadline_is_finished():
+    # vLLM applies a step's output before an abort, which the engine takes between steps: a request whose
+    # last token comes out of the step that crosses its deadline is finished, at the end of that step.
+    from sim.workload.classes import RequestClass
+
+    wl = make_workload([(0.0, 10, 5, "a")], {"a": RequestClass("a", timeout_s=0.045)})
+    table = make_sim(wl, step_s=0.01, max_model_len=64, enable_prefix_caching=False).run().requests
+    assert table.loc[0, "status"] == "finished"
+    assert abs(table.loc[0, "end_s"] - 0.05) < 1e-12
+    wl = make_workload([(0.0, 10, 6, "a")], {"a": RequestClass("a", timeout_s=0.045)})
+    table = make_sim(wl, step_s=0.01, max_model_len=64, enable_prefix_caching=False).run().requests
+    assert table.loc[0, "status"] == "timed_out"
+    assert abs(table.loc[0, "end_s"] - 0.045) < 1e-12
