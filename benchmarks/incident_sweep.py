@@ -41,7 +41,7 @@ def main() -> None:
             result = simulate(workload, config, model, gpu)
             s = summarize(result.requests, result.steps, workload.classes).to_dict()
             p99 = " / ".join(f"{s[f'class.{c}.e2e_s.p99']:.1f}" for c in workload.classes)
-            print(f"| {max_num_seqs} | {reserved:.1f} | {s['recompute_share']:.4f} | {int(s['preemptions_total'])} | "
+            print(f"| {max_num_seqs} | {reserved:.1f} | {s['recompute_token_share']:.4f} | {int(s['preemptions_total'])} | "
                   f"{s['new_token_busy_share']:.4f} | {p99} | {int(s['all.count.timed_out'])} | {s['output_tokens_per_s']:.0f} |")
 
 

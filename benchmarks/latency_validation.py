@@ -33,6 +33,9 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 if not DEFAULT_DATA.exists():
     DEFAULT_DATA = Path("/work/shared/data")
 
+#: Published measurements of vLLM itself, kept in the repository with their sources.
+VLLM_DATA = Path(__file__).resolve().parent / "data" / "vllm_measured.yaml"
+
 #: validation_points.yaml GPU labels -> kvtune profiles (TRT-LLM#281: the TRT-LLM tables used SXM 80GB parts).
 GPU_NAMES = {"A100": "A100-80GB", "H100": "H100-SXM", "H200": "H200", "L40S": "L40S"}
 
@@ -46,19 +49,36 @@ class Point:
     unit: str
     scored: bool = True
     note: str = ""
+    #: Regime: ``prefill`` (prefill-dominated: TTFT, long-prompt throughput), ``decode`` (ITL, decode-heavy
+    #: throughput) or ``mixed``; and ``small`` (batch <= 8) or ``large``.
+    phase: str = "mixed"
+    batch: str = "small"
+    #: Measured on vLLM itself (the fit target of issue 12: median |error| <= 10%).
+    vllm: bool = False
 
     @property
     def error(self) -> float:
         return (self.predicted - self.published) / self.published
 
+    @property
+    def slowness(self) -> float:
+        """Signed error in one direction for every metric: > 0 when the model is too slow (a time predicted too
+        long, a rate too low), < 0 when too fast."""
+        ratio = self.predicted / self.published
+        return ratio - 1.0 if self.unit in ("ms", "s") else 1.0 / ratio - 1.0
+
 
 def _model(model: str | ModelProfile, gpu: str | GpuProfile, tp: int = 1, fp8: bool = False, kv_fp8: bool | None = None,
-           coefficients: LatencyCoefficients | None = None, block_size: int = 16) -> RooflineModel:
+           coefficients: LatencyCoefficients | None = None, block_size: int = 16,
+           async_scheduling: bool = False) -> RooflineModel:
+    """``async_scheduling``: the engine overlaps its host work with the GPU (vLLM >= 0.17 by default; the
+    TensorRT-LLM PyTorch backend's overlap scheduler, on by default); off for 2023-era TensorRT-LLM C++ runs."""
     m = load_model(model) if isinstance(model, str) else model
     g = load_gpu(GPU_NAMES.get(gpu, gpu)) if isinstance(gpu, str) else gpu
     kv_fp8 = fp8 if kv_fp8 is None else kv_fp8
     return RooflineModel(m, g, tensor_parallel=tp, kv_dtype_bytes=1 if kv_fp8 else 2,
-                         weight_dtype_bytes=1 if fp8 else 2, block_size=block_size, coefficients=coefficients)
+                         weight_dtype_bytes=1 if fp8 else 2, block_size=block_size, coefficients=coefficients,
+                         async_scheduling=async_scheduling)
 
 
 def prefill_shape(tokens: int, num_decode: int = 0, decode_context: int = 0) -> StepShape:
@@ -82,7 +102,7 @@ def trtllm_prefill(points: list[dict], coef) -> list[Point]:
         lm = _model(name, p["gpu"], tp=p["tp"], fp8=fp8, coefficients=coef)
         t = lm.step_time(prefill_shape(p["input"]))
         out.append(Point("trtllm-ttft-bs1", f"{p['gpu']} {name} {p['dtype']} TP{p['tp']} in={p['input']}",
-                         t * 1e3, p["ttft_ms"], "ms"))
+                         t * 1e3, p["ttft_ms"], "ms", phase="prefill"))
     return out
 
 
@@ -101,8 +121,8 @@ def splitwise(points: list[dict], coef) -> list[Point]:
         ttft = lm.step_time(prefill_shape(isl))
         tbt = lm.step_time(decode_shape(1, isl + osl // 2))
         tag = f"{p['gpu']} TP8 {p['trace']} in={isl}"
-        out.append(Point("splitwise-vllm", f"{tag} TTFT p50", ttft * 1e3, p["ttft_ms"], "ms"))
-        out.append(Point("splitwise-vllm", f"{tag} TBT p50", tbt * 1e3, p["tbt_ms"], "ms",
+        out.append(Point("splitwise-vllm", f"{tag} TTFT p50", ttft * 1e3, p["ttft_ms"], "ms", phase="prefill"))
+        out.append(Point("splitwise-vllm", f"{tag} TBT p50", tbt * 1e3, p["tbt_ms"], "ms", phase="decode",
                          note="2023 vLLM: eager mode + NCCL, not modelled"))
     return out
 
@@ -134,9 +154,12 @@ def nim(data: dict, coef) -> list[Point]:
             f = (osl - 1) * itl / (ttft + (osl - 1) * itl)
             n_mix = min((c - 1) * f, osl - 1)
             itl = ((osl - 1 - n_mix) * t_dec + n_mix * t_mix) / (osl - 1)
-        out.append(Point("nim-70b-fp8-tp2", f"c={c} ITL (batch {c})", itl * 1e3, itl_pub, "ms"))
+        size = "small" if c <= 8 else "large"
+        out.append(Point("nim-70b-fp8-tp2", f"c={c} ITL (batch {c})", itl * 1e3, itl_pub, "ms", phase="decode",
+                         batch=size))
         out.append(Point("nim-70b-fp8-tp2", f"c={c} TTFT", ttft * 1e3, ttft_pub, "ms", scored=c == 1,
-                         note="" if c == 1 else "start-up burst and coincident arrivals queue (not modelled)"))
+                         note="" if c == 1 else "start-up burst and coincident arrivals queue (not modelled)",
+                         phase="prefill", batch=size))
     return out
 
 
@@ -160,14 +183,18 @@ def _kv_batch(lm: RooflineModel, isl: int, osl: int, mem_fraction: float = 0.9, 
     return int(max(1, min(cap, tokens // (isl + osl))))
 
 
+def _phase(isl: int, osl: int) -> str:
+    return "prefill" if isl >= 4 * osl else ("decode" if osl >= isl else "mixed")
+
+
 def trtllm_throughput(data: dict, coef) -> list[Point]:
     """TensorRT-LLM perf-overview (PyTorch backend, fp8 weights and KV), total output tok/s at max load.
 
-    Scored: prefill-dominated shapes (ISL >= 10 x OSL), whose throughput is set by prefill FLOPs and barely
-    depends on the batch; batch = sequences fitting in the KV cache (90% of free memory), at most 2048.
-    Not scored: 128/128, 128/2048, 2048/2048 are decode-dominated and depend on the batch size that
-    trtllm-bench's heuristics chose (unpublished); shown with the same batch estimate for reference.  405B has no
-    kvtune profile.
+    Batch = sequences fitting in the KV cache (90% of free memory), at most 2048 (trtllm-bench's heuristics
+    chose the real one; it is unpublished).  Every shape is scored, the decode-dominated ones (128/128, 128/2048,
+    2048/2048) too: their error depends on that batch estimate, which the regime summary shows.  The PyTorch
+    backend's overlap scheduler (on by default) hides the host's per-step work like vLLM's async scheduling.
+    405B has no kvtune profile.
     """
     out = []
     runs = [("llama31_8b_fp8_tp1", "Llama-3-8B", [("H100", 1), ("H200", 1)]),
@@ -176,14 +203,15 @@ def trtllm_throughput(data: dict, coef) -> list[Point]:
         entry = data[key]
         for col, tp in gpus:
             gpu = col.split("_")[0]
-            lm = _model(model, gpu, tp=tp, fp8=True, kv_fp8=True, coefficients=coef)
+            lm = _model(model, gpu, tp=tp, fp8=True, kv_fp8=True, coefficients=coef, async_scheduling=True)
             for shape, pub in zip(entry["isl_osl"], entry[col]):
                 isl, osl = map(int, shape.split("/"))
                 batch = _kv_batch(lm, isl, osl)
                 pred = _steady_throughput(lm, isl, osl, batch)
-                scored = isl >= 10 * osl
+                phase = _phase(isl, osl)
                 out.append(Point("trtllm-max-throughput", f"{gpu} {model} TP{tp} {shape} (batch {batch})", pred, pub,
-                                 "tok/s", scored=scored, note="" if scored else "decode-dominated: batch unknown"))
+                                 "tok/s", note="batch estimated" if phase != "prefill" else "", phase=phase,
+                                 batch="large"))
     out.append(Point("trtllm-max-throughput", "Llama-3.1-405B fp8 TP8", math.nan, math.nan, "tok/s", scored=False,
                      note="no 405B profile"))
     return out
@@ -202,7 +230,58 @@ def trtllm_static(points: list[dict], coef) -> list[Point]:
                                          prefill_context=bs * isl, num_seqs=bs))
         decode = lm.decode_run_times(bs, bs * (isl + 1), osl - 1).sum()
         pred = bs * osl / (prefill + decode) / tp
-        out.append(Point("trtllm-static-a100", f"{name} TP{tp} bs={bs} {isl}/{osl}", pred, p["tok_s"], "tok/s/GPU"))
+        out.append(Point("trtllm-static-a100", f"{name} TP{tp} bs={bs} {isl}/{osl}", pred, p["tok_s"], "tok/s/GPU",
+                         phase=_phase(isl, osl), batch="large" if bs > 8 else "small"))
+    return out
+
+
+def _closed_loop(lm: RooflineModel, isl: int, osl: int, c: int) -> tuple[float, float, float]:
+    """``(itl, ttft, output tok/s)`` of ``c`` closed-loop clients sending ``isl``/``osl`` requests: each of the other
+    c-1 requests prefills once per cycle of a request, so a share of the decode steps carries a whole prefill
+    (the NIM steady state above, for any shape)."""
+    ctx = isl + osl / 2.0
+    t_dec = lm.step_time(decode_shape(c, c * ctx))
+    t_pre = lm.step_time(prefill_shape(isl, num_decode=c - 1, decode_context=int((c - 1) * ctx)))
+    itl = t_dec
+    for _ in range(8):
+        cycle = t_pre + (osl - 1) * itl
+        n_mix = min((c - 1) * (osl - 1) * itl / cycle, osl - 1) if c > 1 else 0.0
+        itl = ((osl - 1 - n_mix) * t_dec + n_mix * t_pre) / (osl - 1)
+    cycle = t_pre + (osl - 1) * itl
+    return itl, t_pre, c * osl / cycle
+
+
+def vllm_measured(path: Path, coef) -> list[Point]:
+    """Published vLLM measurements (benchmarks/data/vllm_measured.yaml), each run with the async-scheduling default
+    of its vLLM release (sim/data/vllm_defaults.yaml)."""
+    from sim.engine.defaults import engine_defaults
+
+    out = []
+    for run in yaml.safe_load(path.read_text())["runs"]:
+        gpu = load_gpu(run["gpu"])
+        asyn = engine_defaults("vllm-v1", run["vllm"], gpu).async_scheduling
+        lm = _model(run["model"], gpu, fp8=run["dtype"] == "fp8", coefficients=coef, async_scheduling=asyn)
+        tag = f"{run['id']} (vLLM {run['vllm']})"
+        for p in run["points"]:
+            c, metric, value = int(p["concurrency"]), p["metric"], float(p["value"])
+            scored = p.get("scored", True)
+            size = "small" if c <= 8 else "large"
+            if metric == "tpot_p50_ms":
+                ctx = run.get("assumed_context", 512)
+                pred = lm.step_time(decode_shape(c, c * ctx)) * 1e3
+                point = Point("vllm-measured", f"{tag} c={c} TPOT p50", pred, value, "ms", scored, p.get("why", ""),
+                              "decode", size, True)
+            elif metric == "decode_tok_s_per_request":
+                itl, _, _ = _closed_loop(lm, run["isl"], run["osl"], c)
+                point = Point("vllm-measured", f"{tag} c={c} decode tok/s per request", 1.0 / itl, value, "tok/s",
+                              scored, p.get("why", ""), "decode", size, True)
+            elif metric == "throughput_ratio_vs_c1":
+                ratio = _closed_loop(lm, run["isl"], run["osl"], c)[2] / _closed_loop(lm, run["isl"], run["osl"], 1)[2]
+                point = Point("vllm-measured", f"{tag} c={c} output tok/s / c=1", ratio, value, "x", scored,
+                              p.get("why", ""), "mixed", size, True)
+            else:
+                raise ValueError(f"{path}: unknown metric {metric!r}")
+            out.append(point)
     return out
 
 
@@ -301,6 +380,7 @@ def collect(data_dir: Path, coef: LatencyCoefficients) -> list[Point]:
     points += trtllm_static(vp["trtllm_v0_6_1_a100_fp16_out_tok_s"], coef)
     points.append(Point("nim-8b", "Llama-3.1-8B NIM 1.8.0", math.nan, math.nan, "ms", scored=False,
                         note="GPU/precision/ISL-OSL labels unconfirmed in the source excerpt"))
+    points += vllm_measured(VLLM_DATA, coef)
     return points
 
 
@@ -319,6 +399,47 @@ def summarize(points: list[Point]) -> dict[str, tuple[float, float, int]]:
     return out
 
 
+def regimes(points: list[Point]) -> list[tuple[str, int, float, float, float]]:
+    """Per regime (phase x batch size, over the scored points but Splitwise's 2023 eager-mode runs): count,
+    median signed slowness, share of points too slow, median |error|.  A regime whose points all err the same way
+    has a systematic sign."""
+    rows = []
+    use = [p for p in points if p.scored and p.group != "splitwise-vllm"]
+    keys = [("vLLM-measured", lambda p: p.vllm)]
+    for phase in ("prefill", "mixed", "decode"):
+        keys.append((phase if phase == "mixed" else f"{phase}-heavy", lambda p, ph=phase: p.phase == ph))
+    for size in ("small", "large"):
+        keys.append((f"{size} batch", lambda p, sz=size: p.batch == sz))
+    for label, member in keys:
+        sel = [p for p in use if member(p)]
+        if sel:
+            slow = np.array([p.slowness for p in sel])
+            rows.append((label, len(sel), float(np.median(slow)), float(np.mean(slow > 0)),
+                         float(np.median([abs(p.error) for p in sel]))))
+    return rows
+
+
+FIT_PARAMS = ("overhead_s", "per_seq_overhead_s", "mfu", "mfu_fp8", "bw_eff", "async_exposed_s")
+
+
+def fit(data_dir: Path, start: LatencyCoefficients, params: tuple[str, ...] = FIT_PARAMS) -> LatencyCoefficients:
+    """Least squares on log(predicted / published) over every scored point but Splitwise's (2023 eager mode),
+    the vLLM-measured points weighted 3x (they are the target), coefficients searched in log space."""
+    from scipy.optimize import minimize
+
+    x0 = np.log([getattr(start, k) for k in params])
+
+    def coef_of(x):
+        return dataclasses.replace(start, **{k: float(v) for k, v in zip(params, np.exp(x))})
+
+    def loss(x):
+        pts = [p for p in collect(data_dir, coef_of(x)) if p.scored and p.group != "splitwise-vllm"]
+        return sum((3.0 if p.vllm else 1.0) * np.log(p.predicted / p.published) ** 2 for p in pts)
+
+    res = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 400, "xatol": 1e-3, "fatol": 1e-6})
+    return coef_of(res.x)
+
+
 def parse_coefficients(text: str | None) -> LatencyCoefficients:
     if not text:
         return LatencyCoefficients()
@@ -334,8 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared/data directory")
     ap.add_argument("--coefficients", help="overrides, e.g. mfu=0.6,roofline_norm=inf")
     ap.add_argument("--quiet", action="store_true", help="summary only")
+    ap.add_argument("--fit", action="store_true",
+                    help=f"refit {', '.join(FIT_PARAMS)} to the scored points first (a few minutes) and print them")
+    ap.add_argument("--fit-params", help="comma-separated coefficients --fit varies (default: all of the above)")
     args = ap.parse_args(argv)
     coef = parse_coefficients(args.coefficients)
+    if args.fit:
+        params = tuple(p.strip() for p in args.fit_params.split(",")) if args.fit_params else FIT_PARAMS
+        coef = fit(args.data, coef, params)
+        print("fitted:", ", ".join(f"{k}={getattr(coef, k):.4g}" for k in params))
     print("coefficients:", ", ".join(f"{k}={v:g}" for k, v in coef.as_dict().items()))
     points = collect(args.data, coef)
     if not args.quiet:
@@ -349,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nabsolute relative error over scored points:")
     for g, (med, mx, n) in summarize(points).items():
         print(f"  {g:<22} n={n:<3d} median {med:6.1%}   max {mx:6.1%}")
+    print("\nby regime (scored points but Splitwise's; slowness > 0: model too slow):")
+    for label, n, med_slow, share_slow, med_abs in regimes(points):
+        print(f"  {label:<16} n={n:<3d} median |err| {med_abs:6.1%}   median slowness {med_slow:+6.1%}   "
+              f"too slow in {share_slow:4.0%} of points")
     lines, errs = vidur(args.data, coef, verbose=not args.quiet)
     print("\nVidur operator profiles: linear layers (QKV+O+gate/up+down) x layers, model vs measured:")
     print("\n".join(lines))

@@ -6,27 +6,33 @@ count requests that did not finish as censored values (``latency_samples``), nev
 """
 
 from objectives._censor import latency_samples
-from objectives._cohorts import DEFAULT_PROMPT_EDGES, CohortStats, Quantiles, StatusCounts
+from objectives._busy import BusyTime
+from objectives._cohorts import DEFAULT_OUTPUT_EDGES, DEFAULT_PROMPT_EDGES, CohortStats, Quantiles, StatusCounts, Tail
 from objectives._format import format_summary
 from objectives._percentile import percentile, percentiles
 from objectives._preemptions import PreemptionStats, preemption_stats
-from objectives._steps import StepStats, StepTotals, kv_utilization, new_token_busy_share, recompute_share, step_stats
+from objectives._steps import StepStats, StepTotals, kv_utilization, new_token_busy_share, recompute_token_share, step_stats
 from objectives._summary import Summary, summarize
 from objectives._tables import STATUSES
-from objectives._throughput import goodput_rps, makespan_s, output_tokens_per_s
+from objectives._throughput import goodput_rps, makespan_s, output_tokens_per_s, slo_checks
 from objectives.registry import (
+    BoundConstraint,
     Constraint,
     Objective,
     constraint_values,
     get_objective,
     objective_names,
+    parse_bound,
     register_objective,
     slo_constraints,
 )
 
 __all__ = [
+    "DEFAULT_OUTPUT_EDGES",
     "DEFAULT_PROMPT_EDGES",
     "STATUSES",
+    "BoundConstraint",
+    "BusyTime",
     "CohortStats",
     "Constraint",
     "Objective",
@@ -35,6 +41,7 @@ __all__ = [
     "StatusCounts",
     "StepStats",
     "StepTotals",
+    "Tail",
     "Summary",
     "constraint_values",
     "format_summary",
@@ -46,11 +53,13 @@ __all__ = [
     "new_token_busy_share",
     "objective_names",
     "output_tokens_per_s",
+    "parse_bound",
     "percentile",
     "percentiles",
     "preemption_stats",
-    "recompute_share",
+    "recompute_token_share",
     "register_objective",
+    "slo_checks",
     "slo_constraints",
     "step_stats",
     "summarize",

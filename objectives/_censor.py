@@ -1,12 +1,12 @@
 """Per-request latency samples in which requests that did not finish are censored, never dropped.
 
-Rule (applied to ``ttft_s``, ``tpot_s`` and ``e2e_s`` alike):
+Rule (applied to ``ttft_s`` and ``e2e_s``; ``tpot_s`` is never censored, see the last point):
 
 - A metric the request produced is its observed value: ``ttft_s`` once it had a first token, ``e2e_s`` when
   ``finished``, ``tpot_s`` once it had a second token (the column, or for a request that left early
   ``(end_s - first_token_s) / (generated_tokens - 1)``).  Produced means the value is known or
   ``generated_tokens`` shows it (>= 1 for TTFT, >= 2 for TPOT); produced but unknown stays NaN.
-- A metric it did not produce, for a request that is not ``finished``, takes a censored value, a lower bound
+- A TTFT or E2E it did not produce, for a request that is not ``finished``, takes a censored value, a lower bound
   on what its client saw.  Let ``waited = end_s - arrival_s`` (``end_s`` unknown: the end of observation,
   the last time either table mentions, minus ``arrival_s``) and ``T`` the class timeout:
     * ``timed_out``: ``max(waited, T)``;
@@ -14,11 +14,14 @@ Rule (applied to ``ttft_s``, ``tpot_s`` and ``e2e_s`` alike):
     * ``rejected``: ``max(waited, T)`` if the class has a timeout, else ``+inf``: a refused request never
       gets an answer, and the instant of refusal bounds nothing (counting it as ~0 s would reward rejecting);
     * ``waited`` unknown (no end anywhere): ``T``, or ``+inf`` without a timeout.
-  A censored TPOT is the same value as the censored E2E: a request that failed before its second token
-  weighs in the TPOT tail with its whole wait.
-- A ``finished`` request that did not produce a metric: ``tpot_s`` is not applicable (a 1-token answer has
-  no TPOT; excluded from TPOT percentiles); ``ttft_s``/``e2e_s`` are unknown (NaN, as replay tables leave
-  unobservable columns) and make the cohort's percentile NaN rather than invent a value.
+  ``ttft_censored``/``e2e_censored`` mark the rows that took one (the summary reports their share beside
+  every percentile).
+- A request with no second token has no TPOT (``tpot_applicable`` False; excluded from TPOT percentiles): a
+  finished 1-token answer, and a request lost before its second token, whose time is in its E2E and TTFT
+  censoring, not in a per-token figure (filling it with its whole wait made one lost request read as a
+  "p99 TPOT of 120 s").
+- A ``finished`` request whose ``ttft_s``/``e2e_s`` is unknown (NaN, as replay tables leave unobservable
+  columns) makes the cohort's percentile NaN rather than invent a value.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from objectives._steps import StepTotals
 from objectives._tables import CANCELLED, FINISHED, REJECTED, TIMED_OUT, UNFINISHED, check_requests, column
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
@@ -39,9 +41,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
 def observation_end(requests: pd.DataFrame, steps: pd.DataFrame | None = None) -> float:
     """The last instant either table mentions (request ends, step ends); NaN when neither has one."""
     ends = [column(requests, "end_s").max(), column(requests, "arrival_s").max()]
-    if isinstance(steps, StepTotals):
-        ends.append(steps.end_s)
-    elif steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
+    if steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
         ends.append((column(steps, "start_s") + column(steps, "duration_s")).max())
     ends = [e for e in ends if pd.notna(e)]
     return float(max(ends)) if ends else float("nan")
@@ -73,8 +73,9 @@ def censored_value(requests: pd.DataFrame, timeouts: pd.Series, obs_end: float) 
 def latency_samples(
     requests: pd.DataFrame, classes: Mapping[str, RequestClass], steps: pd.DataFrame | None = None
 ) -> pd.DataFrame:
-    """One row per request (same index): ``ttft_s``, ``tpot_s``, ``e2e_s`` with censoring applied, and
-    ``tpot_applicable`` (False only for finished requests without a second token).  NaN means unknown."""
+    """One row per request (same index): ``ttft_s``, ``tpot_s``, ``e2e_s`` with censoring applied,
+    ``tpot_applicable`` (False for requests without a second token) and the ``ttft_censored``/``e2e_censored``
+    flags.  NaN means unknown."""
     check_requests(requests)
     finished = requests["status"].astype(str).eq(FINISHED)
     arrival = column(requests, "arrival_s")
@@ -84,13 +85,16 @@ def latency_samples(
     censored = censored_value(requests, class_timeouts(requests, classes), observation_end(requests, steps))
 
     ttft = column(requests, "ttft_s").fillna(first - arrival)
-    ttft = ttft.where(finished | ttft.notna() | generated.ge(1), censored)
+    ttft_censored = ~(finished | ttft.notna() | generated.ge(1))
+    ttft = ttft.mask(ttft_censored, censored)
 
     e2e = column(requests, "e2e_s").where(finished, censored)
 
     tpot = column(requests, "tpot_s").fillna(((end - first) / (generated - 1)).where(~finished & generated.ge(2)))
-    one_token = finished & generated.lt(2)
-    tpot = tpot.where(finished | tpot.notna() | generated.ge(2), censored).mask(one_token, np.nan)
+    no_second = generated.lt(2) | (~finished & generated.isna() & tpot.isna())
+    tpot = tpot.mask(no_second, np.nan)
     return pd.DataFrame(
-        {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "tpot_applicable": ~one_token}, index=requests.index
+        {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "tpot_applicable": ~no_second,
+         "ttft_censored": ttft_censored, "e2e_censored": ~finished},
+        index=requests.index,
     )

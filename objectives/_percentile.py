@@ -27,3 +27,22 @@ def percentiles(values: Iterable[float], qs: Sequence[float] = QUANTILES) -> tup
     if arr.size == 0 or np.isnan(arr).any():
         return tuple(float("nan") for _ in qs)
     return tuple(float(v) for v in np.percentile(arr, list(qs), method="higher"))
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+    """:func:`percentiles` of ``values`` each repeated ``weights`` times (non-negative integers), without
+    expanding them: the value whose cumulative weight first exceeds the 0-based index ``ceil(q/100 * (N - 1))``."""
+    values = np.asarray(values, dtype="float64")
+    weights = np.asarray(weights, dtype="float64")
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    total = weights.sum()
+    if total <= 0 or np.isnan(values).any() or np.isnan(total):
+        return tuple(float("nan") for _ in qs)
+    order = np.argsort(values, kind="stable")
+    values, cumulative = values[order], np.cumsum(weights[order])
+    out = []
+    for q in qs:
+        index = np.ceil(q / 100.0 * (total - 1))
+        out.append(float(values[int(np.searchsorted(cumulative, index, side="right"))]))
+    return tuple(out)

@@ -1,4 +1,4 @@
-"""Step-table metrics: of the GPU's busy time and tokens, how much served new tokens.
+"""Step-table metrics: how busy the GPU was, what its busy time served, KV use and inter-token latency.
 
 A step row may stand for a run of ``num_steps`` identical iterations; its ``duration_s`` and token columns
 are already totals of the run, so they are summed as they are (never multiplied by ``num_steps``).
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from objectives._busy import BusyTime, busy_from_steps
+from objectives._percentile import weighted_percentiles
 from objectives._tables import STEP_COLUMNS, column, require_columns
 
 NAN = float("nan")
@@ -21,23 +23,33 @@ NAN = float("nan")
 class StepStats:
     """Engine-side totals over the whole run.
 
-    ``recompute_share``: prefill_tokens_recompute / (prefill_tokens_new + prefill_tokens_recompute +
-    decode_tokens).  ``new_token_busy_share``: each row's ``duration_s`` is attributed to its tokens in
-    proportion, ``duration * (new prefill + decode) / all tokens``; summed and divided by busy time (the sum of
-    ``duration_s``; a row with no tokens, e.g. a pure swap step, is busy time spent on no new token).
-    ``kv_utilization``: mean of ``kv_blocks_used / kv_blocks_total`` over steps weighted by ``duration_s``.
+    ``busy_s``: sum of ``duration_s``; ``busy_fraction``: busy_s over the span from the first step's start to
+    the last step's end (how much of the time the GPU was stepping).  Time shares (``objectives._busy``):
+    ``new_token_busy_share`` = (new prefill + decode time) / busy_s, ``recompute_busy_share`` = recompute time /
+    busy_s.  Token shares: ``recompute_token_share`` = recomputed prefill tokens / all tokens processed,
+    ``new_token_token_share`` = (new prefill + decode tokens) / all tokens.  ``kv_utilization``: mean of
+    ``kv_blocks_used / kv_blocks_total`` over steps weighted by ``duration_s``.  ``itl_s_p*``: inter-token
+    latency of running decodes, each decode token weighted once with its step's time (a run of decode steps at
+    its mean step time); gaps from preemption stalls are in the request table's ``max_itl_s``, not here.
     """
 
     busy_s: float = NAN
+    busy_fraction: float = NAN
     num_steps: float = NAN
     tokens_new: float = NAN
     tokens_recompute: float = NAN
-    recompute_share: float = NAN
     new_token_busy_share: float = NAN
+    recompute_busy_share: float = NAN
+    new_token_token_share: float = NAN
+    recompute_token_share: float = NAN
     kv_utilization: float = NAN
     kv_utilization_peak: float = NAN
     swap_out_blocks: float = NAN
     swap_in_blocks: float = NAN
+    itl_s_p50: float = NAN
+    itl_s_p90: float = NAN
+    itl_s_p99: float = NAN
+    time: BusyTime = BusyTime()
 
 
 def _total(values: pd.Series) -> float:
@@ -48,13 +60,13 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else NAN  # NaN den compares False: NaN
 
 
-def recompute_share(steps: pd.DataFrame) -> float:
+def recompute_token_share(steps: pd.DataFrame) -> float:
     """Recomputed prefill tokens over all tokens processed (see ``StepStats``)."""
-    return step_stats(steps).recompute_share
+    return step_stats(steps).recompute_token_share
 
 
 def new_token_busy_share(steps: pd.DataFrame) -> float:
-    """Share of busy GPU time attributed to new tokens (see ``StepStats``)."""
+    """Share of busy GPU time that served new tokens, by the time parts (see ``StepStats``)."""
     return step_stats(steps).new_token_busy_share
 
 
@@ -63,73 +75,79 @@ def kv_utilization(steps: pd.DataFrame) -> float:
     return step_stats(steps).kv_utilization
 
 
+def step_itl(steps: pd.DataFrame) -> tuple[float, ...]:
+    """p50/p90/p99 inter-token latency of running decodes (see ``StepStats``)."""
+    decode = column(steps, "decode_tokens")
+    per_step = column(steps, "duration_s") / column(steps, "num_steps").where(lambda n: n > 0)
+    rows = decode > 0
+    return weighted_percentiles(per_step[rows].to_numpy(), decode[rows].to_numpy())
+
+
 class StepTotals:
-    """Step-table metrics accumulated chunk by chunk, so that a run need not keep its step table: ``add`` each
-    chunk of rows (a DataFrame with the step-table columns), then ``stats()`` equals ``step_stats`` of all the
-    rows together (sums are order-independent up to float rounding).  ``end_s``: the last step end seen."""
+    """A run's step table collected chunk by chunk while the run goes (``add`` each chunk, e.g. as the
+    ``step_sink`` of ``sim.runner.Simulation``), so that the run keeps no row tuples: the chunks are numeric
+    columns (about a third of the memory).  ``stats()`` is ``step_stats`` of all the rows; the step metrics
+    include percentiles (inter-token latency), so the chunks are kept rather than summed."""
 
     def __init__(self) -> None:
+        self._chunks: list[pd.DataFrame] = []
         self.rows = 0
-        self.busy_s = 0.0
-        self.num_steps = 0.0
-        self.tokens_new = 0.0
-        self.tokens_recompute = 0.0
-        self.new_busy_s = 0.0
-        self.kv_busy_s = 0.0
-        self.kv_peak = NAN
-        self.swap_out_blocks = 0.0
-        self.swap_in_blocks = 0.0
-        self.end_s = NAN
 
     def add(self, steps: pd.DataFrame) -> None:
-        if not len(steps):
-            return
-        require_columns(steps, STEP_COLUMNS, "steps")
-        duration = column(steps, "duration_s")
-        new = column(steps, "prefill_tokens_new") + column(steps, "decode_tokens")
-        recompute = column(steps, "prefill_tokens_recompute")
-        tokens = new + recompute
-        new_share_of_row = (new / tokens).where(tokens > 0, 0.0).mask(tokens.isna(), np.nan)
-        kv = column(steps, "kv_blocks_used") / column(steps, "kv_blocks_total").where(lambda t: t > 0)
-        self.busy_s += _total(duration)
-        self.num_steps += _total(column(steps, "num_steps"))
-        self.tokens_new += _total(new)
-        self.tokens_recompute += _total(recompute)
-        self.new_busy_s += _total(duration * new_share_of_row)
-        self.kv_busy_s += _total(duration * kv)
-        peak = float(kv.max(skipna=False))
-        self.kv_peak = peak if self.rows == 0 or peak != peak else max(self.kv_peak, peak)  # NaN sticks
-        self.swap_out_blocks += _total(column(steps, "swap_out_blocks"))
-        self.swap_in_blocks += _total(column(steps, "swap_in_blocks"))
-        if {"start_s", "duration_s"} <= set(steps.columns):
-            end = float((column(steps, "start_s") + duration).max())
-            self.end_s = end if self.end_s != self.end_s else max(self.end_s, end)
-        self.rows += len(steps)
+        if len(steps):
+            self._chunks.append(steps)
+            self.rows += len(steps)
+
+    def table(self) -> pd.DataFrame:
+        """All rows collected (an empty table with the step columns when there were none)."""
+        if not self._chunks:
+            return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
+        if len(self._chunks) > 1:
+            self._chunks = [pd.concat(self._chunks, ignore_index=True)]
+        return self._chunks[0]
+
+    @property
+    def end_s(self) -> float:
+        table = self.table()
+        return float((column(table, "start_s") + column(table, "duration_s")).max()) if len(table) else NAN
 
     def stats(self) -> StepStats:
-        tokens = self.tokens_new + self.tokens_recompute
-        return StepStats(
-            busy_s=self.busy_s,
-            num_steps=self.num_steps,
-            tokens_new=self.tokens_new,
-            tokens_recompute=self.tokens_recompute,
-            recompute_share=_ratio(self.tokens_recompute, tokens),
-            new_token_busy_share=_ratio(self.new_busy_s, self.busy_s),
-            kv_utilization=_ratio(self.kv_busy_s, self.busy_s),
-            kv_utilization_peak=self.kv_peak if self.rows else NAN,
-            swap_out_blocks=self.swap_out_blocks,
-            swap_in_blocks=self.swap_in_blocks,
-        )
+        return step_stats(self.table())
 
 
 def step_stats(steps: "pd.DataFrame | StepTotals | None") -> StepStats:
-    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN.  ``steps`` may also be
-    a :class:`StepTotals` accumulated while the run went (no step table kept)."""
+    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN; a :class:`StepTotals`
+    stands for the table it collected."""
+    if isinstance(steps, StepTotals):
+        steps = steps.table()
     if steps is None:
         return StepStats()
-    if isinstance(steps, StepTotals):
-        return steps.stats()
-    totals = StepTotals()
     require_columns(steps, STEP_COLUMNS, "steps")
-    totals.add(steps)
-    return totals.stats()
+    duration = column(steps, "duration_s")
+    new = column(steps, "prefill_tokens_new") + column(steps, "decode_tokens")
+    recompute = column(steps, "prefill_tokens_recompute")
+    tokens = new + recompute
+    busy = _total(duration)
+    span = NAN
+    if "start_s" in steps.columns and len(steps):
+        start = column(steps, "start_s")
+        span = float((start + duration).max() - start.min())
+    kv = column(steps, "kv_blocks_used") / column(steps, "kv_blocks_total").where(lambda t: t > 0)
+    time = busy_from_steps(steps)
+    return StepStats(
+        busy_s=busy,
+        busy_fraction=_ratio(busy, span),
+        num_steps=_total(column(steps, "num_steps")),
+        tokens_new=_total(new),
+        tokens_recompute=_total(recompute),
+        new_token_busy_share=time.new_token_busy_share,
+        recompute_busy_share=time.recompute_busy_share,
+        new_token_token_share=_ratio(_total(new), _total(tokens)),
+        recompute_token_share=_ratio(_total(recompute), _total(tokens)),
+        kv_utilization=_ratio(_total(duration * kv), busy),
+        kv_utilization_peak=float(kv.max(skipna=False)) if len(kv) else NAN,
+        swap_out_blocks=_total(column(steps, "swap_out_blocks")),
+        swap_in_blocks=_total(column(steps, "swap_in_blocks")),
+        **dict(zip(("itl_s_p50", "itl_s_p90", "itl_s_p99"), step_itl(steps) if len(steps) else (NAN,) * 3)),
+        time=time,
+    )

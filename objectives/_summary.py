@@ -13,11 +13,23 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from objectives._censor import latency_samples
-from objectives._cohorts import DEFAULT_PROMPT_EDGES, CohortStats, cohort_stats, prompt_buckets, prompt_edges
+from objectives._busy import BusyTime, transfer_per_block
+from objectives._censor import LATENCY_METRICS, latency_samples
+from objectives._cohorts import (
+    DEFAULT_OUTPUT_EDGES,
+    DEFAULT_PROMPT_EDGES,
+    STALL_METRICS,
+    CohortInputs,
+    CohortStats,
+    cohort_stats,
+    output_buckets,
+    preemption_buckets,
+    prompt_buckets,
+    prompt_edges,
+)
 from objectives._preemptions import PreemptionStats, preemption_stats
 from objectives._steps import StepStats, StepTotals, step_stats
-from objectives._throughput import finished_output_tokens, makespan_s, slo_met
+from objectives._throughput import finished_output_tokens, makespan_s, slo_checks
 from sim.workload.classes import RequestClass
 
 NAN = float("nan")
@@ -26,8 +38,9 @@ NAN = float("nan")
 @dataclass(frozen=True)
 class Summary:
     """Metrics of one run.  ``overall`` is the cohort of all requests (keys ``all.*``), ``classes`` one cohort
-    per request class (``class.<name>.*``), ``prompt_buckets`` one per prompt-length bucket
-    (``prompt.<low>-<high>.*``)."""
+    per request class (``class.<name>.*``), ``prompt_buckets``/``output_buckets``/``preemption_buckets`` one per
+    prompt-length, output-length and preemption-count bucket (``prompt.<low>-<high>.*``, ``output.<low>-<high>.*``,
+    ``preempted.<n>.*``)."""
 
     makespan_s: float
     output_tokens_per_s: float
@@ -37,6 +50,13 @@ class Summary:
     prompt_buckets: dict[str, CohortStats]
     steps: StepStats = field(default_factory=StepStats)
     preemptions: PreemptionStats = field(default_factory=PreemptionStats)
+    output_buckets: dict[str, CohortStats] = field(default_factory=dict)
+    preemption_buckets: dict[str, CohortStats] = field(default_factory=dict)
+
+    def cohort_groups(self) -> dict[str, dict[str, CohortStats]]:
+        """Key prefix -> cohorts of that grouping (``class``, ``prompt``, ``output``, ``preempted``)."""
+        return {"class": self.classes, "prompt": self.prompt_buckets, "output": self.output_buckets,
+                "preempted": self.preemption_buckets}
 
     def to_dict(self) -> dict[str, float | int]:
         """Flat ``{key: number}`` (NaN/inf kept as floats; Python's json writes them as NaN/Infinity)."""
@@ -45,14 +65,14 @@ class Summary:
             "output_tokens_per_s": self.output_tokens_per_s,
             "goodput_rps": self.goodput_rps,
         }
-        out.update(dataclasses.asdict(self.steps))
+        out.update({k: v for k, v in dataclasses.asdict(self.steps).items() if k != "time"})
+        out.update(self.steps.time.to_dict("time."))
         out["preemptions_total"] = self.preemptions.total
         out.update(_flatten("preemptions_per_request", self.preemptions, skip=("total",)))
         out.update(_cohort_keys("all", self.overall))
-        for name, stats in self.classes.items():
-            out.update(_cohort_keys(f"class.{name}", stats))
-        for label, stats in self.prompt_buckets.items():
-            out.update(_cohort_keys(f"prompt.{label}", stats))
+        for group, cohorts in self.cohort_groups().items():
+            for label, stats in cohorts.items():
+                out.update(_cohort_keys(f"{group}.{label}", stats))
         return out
 
 
@@ -63,11 +83,17 @@ def _flatten(prefix: str, record: object, skip: Sequence[str] = ()) -> dict[str,
 def _cohort_keys(prefix: str, stats: CohortStats) -> dict[str, float | int]:
     out = _flatten(f"{prefix}.count", stats.counts)
     out[f"{prefix}.count.total"] = stats.counts.total
-    for metric in ("ttft_s", "tpot_s", "e2e_s"):
+    for metric in LATENCY_METRICS:
         out.update(_flatten(f"{prefix}.{metric}", getattr(stats, metric)))
+    for metric in STALL_METRICS:
+        out.update(_flatten(f"{prefix}.{metric}", stats.stalls.get(metric)))
     for name in ("output_tokens", "output_tokens_per_s", "goodput_rps", "slo_attainment", "recomputed_tokens"):
         out[f"{prefix}.{name}"] = getattr(stats, name)
     out[f"{prefix}.preemptions_per_request.mean"] = stats.preemptions_mean
+    time: BusyTime = stats.time
+    out.update(time.to_dict(f"{prefix}.time."))
+    out[f"{prefix}.new_token_busy_share"] = time.new_token_busy_share
+    out[f"{prefix}.recompute_busy_share"] = time.recompute_busy_share
     return out
 
 
@@ -76,6 +102,7 @@ def summarize(
     steps: "pd.DataFrame | StepTotals | None",
     classes: Mapping[str, RequestClass],
     prompt_bucket_edges: Sequence[float] = DEFAULT_PROMPT_EDGES,
+    output_bucket_edges: Sequence[float] = DEFAULT_OUTPUT_EDGES,
 ) -> Summary:
     """All metrics of a run from its request and step tables (DESIGN section 3) and its class definitions.
 
@@ -84,13 +111,20 @@ def summarize(
     Raises ``ConfigError`` for missing columns, unknown statuses, or rows of an undefined class.
     """
     edges = prompt_edges(prompt_bucket_edges)
+    out_edges = prompt_edges(output_bucket_edges, "output_buckets")
+    if isinstance(steps, StepTotals):
+        steps = steps.table()
     samples = latency_samples(requests, classes, steps)
-    met = slo_met(requests, samples, classes)
+    checks = slo_checks(requests, samples, classes)
     span = makespan_s(requests)
     names = requests["class"].astype(str)
+    stats = step_stats(steps)
+    per_block = transfer_per_block(requests, stats.time)
+
+    inputs = CohortInputs.build(requests, samples, checks, span, per_block)
 
     def cohort(rows: pd.Series) -> CohortStats:
-        return cohort_stats(requests, samples, met, rows, span)
+        return cohort_stats(inputs, rows.to_numpy(dtype=bool))
 
     everyone = pd.Series(True, index=requests.index)
     overall = cohort(everyone)
@@ -101,6 +135,8 @@ def summarize(
         overall=overall,
         classes={name: cohort(names.eq(name)) for name in classes},
         prompt_buckets={label: cohort(rows) for label, rows in prompt_buckets(requests, edges).items()},
-        steps=step_stats(steps),
+        output_buckets={label: cohort(rows) for label, rows in output_buckets(requests, out_edges).items()},
+        preemption_buckets={label: cohort(rows) for label, rows in preemption_buckets(requests).items()},
+        steps=stats,
         preemptions=preemption_stats(requests),
     )

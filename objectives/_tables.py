@@ -52,3 +52,10 @@ def check_requests(requests: pd.DataFrame) -> None:
 def column(table: pd.DataFrame, name: str) -> pd.Series:
     """A numeric column as float64 (NaN where unknown), so sums and comparisons never see object dtypes."""
     return pd.to_numeric(table[name], errors="coerce").astype("float64")
+
+
+def optional_column(table: pd.DataFrame, name: str) -> pd.Series:
+    """:func:`column`, or all NaN when the table has no such column (a producer that cannot observe it)."""
+    if name not in table.columns:
+        return pd.Series(float("nan"), index=table.index, dtype="float64")
+    return column(table, name)

@@ -30,23 +30,40 @@ def finished_output_tokens(requests: pd.DataFrame) -> float:
     return float(column(requests, "generated_tokens")[finished].sum(skipna=False))
 
 
-def slo_met(requests: pd.DataFrame, samples: pd.DataFrame, classes: Mapping[str, RequestClass]) -> pd.Series:
-    """Per request: 1.0 if it finished with every target of its class met (each p99 target used as a per-request
-    threshold), 0.0 if not, NaN if a value needed to judge is unknown.  A TPOT target does not apply to a
-    finished 1-token answer."""
+def slo_checks(requests: pd.DataFrame, samples: pd.DataFrame, classes: Mapping[str, RequestClass]) -> pd.DataFrame:
+    """Per request and SLO metric (``ttft_s``, ``tpot_s``, ``e2e_s`` columns): 1.0 if the request met its class's
+    target for it (the p99 target used as a per-request threshold), 0.0 if it missed it, NaN if its class has no
+    such target or a value needed to judge is unknown.  A request that did not finish (timed out, cancelled,
+    rejected, unfinished) misses every target of its class; a TPOT target does not apply to a finished 1-token
+    answer (met).  Column ``met``: 1.0 when every target of the class is met (also for a class without
+    targets, if finished), 0.0 if one is missed, NaN if unknown."""
     finished = requests["status"].astype(str).eq(FINISHED)
+    names = requests["class"].astype(str)
+    out = pd.DataFrame(index=requests.index)
     failed = ~finished
     unknown = pd.Series(False, index=requests.index)
-    names = requests["class"].astype(str)
-    for name, cls in classes.items():
-        rows = names.eq(name) & finished
-        for metric, target in cls.slo.targets().items():
-            value = samples[metric].where(rows)
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
+        col = pd.Series(np.nan, index=requests.index)
+        for name, cls in classes.items():
+            target = cls.slo.targets().get(metric)
+            if target is None:
+                continue
+            rows = names.eq(name)
+            value = samples[metric]
             if metric == "tpot_s":
-                value = value.where(samples["tpot_applicable"], -np.inf)  # not applicable: passes
-            failed |= rows & value.gt(target)
-            unknown |= rows & value.isna()
-    return pd.Series(np.where(failed, 0.0, np.where(unknown, np.nan, 1.0)), index=requests.index)
+                value = value.where(samples["tpot_applicable"] | ~finished, -np.inf)  # not applicable: passes
+            judged = np.where(value.isna(), np.nan, np.where(value.gt(target), 0.0, 1.0))
+            col = col.mask(rows, pd.Series(judged, index=requests.index).where(finished, 0.0))
+            failed |= rows & finished & value.gt(target)
+            unknown |= rows & finished & value.isna()
+        out[metric] = col
+    out["met"] = np.where(failed, 0.0, np.where(unknown, np.nan, 1.0))
+    return out
+
+
+def slo_met(requests: pd.DataFrame, samples: pd.DataFrame, classes: Mapping[str, RequestClass]) -> pd.Series:
+    """Per request: ``met`` of :func:`slo_checks` (all targets of its class met)."""
+    return slo_checks(requests, samples, classes)["met"]
 
 
 def output_tokens_per_s(requests: pd.DataFrame) -> float:

@@ -1,8 +1,11 @@
 """Trial backends: what runs one trial.  ``run(params, seeds)`` takes an engine config (EngineConfig knob names)
 and the replicate seeds, and returns the flat metrics (``Summary.to_dict()`` keys), averaged over the replicates.
 
-:class:`SimBackend` simulates; a replay backend (a real engine on a GPU) implements the same interface.  A backend
-is pickled to the workers, so it carries what it needs (the built workloads) rather than paths only the driver has.
+:class:`SimBackend` simulates.  Other kinds (a spec's ``backend: {kind: ...}``) are registered by the packages that
+provide them, through :func:`register_backend` -- the replay package registers ``replay`` (a real engine or the
+twin) when kvtune's plugins are loaded (:mod:`optimizer._plugins`) -- so that the optimizer never imports them.
+A backend is pickled to the workers, so it carries what it needs (the built workloads) rather than paths only the
+driver has.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ import math
 import time
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from sim.errors import ConfigError
 from sim.workload.workload import Workload
+
+if TYPE_CHECKING:
+    from optimizer._spec import StudySpec
+    from optimizer._study import StudyContext
 
 
 class TrialError(Exception):
@@ -34,6 +43,36 @@ class TrialBackend(ABC):
 
     def prepare(self, seeds: Sequence[int]) -> None:
         """Called once in the driver before the backend is shipped to workers (build what they need)."""
+
+
+#: A backend factory: ``factory(spec, ctx, out_dir)`` -> the TrialBackend of ``spec.backend`` on the workloads
+#: ``ctx`` built (``out_dir``: the study's output folder, for what the backend saves).
+BackendFactory = Callable[["StudySpec", "StudyContext", Path], TrialBackend]
+_FACTORIES: dict[str, BackendFactory] = {}
+
+
+def register_backend(kind: str, factory: BackendFactory) -> None:
+    """Make ``backend: {kind: KIND}`` run trials on ``factory``'s backends (a later registration replaces it)."""
+    _FACTORIES[kind] = factory
+
+
+def backend_factory(kind: str) -> BackendFactory:
+    """The factory registered for ``kind`` (after loading kvtune's plugins); ConfigError when none is."""
+    from optimizer._plugins import load_plugins
+
+    if kind not in _FACTORIES:
+        load_plugins()
+    try:
+        return _FACTORIES[kind]
+    except KeyError:
+        known = ", ".join(sorted(["sim", *_FACTORIES])) or "none"
+        raise ConfigError("backend.kind", f"no trial backend {kind!r} is registered (known: {known}); is the "
+                                          f"package that provides it installed?") from None
+
+
+def registered_backends() -> list[str]:
+    """Kinds with a registered factory (``sim`` is built in and not listed)."""
+    return sorted(_FACTORIES)
 
 
 def mean_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:

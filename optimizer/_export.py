@@ -36,15 +36,15 @@ from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._spec import StudySpec
 from optimizer._storage import StudyContext, is_feasible, open_study, prepare
-from optimizer._versions import VllmTarget
+from optimizer._versions import VllmTarget, version_validity
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.outputs import atomic_write_text, probe_out_dir
-from sim.profiles import load_model
+from sim.profiles import load_gpu, load_model
 
 THROUGHPUT_KEYS = ("output_tokens_per_s", "goodput_rps")
-_HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_share", "new_token_busy_share", "kv_utilization",
-             "preemptions_per_request.mean", "makespan_s")
+_HEADLINE = ("output_tokens_per_s", "goodput_rps", "recompute_busy_share", "recompute_token_share",
+             "new_token_busy_share", "kv_utilization", "preemptions_per_request.mean", "makespan_s")
 _CLASS_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
@@ -208,10 +208,15 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     kvtune's own policies that differ from their defaults, and notes on what could not be expressed."""
     target = target or spec.vllm_version
     model = load_model(spec.model)
-    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len)
+    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len, load_gpu(spec.gpu))
     flags: dict[str, Any] = {}
     notes: list[str] = []
     for name, flag, value in engine_flag_values(config):
+        if name == "async_scheduling" and config.is_v1 and not target.has_flag(flag):
+            # Releases without the flag schedule in lock-step: the same as async_scheduling=false.
+            if value:
+                notes.append(f"vLLM {target} has no --{flag}; kvtune simulated async scheduling on")
+            continue
         if not target.has_flag(flag):
             if name == "scheduler_reserve_full_isl":
                 notes.append(f"vLLM {target} has no --{flag}; kvtune simulated it {'on' if value else 'off'}")
@@ -238,7 +243,22 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
         policies.pop("admission_headroom", None)
     if not config.is_v1 and "v1" in target.engines:
         notes.append("this is a V0-engine config: start vLLM with the environment variable VLLM_USE_V1=0")
+    validity = target_validity(config, target)
+    if validity["differs"]:
+        notes.append(f"simulated with vLLM {validity['simulated_release']}'s engine; holds for "
+                     f"{', '.join(validity['holds_for']) or 'no listed release'}; differs on "
+                     + "; ".join(f"{v} ({', '.join(r)})" for v, r in validity["differs"].items())
+                     + " - target one of the releases it holds for, or re-run the study for the others")
     return flags, policies, notes
+
+
+def target_validity(config: EngineConfig, target: VllmTarget) -> dict[str, Any]:
+    """Which listed releases of ``target`` a recommendation holds for (optimizer/_versions.py version_validity),
+    counting only the flags of knobs whose value the engine does not get by default without the flag."""
+    silent = {("watermark", False), ("async_scheduling", False), ("enable_prefix_caching", False)}
+    knob_flags = frozenset(flag for name, flag, value in engine_flag_values(config)
+                           if (name, bool(value)) not in silent and name not in ("tensor_parallel_size",))
+    return version_validity(target, knob_flags)
 
 
 def render_recommended_yaml(flags: Mapping[str, Any], policies: Mapping[str, Any], notes: Sequence[str],
@@ -386,6 +406,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
                         "target_s": s.target_s, "excess": _finite(s.excess)} for s in falls],
         "vllm_version": str(target),
         "vllm_flag_sources": target.sources(),
+        "version_validity": target_validity(
+            EngineConfig.from_dict(dict(knobs), "knobs").resolve(load_model(spec.model).max_model_len,
+                                                                 load_gpu(spec.gpu)), target),
         "flavor": spec.flavor,
         "model": spec.model,
         "hf_model": model_id,

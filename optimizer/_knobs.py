@@ -34,6 +34,7 @@ VLLM_FLAGS: dict[str, str] = {
     "swap_space_gb": "swap-space",
     "enable_chunked_prefill": "enable-chunked-prefill",
     "num_gpu_blocks_override": "num-gpu-blocks-override",
+    "async_scheduling": "async-scheduling",
 }
 
 #: kvtune's own policies (no vLLM flag): why an operator would apply each, for the export.
@@ -50,7 +51,7 @@ KVTUNE_POLICIES: dict[str, str] = {
 }
 
 #: Study-level settings that are not searched as knobs.
-TOP_LEVEL = ("flavor", "tensor_parallel_size")
+TOP_LEVEL = ("flavor", "tensor_parallel_size", "engine_version")
 
 VIRTUAL_PREEMPTION = "preemption_mode"
 V1_PREEMPTION_CHOICES = ("recompute", "offload")
@@ -107,7 +108,8 @@ def params_to_knobs(params: Mapping[str, Any], flavor: str) -> dict[str, Any]:
     return knobs
 
 
-def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int) -> tuple[dict[str, Any], str | None]:
+def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int, device: Any = None
+                 ) -> tuple[dict[str, Any], str | None]:
     """Make a drawn config one vLLM accepts, and say what changed.
 
     Every vLLM release refuses ``max_num_batched_tokens < max_num_seqs`` (``SchedulerConfig``: "must be greater than
@@ -119,10 +121,10 @@ def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int) ->
     try:
         config = EngineConfig.from_dict(dict(out), "knobs")
         # The budget the engine would use (resolved with one sequence, so that this very rule does not raise).
-        budget = config.replace(max_num_seqs=1).resolve(model_max_len).max_num_batched_tokens
+        budget = config.replace(max_num_seqs=1).resolve(model_max_len, device).max_num_batched_tokens
+        seqs = config.max_num_seqs or config.resolve(model_max_len, device).max_num_seqs
     except ConfigError:
         return out, None
-    seqs = config.max_num_seqs
     if budget is None or budget >= seqs:
         return out, None
     if "max_num_seqs" in searched:

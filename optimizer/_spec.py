@@ -11,7 +11,7 @@
     engine: {max_model_len: 4096}        # fixed engine knobs (EngineConfig names)
     search: {...}                        # see optimizer/_space.py; omitted: the default space
     objectives: [output_tokens_per_s, "p99_e2e_s:conv"]
-    constraints: slo                     # every class SLO (default) | none | [class, ...]
+    constraints: slo                     # every class SLO (default) | none | [class | slo | "<objective> <= x", ...]
     replicates: 1                        # seeds per config (workload seed, seed+1, ...); metrics are their mean
     budget: {trials: 50, workers: null, trial_timeout_s: 600}
     sampler: {name: tpe, seed: 0}        # tpe | nsga2 | gp | random | grid
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from objectives.registry import get_objective
+from objectives.registry import get_objective, is_bound, parse_bound
 from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError
-from sim.profiles import load_gpu, load_model
+from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
 
@@ -57,7 +57,8 @@ IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "
                  "objectives", "constraints", "replicates", "backend")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
-_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms")
+_BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
+                 "vllm_python", "vllm_args", "port")
 
 
 def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
@@ -73,7 +74,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
     try:
-        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len))
+        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len, gpu))
     except ConfigError as exc:
         raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
@@ -136,6 +137,19 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     return value
 
 
+def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
+    """A profile name as written, or -- for a Hugging Face model folder / config.json or a device YAML -- its path,
+    relative to the spec's folder when the spec came from a file (absolute, so that resumes and Ray workers find
+    it)."""
+    lowered = {n.lower() for n in builtin}
+    if value.lower() in lowered or not ("/" in value or value.endswith((".json", ".yaml", ".yml"))):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    return str(path.resolve())
+
+
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -158,7 +172,7 @@ class Budget:
         _check_keys(d, _BUDGET_KEYS, where)
         timeout = d.get("trial_timeout_s", 600.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-            raise ConfigError(f"{where}.trial_timeout_s", f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
                                                           f"got {_short(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),
@@ -231,7 +245,10 @@ class BackendSpec:
     model); ``speed`` (wall-clock speed-up, twin only: 1 for vllm); ``gpus_per_trial`` (a Ray resource each trial
     reserves; default the spec's ``tensor_parallel_size`` for vllm, else 0; at least that for vllm, so two engines
     never share a GPU); ``startup_timeout_s`` (engine start, default 1800 s) and ``twin_slack_ms`` (twin only,
-    default 250), both for a launched engine.
+    default 250), both for a launched engine; for engine vllm, ``vllm_python`` (the python of the environment
+    where vLLM is installed, or the venv folder; default ``$KVTUNE_VLLM_PYTHON``), ``vllm_args`` (extra server
+    arguments, e.g. ``["--enforce-eager"]``) and ``port`` (default a free one; with a fixed port trials run one at
+    a time).
     """
 
     kind: str = "sim"
@@ -243,6 +260,9 @@ class BackendSpec:
     gpus_per_trial: float = 0.0
     startup_timeout_s: float | None = None
     twin_slack_ms: float | None = None
+    vllm_python: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    port: int | None = None
 
     @property
     def is_replay(self) -> bool:
@@ -289,8 +309,20 @@ class BackendSpec:
         slack = _number(d, "twin_slack_ms", where, None)
         if slack is not None and engine != "twin":
             raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
+        vllm_python = _str(d, "vllm_python", where, None)
+        args = d.get("vllm_args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) and a for a in args)):
+            raise ConfigError(f"{where}.vllm_args", f"must be a list of strings such as [\"--enforce-eager\"], got "
+                                                    f"{args!r}")
+        for key, value in (("vllm_python", vllm_python), ("vllm_args", args)):
+            if value is not None and engine != "vllm":
+                raise ConfigError(f"{where}.{key}", "applies to engine vllm only (launched per trial)")
+        port = _int(d, "port", where, None, 1, 65535)
+        if port is not None and url is not None:
+            raise ConfigError(f"{where}.port", "applies to an engine launched per trial, not to url")
         return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
-                   startup_timeout_s=startup, twin_slack_ms=slack)
+                   startup_timeout_s=startup, twin_slack_ms=slack, vllm_python=vllm_python,
+                   vllm_args=tuple(args or ()), port=port)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.is_replay:
@@ -300,9 +332,11 @@ class BackendSpec:
             out["url"] = self.url
         else:
             out["engine"] = self.engine
-        for key in ("model", "startup_timeout_s", "twin_slack_ms"):
+        for key in ("model", "startup_timeout_s", "twin_slack_ms", "vllm_python", "port"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.vllm_args:
+            out["vllm_args"] = list(self.vllm_args)
         out["speed"] = self.speed
         out["gpus_per_trial"] = self.gpus_per_trial
         return out
@@ -357,10 +391,12 @@ class StudySpec:
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
-        model_name = _str(d, "model", "", None)
-        gpu_name = _str(d, "gpu", "", None)
+        model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
+        gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
         model = load_model(model_name, "model")
-        load_gpu(gpu_name, "gpu")
+        device = load_gpu(gpu_name, "gpu")
+        if not Path(model_name).is_absolute():
+            model_name = model.name  # a built-in profile (or one of its aliases): its canonical name
         flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
         tp = _int(d, "tensor_parallel_size", "", 1)
         if tp not in (1, 2, 4, 8):
@@ -377,13 +413,14 @@ class StudySpec:
         for key in engine:
             check_knob(str(key), flavor, target, f"engine.{key}")
         try:
-            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp, **engine}, "engine")
-            fixed.resolve(model.max_model_len)
+            fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
+                                            "engine_version": target.simulated_release, **engine}, "engine")
+            fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
             raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
         engine = {k: getattr(fixed, k) for k in engine}
-        resolved = fixed.resolve(model.max_model_len)
+        resolved = fixed.resolve(model.max_model_len, device)
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
             raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "
@@ -395,7 +432,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, load_gpu(gpu_name, "gpu"))
+        _check_model_fits(fixed, search, model, device)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]
@@ -413,7 +450,13 @@ class StudySpec:
         constraints = d.get("constraints", "slo")
         if isinstance(constraints, list):
             if not all(isinstance(c, str) and c for c in constraints):
-                raise ConfigError("constraints", f"a list of class names, got {constraints!r}")
+                raise ConfigError("constraints", f"a list of class names and bounds, got {constraints!r}")
+            for i, item in enumerate(constraints):
+                if is_bound(item):
+                    try:
+                        parse_bound(item)
+                    except ConfigError as exc:
+                        raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
             constraints = tuple(constraints)
         elif constraints not in ("slo", "none"):
             raise ConfigError("constraints", f"must be 'slo', 'none' or a list of class names, got {constraints!r}")
@@ -428,7 +471,7 @@ class StudySpec:
             name=name,
             description=_str(d, "description", "", ""),
             workload=workload,
-            model=model.name,
+            model=model_name,
             gpu=gpu_name,
             search=search,
             objectives=tuple(objectives),
@@ -449,8 +492,10 @@ class StudySpec:
 
     # ------------------------------------------------------------------------------------------------------------
     def fixed_knobs(self) -> dict[str, Any]:
-        """What every trial runs with besides its searched knobs: flavor, TP and ``engine:``."""
-        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size, **self.engine}
+        """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
+        fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
+        return {"flavor": self.flavor, "tensor_parallel_size": self.tensor_parallel_size,
+                "engine_version": self.vllm_version.simulated_release, **self.engine}
 
     def default_config(self) -> EngineConfig:
         """The engine's default config for this deployment: vLLM defaults plus the study's fixed knobs."""

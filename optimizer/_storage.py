@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from objectives.registry import Constraint, Objective, get_objective, slo_constraints
+from objectives.registry import Constraint, Objective, get_objective, is_bound, parse_bound, slo_constraints
 from optimizer._spec import IDENTITY_KEYS, StudySpec
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
@@ -46,6 +46,7 @@ GRACE_PERIOD_S = 60
 DRIVER_ATTR = "kvtune.driver"
 _IDENTITY_ATTR = "kvtune.identity"
 _SPEC_ATTR = "kvtune.spec"
+_STARTS_ATTR = "kvtune.driver_starts"
 
 
 @dataclass
@@ -77,6 +78,7 @@ def prepare(spec: StudySpec) -> StudyContext:
     for workload in workloads.values():
         present |= set(workload.requests["class"].unique())
     objectives = []
+    bounds: list[Constraint] = []
     for i, name in enumerate(spec.objectives):
         try:
             objective = get_objective(name, classes)
@@ -97,19 +99,38 @@ def prepare(spec: StudySpec) -> StudyContext:
                               f"class {empty[0]!r} has an SLO but no request of the workload belongs to it; a "
                               f"constraint on it would be met vacuously (fix its match rule or drop the SLO)")
     else:
-        unknown = [c for c in spec.constraints if c not in classes]
+        for i, item in enumerate(spec.constraints):
+            if is_bound(item):
+                try:
+                    bounds.append(parse_bound(item, classes))
+                except ConfigError as exc:
+                    raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
+                cls = _bound_class(item)
+                if cls is not None and cls in classes and cls not in present:
+                    raise ConfigError(f"constraints[{i}]", f"{item!r} names class {cls!r}, which no request of the "
+                                                           f"workload belongs to; it would be met vacuously")
+        names = [c for c in spec.constraints if not is_bound(c)]
+        if "slo" in names:
+            names = [n for n in names if n != "slo"] + [n for n in classes if n not in names]
+        unknown = [c for c in names if c not in classes]
         if unknown:
             raise ConfigError("constraints", f"names classes the workload does not have: {unknown}; "
                                              f"classes: {sorted(classes)}")
-        selected = {name: classes[name] for name in spec.constraints}
-        no_slo = [name for name, cls in selected.items() if not cls.slo.targets()]
+        selected = {name: classes[name] for name in names}
+        no_slo = [name for name, cls in selected.items() if not cls.slo.targets() and name in spec.constraints]
         if no_slo:
             raise ConfigError("constraints", f"classes {no_slo} have no SLO (workload.classes.<name>.slo)")
-        empty = [name for name in selected if name not in present]
+        empty = [name for name in selected if name not in present and selected[name].slo.targets()]
         if empty:
             raise ConfigError("constraints", f"class {empty[0]!r} has no request in the workload; its SLO would be "
                                              f"met vacuously")
-    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected))
+    return StudyContext(spec, workloads, classes, objectives, slo_constraints(selected) + bounds)
+
+
+def _bound_class(item: str) -> str | None:
+    """The class a bound constraint (``"p99_ttft_s:conv <= 2"``) names, if any."""
+    head = item.split("<")[0].split(">")[0].strip()
+    return head.rpartition(":")[2].strip() or None if ":" in head else None
 
 
 # ---- storage ---------------------------------------------------------------------------------------------------
@@ -271,6 +292,15 @@ def _driver_gone(driver: Any) -> bool:
         return False
     started = _process_start(pid)
     return started is None or (driver.get("started") is not None and started != driver["started"])
+
+
+def claim_start(study: optuna.Study, url: str) -> int:
+    """How many drivers started on this study before this one (and count this one), under the storage lock: a
+    sampler seeded with it draws differently from a driver started at the same instant."""
+    with storage_lock(url):
+        starts = int(study.user_attrs.get(_STARTS_ATTR, 0))
+        study.set_user_attr(_STARTS_ATTR, starts + 1)
+    return starts
 
 
 def mark_driver(study: optuna.Study, trial: optuna.Trial, driver: dict[str, Any]) -> None:

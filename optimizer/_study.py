@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer._backend import SimBackend, TrialBackend
+from optimizer._backend import SimBackend, TrialBackend, backend_factory
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
 from optimizer._progress import ProgressLine
@@ -40,6 +40,7 @@ from optimizer._storage import (
     INTERRUPTED,
     MEMORY,
     StudyContext,
+    claim_start,
     driver_identity,
     heartbeat_enabled,
     is_feasible,
@@ -51,7 +52,7 @@ from optimizer._storage import (
 )
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
-from sim.profiles import load_model
+from sim.profiles import load_gpu, load_model
 
 #: Constraint values above this are stored as this (Optuna rejects NaN; some samplers choke on inf).
 MAX_VIOLATION = 1e6
@@ -92,8 +93,8 @@ class Tuner:
     """Runs (or resumes) a study until it has ``trials`` finished trials.
 
     ``backend``: default per the spec's ``backend:`` -- :class:`SimBackend` on the spec's workload, or for
-    ``kind: replay`` a :class:`replay.ReplayBackend` (imported only then) launching vLLM or the twin per trial, or
-    replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
+    ``kind: replay`` the backend the replay package registers (optimizer._backend.register_backend), launching
+    vLLM or the twin per trial, or replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
     ``ray_address``; ``workers`` trials at once, default one per CPU, and per ``backend.gpus_per_trial`` GPUs:
     each trial reserves them as a Ray resource).  With ``backend.url`` trials run one at a time (``workers`` 1).
     """
@@ -118,6 +119,11 @@ class Tuner:
                                  f"(workers forced to 1{asked}); the server keeps the config it was started "
                                  f"with, trials only record their knobs")
             self.workers = 1
+        elif spec.backend.is_replay and spec.backend.port is not None:
+            asked = f", not {self.workers}" if self.workers not in (None, 1) else ""
+            self.workers_note = (f"kvtune: backend.port {spec.backend.port}: trials run one at a time (workers forced "
+                                 f"to 1{asked}), each on an engine started on that port")
+            self.workers = 1
         self.out = spec.out_dir(out)
         self.storage = spec.storage_url(storage, self.out)
         self.address = address or spec.ray_address
@@ -132,6 +138,7 @@ class Tuner:
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
+        self._device = load_gpu(spec.gpu)
 
     # ------------------------------------------------------------------------------------------------------------
     def run(self) -> StudyResult:
@@ -149,9 +156,11 @@ class Tuner:
         self.study = study
         # Seeded from the spec's seed and the trials already stored: a resumed or extended study draws new configs
         # instead of replaying the first run's draws (the samplers read the stored trials for everything else).
+        # Drivers started at the same instant see the same stored trials: each also counts as its own start.
         stored = len(study.get_trials(deepcopy=False))
+        start = claim_start(study, self.storage)
         study.sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints),
-                                     seed=(spec.sampler.seed + stored) % 2**32)
+                                     seed=(spec.sampler.seed + stored + 7919 * start) % 2**32)
         recovered = recover_interrupted(study)
         trials = study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if is_finished(t))
@@ -199,31 +208,16 @@ class Tuner:
         )
 
     def make_backend(self, ctx: StudyContext) -> TrialBackend:
-        """The spec's backend on the built workloads: SimBackend, or a ReplayBackend (results under
-        ``<out>/replays``) for ``backend: {kind: replay}``."""
-        spec, b = self.spec, self.spec.backend
-        if not b.is_replay:
+        """The spec's backend on the built workloads: SimBackend, or the factory registered for the backend's
+        kind (``replay``: the replay package's, results under ``<out>/replays``)."""
+        spec = self.spec
+        if not spec.backend.is_replay:
             return SimBackend(ctx.workloads, spec.model, spec.gpu)
-        from optimizer._export import hf_model_id
-        from replay.backend import ReplayBackend  # aiohttp & co.: only studies that replay need them
-
-        if b.engine == "twin":
-            served = spec.model  # the twin simulates the spec's model profile
-        else:
-            served = b.model or hf_model_id(spec.model)
-        kwargs: dict[str, Any] = {}
-        if b.startup_timeout_s is not None:
-            kwargs["startup_timeout_s"] = b.startup_timeout_s
-        if b.twin_slack_ms is not None:
-            kwargs["twin_slack_ms"] = b.twin_slack_ms
-        return ReplayBackend(ctx.workloads, model=served, gpu=spec.gpu, sim_model=spec.model, url=b.url,
-                             engine=b.engine or "vllm", base_config=spec.fixed_knobs(),
-                             vllm_version=str(spec.vllm_version), speed=b.speed, out_dir=self.out / "replays",
-                             **kwargs)
+        return backend_factory(spec.backend.kind)(spec, ctx, self.out)
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
         try:
-            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len)
+            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len, self._device)
         except ConfigError as exc:
             return f"invalid config: {exc}"
         if config.max_num_batched_tokens < config.max_num_seqs:
@@ -362,6 +356,9 @@ class _Run:
         self.inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
         #: Trials that drew the params of a trial in flight: told its outcome when it ends (number -> trials).
         self.followers: dict[int, list[tuple[optuna.Trial, dict[str, Any]]]] = {}
+        #: Trials that drew the params of a trial another driver runs: told its result once it is stored.
+        self.remote_followers: list[tuple[optuna.Trial, dict[str, Any], int]] = []
+        self.elsewhere: dict[str, int] = {}
         self.consecutive_crashes = 0
         self.driver = driver_identity()
         self.finished = 0
@@ -371,14 +368,20 @@ class _Run:
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
     def _stored(self) -> tuple[int, int, dict[str, FrozenTrial]]:
-        """(finished, running, {params: the trial whose result a repeat of them copies}) over every driver."""
+        """(finished, running, {params: the trial whose result a repeat of them copies}) over every driver; also
+        refreshes :attr:`elsewhere` (params of trials other drivers run now -> trial number)."""
         finished = running = 0
         done: dict[str, FrozenTrial] = {}
+        self.elsewhere = {}
+        mine = set(self.inflight) | {t.number for fs in self.followers.values() for t, _ in fs} | {
+            t.number for t, _, _ in self.remote_followers}
         for t in self.study.get_trials(deepcopy=False):
             if is_finished(t):
                 finished += 1
             elif t.state == TrialState.RUNNING:
                 running += 1
+                if t.params and t.number not in mine:
+                    self.elsewhere.setdefault(_params_key(t.params), t.number)
             if t.params and (t.state == TrialState.COMPLETE or (
                     t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS)):
                 done.setdefault(_params_key(t.params), t)
@@ -391,7 +394,9 @@ class _Run:
 
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-                for trial, _ in list(self.inflight.values()):
+                beating = (list(self.inflight.values()) + [f for fs in list(self.followers.values()) for f in fs]
+                           + [(t, k) for t, k, _ in list(self.remote_followers)])
+                for trial, _ in beating:
                     try:
                         storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
                     except Exception:  # a busy database: the next beat comes within the grace period
@@ -444,7 +449,7 @@ class _Run:
                 running += 1
                 params = spec.search.suggest(trial, all_knobs=self.grid)
                 knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len)
+                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
                 if repaired:
                     trial.set_user_attr("repaired", repaired)
                 key = _params_key(trial.params)
@@ -456,6 +461,9 @@ class _Run:
                 leader = next((n for n, (t, _) in self.inflight.items() if _params_key(t.params) == key), None)
                 if leader is not None:
                     self.followers.setdefault(leader, []).append((trial, knobs))
+                    continue
+                if key in self.elsewhere:  # another driver runs this config now: wait for its result
+                    self.remote_followers.append((trial, knobs, self.elsewhere[key]))
                     continue
                 problem = tuner._check_config(knobs)
                 if problem is not None:
@@ -469,13 +477,33 @@ class _Run:
             progress.running = len(self.inflight)
             progress.done = self.finished
             progress.update()
+            self._settle_remote_followers()
             if not self.inflight:
-                break
+                if not self.remote_followers:
+                    break
+                time.sleep(1.0)
+                continue
             for outcome in self.executor.wait(timeout_s=1.0):
                 entry = self.inflight.pop(outcome.number, None)
                 if entry is None:
                     continue
                 self._outcome(entry, outcome)
+
+    def _settle_remote_followers(self) -> None:
+        """Tell each remote follower the result its leader (another driver's trial) stored, once it is stored."""
+        waiting = []
+        for trial, knobs, number in self.remote_followers:
+            source = self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(  # noqa: SLF001
+                self.study._study_id, number))  # noqa: SLF001
+            if source.state == TrialState.RUNNING:
+                waiting.append((trial, knobs, number))
+            elif source.state == TrialState.COMPLETE or source.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS:
+                self.tuner._copy_result(self.study, trial, source, self.progress)
+                self._told()
+            else:  # it timed out, crashed or was interrupted: this config runs again, as its own trial
+                self.tuner._interrupt(self.study, trial, f"the other driver's trial {number} of this config ended "
+                                                         f"without a result; re-enqueued")
+        self.remote_followers = waiting
 
     def _told(self) -> None:
         self.finished += 1
@@ -522,9 +550,11 @@ class _Run:
 
     def interrupt_inflight(self, reason: str) -> None:
         """Tell every trial in flight (and each follower) as ``interrupted`` and enqueue it again."""
-        entries = list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+        entries = (list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+                   + [(t, k) for t, k, _ in self.remote_followers])
         self.inflight.clear()
         self.followers.clear()
+        self.remote_followers.clear()
         for trial, _ in entries:
             try:
                 self.tuner._interrupt(self.study, trial, f"{reason} while this trial ran; re-enqueued")

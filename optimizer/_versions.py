@@ -123,11 +123,56 @@ class VllmTarget:
         """``v0``/``v1``: the engines every release of this target ships."""
         return frozenset.intersection(*(r.engines for r in self.releases))
 
+    @property
+    def simulated_release(self) -> str:
+        """The release whose engine defaults a simulation of this target uses: the release itself, or for a
+        floor the newest listed release (what installing ``>=X`` gives today)."""
+        if self.floor:
+            return flag_table()[-1].version
+        return ".".join(str(p) for p in self.release)
+
     def has_flag(self, flag: str) -> bool:
         return flag.lstrip("-") in self.flags
 
     def sources(self) -> list[str]:
         return [r.source for r in self.releases]
+
+
+def _semantics(release: tuple[int, ...], knob_flags: frozenset[str], flags: frozenset[str]) -> dict[str, object]:
+    """What a simulation of one release depends on beyond the flags an export writes: which simulated knobs have a
+    flag there, and the memory-profiling regime that sizes the KV cache (sim/engine/sizing.py)."""
+    from sim.engine.sizing import CUDAGRAPH_ESTIMATE_FROM, V1_PROFILER_FROM
+
+    return {
+        "flags": knob_flags & flags,
+        "cudagraph_estimate": release >= CUDAGRAPH_ESTIMATE_FROM,
+        "v1_profiler": release >= V1_PROFILER_FROM,
+    }
+
+
+def version_validity(target: VllmTarget, knob_flags: frozenset[str]) -> dict[str, object]:
+    """For each listed release of ``target``: does a recommendation simulated with ``target.simulated_release``
+    hold there?  ``knob_flags``: the ``vllm serve`` flags of the knobs kvtune simulates.  A release differs when one
+    of those flags is missing there (its behaviour falls back to that release's default) or when it sizes the KV
+    cache differently (CUDA-graph estimate from 0.21, the V1 worker's profiler from 0.10)."""
+    simulated = parse_release(target.simulated_release)
+    table = {r.release: r for r in flag_table()}
+    base_row = table.get(simulated) or [r for r in flag_table() if r.release <= simulated][-1]
+    base = _semantics(simulated, knob_flags, base_row.flags)
+    holds, differs = [], {}
+    for r in target.releases:
+        sem = _semantics(r.release, knob_flags, r.flags)
+        reasons = [f"has no --{f}" for f in sorted(base["flags"] - sem["flags"])]
+        if sem["cudagraph_estimate"] != base["cudagraph_estimate"]:
+            reasons.append("sizes the KV cache " + ("without" if base["cudagraph_estimate"] else "after subtracting")
+                           + " the CUDA-graph memory estimate (about 1 GiB of KV per GPU)")
+        if sem["v1_profiler"] != base["v1_profiler"]:
+            reasons.append("profiles non-torch memory differently (V0-era profiler: 1.8-3.6 GiB instead of 0.25-2.1)")
+        if reasons:
+            differs[r.version] = reasons
+        else:
+            holds.append(r.version)
+    return {"simulated_release": target.simulated_release, "holds_for": holds, "differs": differs}
 
 
 def default_target(flavor: str) -> VllmTarget:

@@ -102,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "per-class latency targets, by simulation.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    from optimizer._plugins import command_adders
     from optimizer.cli_simulate import add_simulate_parser
     from optimizer.report.cli import add_report_parser
-    from replay.cli import add_replay_parsers
     from sim.workload.cli import add_workload_parser
 
     add_simulate_parser(sub)
@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_report_parser(sub)
     add_workload_parser(sub)
-    add_replay_parsers(sub)
+    for add in command_adders():  # plugins' subcommands (the replay package: twin, replay, calibrate)
+        add(sub)
     return parser
 
 

@@ -23,9 +23,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import pandas as pd
 
 from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
-from replay.flags import engine_args, serve_command
+from replay.compare import measured_engine_view
+from replay.flags import serve_command
 from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command
-from replay.loadgen import ReplayOptions, ServerError, replay
+from replay.loadgen import ReplayOptions, ReplayRequestError, ServerError, replay
 from replay.results import ReplayResult
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
@@ -59,6 +60,8 @@ def replay_metrics(result: ReplayResult, classes) -> dict[str, float]:
     d["replay.wall_s"] = float(result.info.get("wall_s", math.nan))
     d["replay.num_errors"] = float(result.info.get("num_errors", 0))
     d["replay.iterations"] = result.counter_delta("iterations_total")
+    for key, value in measured_engine_view(result).items():  # what only the server tells
+        d[f"engine.{key}"] = value
     return d
 
 
@@ -113,7 +116,7 @@ class ReplayBackend(TrialBackend):
         engine: str = "vllm",
         base_config: dict[str, Any] | None = None,
         vllm_version: str | None = None,
-        vllm_executable: str = "vllm",
+        vllm_python: str | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
@@ -138,7 +141,9 @@ class ReplayBackend(TrialBackend):
         self.engine = engine
         self.base_config = dict(base_config or {})
         self.vllm_version = vllm_version
-        self.vllm_executable = vllm_executable
+        self.vllm_python = vllm_python
+        #: The vLLM environment launched per trial (engine vllm without url), found when the backend is made.
+        self.install = None
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
         self.host = host
@@ -153,11 +158,16 @@ class ReplayBackend(TrialBackend):
         self.served_model_name = served_model_name
         self.twin_slack_ms = float(twin_slack_ms)
         self._trial = 0
+        self.last_startup_s = math.nan
         if engine == "twin" and not url:
             if not self.sim_model or not gpu:
                 raise ConfigError("engine", "the twin needs a model profile (model or sim_model) and a gpu profile")
         if engine == "vllm" and not url and self.speed != 1.0:
             raise ConfigError("speed", "a real engine runs in real time: speed must be 1 (speed is for the twin)")
+        if engine == "vllm" and not url:
+            from replay.vllm_env import find_vllm
+
+            self.install = find_vllm(vllm_python)
 
     # ---- the engine ------------------------------------------------------------------------------------
     def command(self, config: EngineConfig, port: int) -> tuple[list[str], dict[str, str]]:
@@ -168,7 +178,7 @@ class ReplayBackend(TrialBackend):
                                 coefficients=self.coefficients, slack_ms=self.twin_slack_ms)
         return serve_command(self.model, config, host=self.host, port=port, vllm_version=self.vllm_version,
                              served_model_name=self.served_model_name, extra_args=self.extra_args,
-                             executable=self.vllm_executable)
+                             install=self.install)
 
     @contextlib.contextmanager
     def server(self, config: EngineConfig, log_path: Path | None = None) -> Iterator[str]:
@@ -180,7 +190,10 @@ class ReplayBackend(TrialBackend):
         argv, env = self.command(config, port)
         proc = EngineProcess(argv, f"http://{self.host}:{port}", env={**env, **self.env}, log_path=log_path,
                              startup_timeout_s=self.startup_timeout_s, stop_timeout_s=self.stop_timeout_s)
+        t0 = time.perf_counter()
         with proc:
+            #: Wall seconds from the engine's start until /health answered (the last one started).
+            self.last_startup_s = time.perf_counter() - t0
             yield proc.base_url
 
     # ---- TrialBackend ----------------------------------------------------------------------------------
@@ -199,7 +212,7 @@ class ReplayBackend(TrialBackend):
         knobs = {**self.base_config, **dict(params or {})}
         config = EngineConfig.from_dict(knobs, where="params")
         if self.engine == "vllm" and not self.url:
-            engine_args(config, self.vllm_version)  # fail before starting anything if vLLM cannot take it
+            self.command(config, 0)  # fail before starting anything if vLLM cannot take it
         seeds = [int(s) for s in seeds] or [0]
         workloads = {seed: self.workload(seed) for seed in seeds}
         self._trial += 1
@@ -217,17 +230,27 @@ class ReplayBackend(TrialBackend):
             with self.server(config, log_path) as url:
                 for seed in seeds:
                     opts = dataclasses.replace(self.options, seed=seed, speed=self.speed)
-                    result = replay(url, workloads[seed], opts)
+                    failure = None
+                    try:
+                        result = replay(url, workloads[seed], opts)
+                    except ReplayRequestError as exc:  # keep what was recorded, then fail the trial
+                        result, failure = exc.result, exc
                     result.info["engine"] = "external" if self.url else self.engine
+                    result.info["engine_view"] = measured_engine_view(result)
                     results.append(result)
                     path = None
                     if trial_dir is not None:
                         path = result.save(trial_dir / f"seed-{seed}", extra={"engine": self.describe(config)})
                     paths.append(path)
+                    if failure is not None:
+                        saved = f"; recorded in {path}" if path is not None else ""
+                        raise ReplayRequestError(failure.message + saved)
         except (EngineStartError, ServerError) as exc:
             raise TrialError(str(exc)) from exc
         metrics = mean_metrics([replay_metrics(r, workloads[s].classes) for r, s in zip(results, seeds)])
         metrics["replay.wall_s"] = time.perf_counter() - t0
+        if not self.url:
+            metrics["replay.engine_startup_s"] = float(self.last_startup_s)
         return ReplayTrial(metrics=metrics, results=results, paths=paths, config=config.explicit_knobs(),
                            engine_log=str(log_path) if log_path else None, seeds=seeds)
 
@@ -239,7 +262,8 @@ class ReplayBackend(TrialBackend):
             "sim_model": self.sim_model,
             "gpu": self.gpu,
             "config": {k: v for k, v in config.explicit_knobs().items()},
-            "vllm_version": self.vllm_version if self.engine == "vllm" else None,
+            "vllm_version": ((self.vllm_version or (self.install.version if self.install else None))
+                             if self.engine == "vllm" else None),
             "speed": self.speed,
             "coefficients": self.coefficients or None,
             "profile": str(self.profile) if self.profile else None,

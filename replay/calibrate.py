@@ -133,7 +133,7 @@ def probe_workload(
     plus half a second.  Lengths are clipped to the config's ``max_model_len``; prompts that exceed the step
     budget are chunked, as on the engine.
     """
-    config = (config or EngineConfig()).resolve(model.max_model_len)
+    config = (config or EngineConfig()).resolve(model.max_model_len, gpu)
     limit = int(config.max_model_len)
     sizing = size_kv_cache(model, gpu, config)
     capacity = (sizing.num_gpu_blocks - 1) * config.block_size  # tokens the KV cache holds

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 from optimizer._cli_args import non_negative_float, non_negative_int, port, positive_float, positive_int
@@ -80,7 +81,11 @@ def cmd_twin(args: argparse.Namespace) -> int:
 
 
 # ---- replay --------------------------------------------------------------------------------------------
-def _load_workload(args: argparse.Namespace):
+#: What the calibration probe runs with unless ``--set`` says otherwise (see cmd_replay).
+PROBE_KNOBS = {"async_scheduling": "false", "max_num_batched_tokens": "8192"}
+
+
+def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
     from sim.workload import bundled_trace_path, load_trace
     from sim.workload.classes import RequestClass
 
@@ -92,7 +97,9 @@ def _load_workload(args: argparse.Namespace):
         name = args.sim_model or guess_sim_model(args.model)
         if not name or not args.gpu:
             raise ConfigError("--probe", "the calibration probe needs the model and GPU profiles (--sim-model, --gpu)")
-        return probe_workload(load_model(name), load_gpu(args.gpu), _engine_config(args.set))
+        from sim.engine.config import EngineConfig
+
+        return probe_workload(load_model(name), load_gpu(args.gpu), EngineConfig.from_dict(knobs or {}, "--set"))
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser())
     df = workload.requests
     if args.start_index:
@@ -129,7 +136,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     knobs = _pairs(args.set, "--set")
     _engine_config(args.set)  # a misspelt knob fails before anything starts
-    workload = _load_workload(args)
+    if args.probe:
+        # The probe separates the host's per-step cost from the GPU's: with async scheduling (vLLM >= 0.17's
+        # default) they overlap and the host part is hidden, so the probe runs the engine without it; and its
+        # prefills must be one step each, which vLLM 0.33's 2048-token default budget on A100/L40S would chunk.
+        knobs = {**PROBE_KNOBS, **knobs}
+    workload = _load_workload(args, knobs)
     backend = ReplayBackend(
         workload,
         model=args.model,
@@ -138,7 +150,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         url=args.url,
         engine=args.launch or "vllm",
         vllm_version=args.vllm_version,
-        vllm_executable=args.vllm_executable,
+        vllm_python=args.vllm_python,
         extra_args=tuple(args.vllm_arg or ()),
         speed=args.speed,
         out_dir=args.out,
@@ -146,7 +158,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
     )
-    trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    from optimizer._backend import TrialError
+
+    try:
+        trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+    except TrialError as exc:  # the engine did not start, or the server cannot be reached: one line, exit 2
+        lines = str(exc).splitlines()
+        print(f"kvtune: error: {lines[0] if lines else exc}", file=sys.stderr)
+        return 2
     for result, path in zip(trial.results, trial.paths):
         req = result.requests
         counts = req["status"].value_counts().to_dict()
@@ -154,6 +173,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
               f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
               f"saved to {path}")
+        view = result.info.get("engine_view") or {}
+        if view:
+            print(f"  server: {view['num_gpu_blocks']:g} KV blocks of {view['block_size']:g}; finished requests "
+                  f"with <=1 preemption {view['request_num_preemptions_le_1']:g}, <=5 "
+                  f"{view['request_num_preemptions_le_5']:g} of {view['requests_finished']:g}; prefix-cache hits "
+                  f"{view['prefix_cache_hit_tokens']:g} tokens; peak waiting for capacity "
+                  f"{view['waiting_capacity_peak']:g}; peak KV usage {view['kv_cache_usage_peak']:.2f}")
     return 0
 
 
@@ -228,8 +254,10 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--out", required=True, help="folder for the results")
     rep.add_argument("--vllm-version", default=None,
                      help="target vLLM release for the flags (default: the newest in optimizer/data/vllm_flags.yaml)")
-    rep.add_argument("--vllm-executable", default="vllm",
-                     help="command that runs vllm (e.g. 'python -m vllm.entrypoints.cli.main')")
+    rep.add_argument("--vllm-python", default=None,
+                     help="python of the environment where vLLM is installed (or the venv folder); default "
+                          "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
+                          "with the flags of the release installed there")
     rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
     rep.add_argument("--profile", help="twin: latency profile YAML")
     rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")

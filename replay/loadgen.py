@@ -9,8 +9,20 @@ seeded by seed and request id, so requests share no prefix), ``max_tokens`` = th
 (clipped to ``max_model_len - prompt``, which the simulator does as well) and ``ignore_eos``, asking for
 per-chunk usage so that multi-token chunks are counted.  A class's client timeout and the workload's cancel
 draws (``Workload.client_deadlines(seed)``, the same draws the simulator uses) close the stream at the
-deadline; the row is then ``timed_out`` / ``cancelled`` with ``end_s`` at the deadline.  HTTP 400 (e.g. a
-prompt over ``max_model_len``) is ``rejected``; other errors and streams that end early are ``unfinished``.
+deadline; the row is then ``timed_out`` / ``cancelled`` with ``end_s`` at the deadline.
+
+Outcomes of an HTTP answer other than a stream (vLLM 0.32, vllm/entrypoints/serve/engine/protocol.py
+``ErrorResponse`` body ``{"error": {"message", "type", "param", "code"}}``; the older flat body is read too):
+
+- the engine refused the request (``rejected``, with the server's message as ``reason``): HTTP 400 for a prompt
+  longer than ``max_model_len`` (vllm/renderers/params.py "This model's maximum context length is ...",
+  vllm/v1/engine/input_processor.py "... longer than the maximum model length ..."), HTTP 503 from admission
+  control (``--max-num-queued-reqs`` / ``--max-num-queued-tokens``, vllm/exceptions.py ``QueueOverflowError``,
+  ``MaxQueuedTokensError``);
+- the client is at fault (any other 4xx: a malformed request, an unknown model; a refused connection): the run is
+  broken, not the engine.  The replay stops at the first such failure and :func:`replay` raises
+  :class:`ReplayRequestError` naming it (the partial result rides on the exception);
+- other failures (HTTP 5xx, a stream that ends early or breaks) are ``unfinished``, with the error as ``reason``.
 
 ``/metrics`` is scraped before and after, and every ``sample_interval_s`` during the run (raw text, parsed
 afterwards so that parsing never delays a send).
@@ -29,7 +41,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from replay.prom import TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
+from replay.prom import SUMMARY_SAMPLES, TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
 from replay.results import ReplayResult, request_table_from_records
 from sim.errors import KvtuneError
 from sim.workload.workload import Workload
@@ -85,10 +97,59 @@ class _Record:
     error: str | None = None
     http_status: int | None = None
     finish_seen: bool = False
+    #: The failure was the client's (see the module docstring): the run is an error.
+    client_error: bool = False
 
 
 class ServerError(KvtuneError):
     """The server cannot be replayed against (unreachable, no model)."""
+
+
+class ReplayRequestError(KvtuneError):
+    """A request failed on the client's side (malformed request, refused connection): the replay is not a
+    measurement.  ``result``: what was recorded up to the failure (``None`` after unpickling)."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.message = message
+        self.result = result
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+#: vLLM's messages for a prompt the model cannot take (HTTP 400 that is the engine's rejection, not a bad request):
+#: vllm 0.32 vllm/renderers/params.py and vllm/v1/engine/input_processor.py.
+_TOO_LONG_MARKERS = ("maximum context length", "maximum model length")
+
+
+def error_message(text: str) -> str:
+    """The message of a vLLM error body (``{"error": {"message": ...}}``, or the flat ``{"message": ...}`` of
+    older releases and the twin); the raw text when it is not JSON."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message") is not None:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return text.strip()
+
+
+def classify_http_error(status: int, message: str, prompt_too_long: bool = False) -> tuple[str, bool]:
+    """``(status, client_error)`` of an HTTP answer that is not 200 (see the module docstring).
+    ``prompt_too_long``: the prompt leaves no room for one output token within ``max_model_len`` (vLLM 0.32 then
+    answers 400 "max_tokens must be at least 1, got 0" for a prompt of exactly ``max_model_len``)."""
+    if status == 503:
+        return "rejected", False
+    if status == 400 and (prompt_too_long or any(m in message.lower() for m in _TOO_LONG_MARKERS)):
+        return "rejected", False
+    if 400 <= status < 500:
+        return "unfinished", True
+    return "unfinished", False
 
 
 class _Replay:
@@ -117,6 +178,15 @@ class _Replay:
         #: exports as ``kvtune:twin_slack_seconds``; 0 for vLLM): what is received and every client deadline are
         #: read on the engine's clock, so that the results are in trace time.
         self.recv_offset = 0.0
+        #: Index of the first request that failed on the client's side (the run stops there).
+        self.first_failure: int | None = None
+        self._failed: asyncio.Event | None = None
+
+    def _fail(self, i: int) -> None:
+        if self.first_failure is None:
+            self.first_failure = i
+        if self._failed is not None:
+            self._failed.set()
 
     # ---- clock ---------------------------------------------------------------------------------------
     def trace_time(self, wall: float) -> float:
@@ -138,7 +208,7 @@ class _Replay:
                 if resp.status != 200:
                     raise ServerError(f"{self.base_url}/v1/models answered HTTP {resp.status}")
                 data = (await resp.json()).get("data") or []
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise ServerError(f"cannot reach {self.base_url}: {exc}") from None
         if not data:
             raise ServerError(f"{self.base_url}/v1/models lists no model")
@@ -204,7 +274,8 @@ class _Replay:
         abort_status = "timed_out" if self.timeout_at[i] <= self.cancel_at[i] else "cancelled"
         # "<run epoch, Unix seconds>;<wall seconds after it>": the epoch is the same string for the whole run, so
         # a server converts it to its own clock once and keeps the trace's arrival differences exact.
-        headers = {ARRIVAL_HEADER: f"{self.unix_t0!r};{float(self.arrivals[i]) / self.options.speed!r}",
+        headers = {"Content-Type": "application/json",  # vLLM answers 400 "Unsupported Media Type" without it
+                   ARRIVAL_HEADER: f"{self.unix_t0!r};{float(self.arrivals[i]) / self.options.speed!r}",
                    CLASS_HEADER: self.classes[i]}
         when = self.deadline_wall(deadline) if deadline < math.inf else None
         rec.sent = loop.time()
@@ -213,10 +284,13 @@ class _Replay:
                 async with session.post(self.base_url + "/v1/completions", data=body, headers=headers) as resp:
                     rec.http_status = resp.status
                     if resp.status != 200:
-                        text = (await resp.text())[:500]
-                        rec.status = "rejected" if resp.status == 400 else "unfinished"
-                        rec.error = f"HTTP {resp.status}: {text}"
+                        message = " ".join(error_message(await resp.text()).split())[:500]
+                        too_long = self.max_model_len is not None and self.prompts[i] >= self.max_model_len
+                        rec.status, rec.client_error = classify_http_error(resp.status, message, too_long)
+                        rec.error = f"HTTP {resp.status}: {message}"
                         rec.end = loop.time()
+                        if rec.client_error:
+                            self._fail(i)
                         return
                     try:
                         await self._read_stream(resp, rec, loop)
@@ -231,6 +305,11 @@ class _Replay:
             if not rec.finish_seen:
                 rec.status = abort_status
                 rec.end = when
+        except aiohttp.ClientConnectorError as exc:  # refused / unreachable: the client's failure
+            rec.status, rec.client_error = "unfinished", True
+            rec.error = f"cannot connect to {self.base_url}: {exc}"[:500]
+            rec.end = loop.time()
+            self._fail(i)
         except (aiohttp.ClientError, json.JSONDecodeError, ValueError) as exc:
             if not rec.finish_seen:
                 rec.status = "unfinished"
@@ -284,9 +363,8 @@ class _Replay:
                         rec.status = "finished" if reason in ("length", "stop") else "unfinished"
                         if rec.status != "finished":
                             rec.error = f"finish_reason {reason}"
-                elif "error" in chunk:
-                    err = chunk["error"]
-                    rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+                elif "error" in chunk or chunk.get("object") == "error":
+                    rec.error = error_message(payload.decode(errors="replace"))[:500]
                     rec.status = "unfinished"
                     rec.end = t
                     return
@@ -331,22 +409,23 @@ class _Replay:
             self.t0 = loop.time() + opts.start_delay_wall_s
             self.unix_t0 = float(time.time() + (self.t0 - loop.time()))
             sampler = loop.create_task(self._sample(session)) if opts.sample_interval_wall_s > 0 else None
+            self._failed = asyncio.Event()
             dispatcher = loop.create_task(self._dispatch(session))
+            failed = loop.create_task(self._failed.wait())
             try:
+                limit = None
                 if opts.drain_timeout_s is not None:
                     last = float(self.arrivals[-1]) if len(self.arrivals) else 0.0
-                    limit = self.deadline_wall(last + opts.drain_timeout_s) - loop.time()
-                    try:
-                        await asyncio.wait_for(asyncio.shield(dispatcher), timeout=max(limit, 0.0))
-                    except TimeoutError:
-                        dispatcher.cancel()
-                        try:
-                            await dispatcher
-                        except asyncio.CancelledError:
-                            pass
-                else:
-                    await dispatcher
+                    limit = max(self.deadline_wall(last + opts.drain_timeout_s) - loop.time(), 0.0)
+                # Ends when every request is done, at the drain timeout, or at the first client-side failure.
+                await asyncio.wait({dispatcher, failed}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+                if not dispatcher.done():
+                    dispatcher.cancel()
+                    await asyncio.gather(dispatcher, return_exceptions=True)
+                elif dispatcher.exception() is not None:
+                    raise dispatcher.exception()
             finally:
+                failed.cancel()
                 if sampler is not None:
                     sampler.cancel()
                     try:
@@ -366,12 +445,16 @@ class _Replay:
         snaps: list[MetricsSnapshot] = []
         if before is not None:
             snaps.append(before)
-        snaps += [parse_metrics(text, to_trace(t)) for t, text in self.samples]
+        snaps += [parse_metrics(text, to_trace(t), SUMMARY_SAMPLES) for t, text in self.samples]
         if after is not None:
             snaps.append(after)
         records = self.records
-        requests = request_table_from_records(self.workload, records, to_trace)
         token_times = None
+        if self.first_failure is not None:  # requests the stopped run never sent
+            for r in records:
+                if r.sent != r.sent and r.error is None:
+                    r.error = "not sent: the replay stopped at a client-side failure"
+        requests = request_table_from_records(self.workload, records, to_trace)
         if self.options.record_tokens:
             token_times = {
                 int(self.ids[r.index]): (np.asarray(r.token_times, dtype=float) - self.t0 - self.recv_offset)
@@ -395,13 +478,23 @@ class _Replay:
             "num_samples": len(self.samples),
             "errors": errors[:50],
             "num_errors": len(errors),
+            "client_errors": sum(1 for r in records if r.client_error),
+            "first_client_error": (None if self.first_failure is None else
+                                   [int(self.ids[self.first_failure]), records[self.first_failure].error]),
         }
         return ReplayResult.from_snapshots(requests, snaps, before, after, token_times, info, self.workload)
 
 
 async def replay_async(base_url: str, workload: Workload, options: ReplayOptions | None = None) -> ReplayResult:
-    """Replay ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:8000``)."""
-    return await _Replay(base_url, workload, options or ReplayOptions()).run()
+    """Replay ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:8000``).  Raises
+    ServerError when the server cannot be reached, ReplayRequestError at a client-side request failure."""
+    result = await _Replay(base_url, workload, options or ReplayOptions()).run()
+    first = result.info.get("first_client_error")
+    if first is not None:
+        n = result.info["client_errors"]
+        raise ReplayRequestError(f"{base_url}: request {first[0]} failed: {first[1]} ({n} client-side failure"
+                                 f"{'s' if n != 1 else ''}; the replay stopped)", result)
+    return result
 
 
 def replay(base_url: str, workload: Workload, options: ReplayOptions | None = None, **kwargs) -> ReplayResult:
@@ -412,4 +505,5 @@ def replay(base_url: str, workload: Workload, options: ReplayOptions | None = No
     return asyncio.run(replay_async(base_url, workload, options))
 
 
-__all__ = ["ReplayOptions", "ServerError", "replay", "replay_async"]
+__all__ = ["ReplayOptions", "ReplayRequestError", "ServerError", "classify_http_error", "error_message", "replay",
+           "replay_async"]

@@ -26,6 +26,10 @@ ITERATION_TOKENS = "vllm:iteration_tokens_total"
 REQUEST_PREEMPTIONS = "vllm:request_num_preemptions"
 REQUEST_SUCCESS = "vllm:request_success_total"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+#: Gauge with label ``reason``: ``capacity`` (waiting for KV blocks / a batch slot) or ``deferred`` (skipped).
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 #: The twin's engine-clock slack in wall seconds (see replay.twin_engine); absent on vLLM.
 TWIN_SLACK = "kvtune:twin_slack_seconds"
 #: The twin's speed (simulated seconds per wall second); absent on vLLM.
@@ -83,12 +87,16 @@ class MetricsSnapshot:
         rows = self.samples.get(CACHE_CONFIG_INFO + "_info") or self.samples.get(CACHE_CONFIG_INFO)
         return dict(rows[0][0]) if rows else {}
 
-    def num_gpu_blocks(self) -> float:
-        value = self.cache_config().get("num_gpu_blocks")
+    def cache_config_number(self, key: str) -> float:
+        """A numeric label of ``cache_config_info`` (``num_gpu_blocks``, ``block_size``, ...); NaN if absent."""
+        value = self.cache_config().get(key)
         try:
             return float(value) if value not in (None, "", "None") else NAN
         except ValueError:
             return NAN
+
+    def num_gpu_blocks(self) -> float:
+        return self.cache_config_number("num_gpu_blocks")
 
     def summary(self) -> dict[str, float]:
         """The scalar values a replay records before and after (NaN where absent)."""
@@ -102,15 +110,70 @@ class MetricsSnapshot:
             "num_requests_swapped": self.total(SWAPPED),
             "kv_cache_usage_perc": self.kv_usage(),
             "num_gpu_blocks": self.num_gpu_blocks(),
+            "block_size": self.cache_config_number("block_size"),
+            "prefix_cache_queries_total": self.total(PREFIX_QUERIES),
+            "prefix_cache_hits_total": self.total(PREFIX_HITS),
+            "num_requests_waiting_capacity": self.total(WAITING_BY_REASON, reason="capacity"),
+            "num_requests_waiting_deferred": self.total(WAITING_BY_REASON, reason="deferred"),
             "requests_aborted_total": self.total(REQUEST_SUCCESS, finished_reason="abort"),
             # The twin's own clock lag (absent on vLLM).
             "twin_max_lag_s": self.total("kvtune:twin_max_lag_seconds"),
         }
 
 
-def parse_metrics(text: str, t_s: float = NAN) -> MetricsSnapshot:
-    """Parse Prometheus text exposition (prometheus_client's parser) into a snapshot."""
+@dataclass(frozen=True)
+class FamilySignature:
+    """A metric family's shape: its Prometheus type and label names (``le`` aside)."""
+
+    type: str
+    labels: frozenset[str]
+
+
+def metric_families(text: str, prefix: str = "vllm:") -> dict[str, FamilySignature]:
+    """Family name -> type and label names, for the families whose names start with ``prefix``; the ``_created``
+    gauges prometheus_client adds per counter and histogram are left out (they are the exporter's, not vLLM's)."""
+    out: dict[str, FamilySignature] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(prefix) or family.name.endswith("_created"):
+            continue
+        labels = set()
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                labels |= set(sample.labels)
+        out[family.name] = FamilySignature(family.type, frozenset(labels - {"le"}))
+    return out
+
+
+#: Sample names that ``MetricsSnapshot.summary`` reads: what a replay's timeline samples need parsed.
+SUMMARY_SAMPLES = frozenset({
+    RUNNING, WAITING, SWAPPED, KV_USAGE, KV_USAGE_V0, PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS,
+    ITERATION_TOKENS + "_count", REQUEST_SUCCESS, CACHE_CONFIG_INFO, PREFIX_QUERIES, PREFIX_HITS, WAITING_BY_REASON,
+    "kvtune:twin_max_lag_seconds",
+})
+
+
+def _only(text: str, names: frozenset[str]) -> str:
+    """The sample lines of ``names`` (comments dropped: the parser then keeps every sample name as it is)."""
+    keep = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        end = len(line)
+        for stop in ("{", " "):
+            i = line.find(stop)
+            if 0 <= i < end:
+                end = i
+        if line[:end] in names:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def parse_metrics(text: str, t_s: float = NAN, names: frozenset[str] | None = None) -> MetricsSnapshot:
+    """Parse Prometheus text exposition (prometheus_client's parser) into a snapshot; with ``names``, only those
+    samples (a real vLLM scrape has ~600 lines; the timeline needs ~20 of them, thousands of times)."""
     snap = MetricsSnapshot(t_s=t_s)
+    if names is not None:
+        text = _only(text, names)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             snap.samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
@@ -125,15 +188,21 @@ __all__ = [
     "ITERATION_TOKENS",
     "KV_USAGE",
     "KV_USAGE_V0",
+    "FamilySignature",
     "MetricsSnapshot",
     "PREEMPTIONS",
+    "PREFIX_HITS",
+    "PREFIX_QUERIES",
     "PROMPT_TOKENS",
     "REQUEST_PREEMPTIONS",
     "REQUEST_SUCCESS",
+    "SUMMARY_SAMPLES",
     "RUNNING",
     "SWAPPED",
     "TWIN_SLACK",
     "TWIN_SPEED",
     "WAITING",
+    "WAITING_BY_REASON",
+    "metric_families",
     "parse_metrics",
 ]

@@ -1,6 +1,7 @@
 """What a replay produces: the request table and a step-like timeline (DESIGN section 3), and their files.
 
-Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``).  What a client cannot see is NaN:
+Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``), then ``reason`` (why a request did not
+finish: a rejection's message, an error; None for finished requests).  What a client cannot see is NaN:
 ``first_scheduled_s``, ``queue_wait_s``, ``resume_wait_s``, ``num_preemptions``, ``recomputed_tokens``,
 ``swapped_out_blocks``, ``swapped_in_blocks``, ``kv_blocks_peak``, ``prefix_hit_tokens``.  The run's total of
 preemptions comes from the server's counter (``ReplayResult.preemptions_total``).
@@ -39,10 +40,14 @@ NAN = math.nan
 #: Request-table columns a client cannot observe (NaN in replays).
 UNOBSERVED_REQUEST_COLUMNS = (
     "first_scheduled_s", "queue_wait_s", "resume_wait_s", "num_preemptions", "recomputed_tokens",
-    "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak", "prefix_hit_tokens",
+    "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak", "prefix_hit_tokens", "max_itl_s", "preempted_s",
+    "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
 )
+#: Column after the simulator's request columns: why the request did not finish (the server's message).
+REASON_COLUMN = "reason"
 #: Step-table columns /metrics does not give (NaN in the timeline).
-UNOBSERVED_STEP_COLUMNS = ("prefill_tokens_recompute", "swap_out_blocks", "swap_in_blocks")
+UNOBSERVED_STEP_COLUMNS = ("prefill_tokens_recompute", "swap_out_blocks", "swap_in_blocks") + tuple(
+    c for c in STEP_COLUMNS if c.startswith("time_"))
 
 
 def request_table_from_records(workload: Workload, records, to_trace: Callable[[float], float]) -> pd.DataFrame:
@@ -76,7 +81,10 @@ def request_table_from_records(workload: Workload, records, to_trace: Callable[[
     for col in REQUEST_COLUMNS:
         if col not in out.columns:
             out[col] = NAN
-    return out[list(REQUEST_COLUMNS)]
+    out = out[list(REQUEST_COLUMNS)]
+    # Why a request was not ``finished`` (the server's error message, a finish reason, ...); None otherwise.
+    out[REASON_COLUMN] = pd.Series([r.error for r in records], dtype=object)
+    return out
 
 
 def _delta(after: float, before: float) -> float:
@@ -255,6 +263,7 @@ def _json_default(obj):
 
 
 __all__ = [
+    "REASON_COLUMN",
     "ReplayResult",
     "UNOBSERVED_REQUEST_COLUMNS",
     "UNOBSERVED_STEP_COLUMNS",

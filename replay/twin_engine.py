@@ -36,6 +36,7 @@ from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
+from replay.twin_metrics import Histogram, TwinStats
 
 log = logging.getLogger("kvtune.twin")
 
@@ -68,7 +69,8 @@ def build_core(
 class TokenSink:
     """What one HTTP request waits on: tokens generated so far, and the end."""
 
-    __slots__ = ("req", "event", "tokens", "done", "status", "error", "in_engine", "aborted")
+    __slots__ = ("req", "event", "tokens", "done", "status", "error", "in_engine", "aborted", "admissions",
+                 "hit_tokens", "first_hit_tokens", "first_token_t", "last_token_t")
 
     def __init__(self, req: Request):
         self.req = req
@@ -79,6 +81,12 @@ class TokenSink:
         self.error: str | None = None
         self.in_engine = False
         self.aborted = False
+        # For /metrics (replay.twin_metrics.TwinStats): admissions seen, prefix-cache hits, token times.
+        self.admissions = 0
+        self.hit_tokens = 0
+        self.first_hit_tokens = 0
+        self.first_token_t = math.nan
+        self.last_token_t = math.nan
 
     @property
     def finish_reason(self) -> str:
@@ -89,55 +97,13 @@ class TokenSink:
 
 @dataclass
 class TwinCounters:
-    """Monotonic counters and histograms behind ``/metrics`` (vLLM semantics)."""
+    """The twin's own counters (vLLM's metrics are ``TwinEngine.stats``, replay.twin_metrics.TwinStats)."""
 
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
     iterations: int = 0
     requests_received: int = 0
     busy_s: float = 0.0
     max_lag_s: float = 0.0
     lag_s: float = 0.0
-
-
-#: Buckets (upper bounds) of the histograms the twin exports, as vLLM's loggers define them.
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 5, 10, 20, 50, 100)
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-                   160.0, 640.0, 2560.0)
-
-
-class Histogram:
-    """A cumulative-bucket histogram (Prometheus semantics) without a registry."""
-
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds):
-        self.bounds = tuple(float(b) for b in bounds)
-        self.counts = [0] * len(self.bounds)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                break
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
-        for bound, n in zip(self.bounds, self.counts):
-            acc += n
-            out.append((_le(bound), acc))
-        out.append(("+Inf", self.count))
-        return out
-
-
-def _le(bound: float) -> str:
-    return str(int(bound)) + ".0" if float(bound).is_integer() else repr(bound)
 
 
 class TwinEngine:
@@ -172,12 +138,8 @@ class TwinEngine:
         self.wall0 = clock()
         self.now_s = 0.0  # the engine's virtual clock T
         self.counters = TwinCounters()
-        self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
-        self.request_preemptions = Histogram(PREEMPTION_BUCKETS)
-        self.ttft = Histogram(LATENCY_BUCKETS)
-        self.e2e = Histogram(LATENCY_BUCKETS)
-        self.queue_time = Histogram(LATENCY_BUCKETS)
-        self.success: dict[str, int] = {"length": 0, "stop": 0, "abort": 0}
+        #: What /metrics exports, with vLLM's semantics.
+        self.stats = TwinStats(self.max_model_len, bool(self.config.enable_prefix_caching) and self.config.is_v1)
         self._sinks: dict[int, TokenSink] = {}
         self._pending: list[tuple[float, int, TokenSink]] = []  # arrivals not yet handed to the scheduler
         self._aborts: list[TokenSink] = []
@@ -361,25 +323,14 @@ class TwinEngine:
             self.scheduler.abort(sink.req, Status.CANCELLED, now)
 
     def _emit(self, out, end: float) -> None:
-        counters = self.counters
-        counters.iterations += 1
-        counters.preemptions += len(out.preempted)
-        scheduled_tokens = 0
+        self.counters.iterations += 1
         sinks = self._sinks
-        for req, num_new in out.scheduled:
-            scheduled_tokens += num_new
+        self.stats.on_step(out, end, sinks)
+        for req, _ in out.scheduled:
             sink = sinks.get(req.index)
-            if sink is None:
-                continue
-            new = req.num_output_tokens - sink.tokens
-            if new > 0:
-                if sink.tokens == 0:
-                    counters.prompt_tokens += req.prompt_tokens
-                    self.ttft.observe(end - req.arrival_s)
-                counters.generation_tokens += new
+            if sink is not None and req.num_output_tokens > sink.tokens:
                 sink.tokens = req.num_output_tokens
                 sink.event.set()
-        self.iteration_tokens.observe(scheduled_tokens)
         self._drain_finished()
 
     def _drain_finished(self) -> None:
@@ -400,15 +351,8 @@ class TwinEngine:
         sink.status = status
         sink.error = error
         self._sinks.pop(req.index, None)
-        reason = sink.finish_reason
-        self.success[reason] = self.success.get(reason, 0) + 1
-        if status in FINAL and sink.in_engine:
-            self.request_preemptions.observe(req.num_preemptions)
-            end = req.end_s if req.end_s == req.end_s else self.now_s
-            self.e2e.observe(max(0.0, end - req.arrival_s))
-            if req.first_scheduled_s == req.first_scheduled_s:
-                self.queue_time.observe(req.first_scheduled_s - req.arrival_s)
+        self.stats.on_end(sink, sink.finish_reason, status in FINAL and sink.in_engine, self.now_s)
         sink.event.set()
 
 
-__all__ = ["TokenSink", "TwinCounters", "TwinEngine", "build_core", "Histogram"]
+__all__ = ["Histogram", "TokenSink", "TwinCounters", "TwinEngine", "build_core"]

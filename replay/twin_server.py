@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 from aiohttp import ClientConnectionResetError, web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from replay.twin_engine import Histogram, TokenSink, TwinEngine
+from replay.twin_engine import TokenSink, TwinEngine
+from replay.twin_metrics import TwinCollector
 from sim.engine.request import Status
 from sim.errors import EngineAborted
 
@@ -42,80 +42,7 @@ REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 EPOCHS_KEY = web.AppKey("arrival_epochs", dict)
 
 
-# ---- /metrics ------------------------------------------------------------------------------------------
-class TwinCollector:
-    """Exposes the engine's state under vLLM's metric names (labels ``model_name`` and ``engine``)."""
-
-    def __init__(self, engine: TwinEngine, model_name: str):
-        self.engine = engine
-        self.model_name = model_name
-
-    def collect(self):
-        eng = self.engine
-        c = eng.counters
-        names = ["model_name", "engine"]
-        values = [self.model_name, "0"]
-
-        def gauge(name: str, doc: str, value: float):
-            g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float):
-            m = CounterMetricFamily(name, doc, labels=names)
-            m.add_metric(values, value)
-            return m
-
-        def histogram(name: str, doc: str, h: Histogram):
-            m = HistogramMetricFamily(name, doc, labels=names)
-            m.add_metric(values, h.buckets(), h.sum)
-            return m
-
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", eng.num_running())
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.num_waiting())
-        if not eng.config.is_v1:
-            yield gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", eng.num_swapped())
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", eng.kv_usage())
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions)
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=names + ["finished_reason"])
-        for reason, n in eng.success.items():
-            success.add_metric(values + [reason], n)
-        yield success
-        yield histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                        eng.iteration_tokens)
-        yield histogram("vllm:request_num_preemptions", "Number of preemptions per finished request.",
-                        eng.request_preemptions)
-        yield histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", eng.ttft)
-        yield histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", eng.e2e)
-        yield histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                        eng.queue_time)
-        cfg = eng.config
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization", "num_cpu_blocks",
-                    "num_gpu_blocks", "num_gpu_blocks_override"],
-        )
-        info.add_metric([
-            str(cfg.block_size), str(cfg.kv_cache_dtype), str(bool(cfg.enable_prefix_caching)),
-            str(cfg.gpu_memory_utilization), str(eng.sizing.num_cpu_blocks), str(eng.sizing.num_gpu_blocks),
-            str(cfg.num_gpu_blocks_override),
-        ], 1.0)
-        yield info
-        # The twin's own health: how far its clock runs behind the wall clock (simulated seconds).
-        yield gauge("kvtune:twin_lag_seconds", "Simulated seconds the twin's engine clock lagged at its last step.",
-                    c.lag_s)
-        yield gauge("kvtune:twin_max_lag_seconds", "Largest lag of the twin's engine clock so far.", c.max_lag_s)
-        yield gauge("kvtune:twin_sim_time_seconds", "The twin's engine clock (simulated seconds since start).",
-                    eng.now_s)
-        yield gauge("kvtune:twin_speed", "Simulated seconds per wall second.", eng.speed)
-        yield gauge("kvtune:twin_slack_seconds", "Wall seconds the engine clock runs behind arrivals (--slack-ms).",
-                    eng.slack_s)
-        yield gauge("kvtune:kv_blocks_total", "Usable GPU KV blocks of the simulated engine.",
-                    eng.scheduler.pool.num_blocks)
-        yield gauge("kvtune:kv_blocks_used", "GPU KV blocks held by requests.", eng.scheduler.pool.num_used)
+# ---- /metrics: replay.twin_metrics.TwinCollector -----------------------------------------------------------
 
 
 # ---- helpers -------------------------------------------------------------------------------------------

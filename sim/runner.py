@@ -97,7 +97,7 @@ class Simulation:
         ``keep_requests=False`` drops each request's live state once it ended (its row is in the request
         table's arrays), so memory grows with the requests in the system, not with the workload; with
         ``True`` (the default) ``self.requests`` holds every request's final state."""
-        resolved = config.resolve(model.max_model_len)
+        resolved = config.resolve(model.max_model_len, gpu)
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
             if resolved.admission_policy == "predicted" else None

@@ -13,12 +13,14 @@ import pandas as pd
 from sim.engine.core import STEP_COLUMNS
 from sim.engine.request import Request, Status
 
+#: A request's share of the steps' time parts (transfer is not attributed per request: see its swapped blocks).
+REQUEST_TIME_COLUMNS = ("time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s")
 REQUEST_COLUMNS = (
     "request_id", "class", "arrival_s", "prompt_tokens", "output_tokens_target", "generated_tokens", "status",
     "first_scheduled_s", "first_token_s", "end_s", "ttft_s", "e2e_s", "tpot_s", "queue_wait_s", "resume_wait_s",
     "num_preemptions", "recomputed_tokens", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-    "prefix_hit_tokens",
-)
+    "prefix_hit_tokens", "max_itl_s", "preempted_s",
+) + REQUEST_TIME_COLUMNS
 
 _STATUSES = tuple(Status)
 _STATUS_CODE = {s: i for i, s in enumerate(_STATUSES)}
@@ -34,7 +36,9 @@ _COUNTERS = (
     ("swapped_in_blocks", "swapped_in_blocks", np.int64),
     ("kv_blocks_peak", "kv_blocks_peak", np.int64),
     ("prefix_hit_tokens", "prefix_hit_tokens", np.int64),
-)
+    ("max_itl_s", "max_itl_s", np.float64),
+    ("preempted_s", "preempted_s", np.float64),
+) + tuple((c, c, np.float64) for c in REQUEST_TIME_COLUMNS)
 _TIMES = (("first_scheduled_s", "first_scheduled_s"), ("first_token_s", "first_token_s"), ("end_s", "end_s"))
 
 
@@ -102,11 +106,14 @@ class RequestLog:
             "swapped_in_blocks": c["swapped_in_blocks"],
             "kv_blocks_peak": c["kv_blocks_peak"],
             "prefix_hit_tokens": c["prefix_hit_tokens"],
+            "max_itl_s": c["max_itl_s"],
+            "preempted_s": c["preempted_s"],
+            **{name: c[name] for name in REQUEST_TIME_COLUMNS},
         }, copy=False)
 
 
 def step_table(rows: list[tuple]) -> pd.DataFrame:
     """One row per step or per run of identical decode steps (``num_steps`` > 1)."""
     df = pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
-    int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+    int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s") and not c.startswith("time_")]
     return df.astype({c: "int64" for c in int_cols})

@@ -88,7 +88,9 @@ class CaseConfig:
             )
         knobs = {}
         if "async_scheduling" in {f.name for f in dataclasses.fields(EngineConfig)}:
-            knobs["async_scheduling"] = self.async_scheduling  # explicit: the knob's default depends on version
+            # Explicit: kvtune's V1 default follows vLLM 0.33 (async on), while the lock-step reference replay drives
+            # vLLM's plain Scheduler (vllm_sched_replay.py: async_scheduling=False) unless the case says otherwise.
+            knobs["async_scheduling"] = self.async_scheduling
         elif self.async_scheduling:
             raise ValueError("this kvtune has no async_scheduling engine knob")
         return EngineConfig(

@@ -245,13 +245,13 @@ def class_tail_chart(data: ReportData) -> Chart | None:
 # ---- 3. recompute share and new-token busy share ---------------------------------------------------------------
 def waste_chart(data: ReportData) -> Chart | None:
     df = data.trials
-    if not len(df) or "recompute_share" not in df:
+    if not len(df) or "recompute_busy_share" not in df:
         return None
     names = _param_names(data)
     xparam = _main_numeric_param(data, names)
     cols = 2 if xparam else 1
-    series = [("recompute_share", "recompute share (%): tokens re-prefilled after preemption / all tokens", FRONT_COLOR),
-              ("new_token_busy_share", "new-token busy share (%): busy GPU time spent on new tokens", "#2ca02c")]
+    series = [("recompute_busy_share", "recompute busy share (%): busy time re-prefilling after preemption", FRONT_COLOR),
+              ("new_token_busy_share", "new-token busy share (%): busy time on new prefill and decode", "#2ca02c")]
     titles = []
     for _, label, _ in series:
         short = label.split(":")[0]
@@ -616,7 +616,7 @@ def whatif_throughput_chart(data: ReportData) -> Chart | None:
     for col, (scenario, by_number) in enumerate(scenarios, start=1):
         numbers = [n for n in labels if n in by_number]
         for row, key, scale, color, title in ((1, "output_tokens_per_s", 1.0, TRIAL_COLOR, "output tokens/s"),
-                                              (2, "recompute_share", 100.0, FRONT_COLOR, "recompute share (%)")):
+                                              (2, "recompute_busy_share", 100.0, FRONT_COLOR, "recompute share (%)")):
             fig.add_trace(go.Scatter(x=[scale * _finite(by_number[n].get(key)) for n in numbers],
                                      y=[labels[n] for n in numbers], mode="markers", showlegend=False,
                                      marker=dict(color=color, size=10),
@@ -667,7 +667,7 @@ def sweep_charts(data: ReportData) -> list[Chart]:
                                          hovertemplate=f"{name}<br>{sweep.knob}=%{{x}}<br>%{{y:.4g}}<extra></extra>"),
                               row=row, col=col)
 
-            line([100 * _finite(r.metrics.get("recompute_share")) for _, r in ok], 1, 1, f"{base} config", bcolor,
+            line([100 * _finite(r.metrics.get("recompute_busy_share")) for _, r in ok], 1, 1, f"{base} config", bcolor,
                  True, base)
             line([100 * _finite(r.metrics.get("new_token_busy_share")) for _, r in ok], 1, 2, f"{base} config",
                  bcolor, False, base)

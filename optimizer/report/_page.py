@@ -165,7 +165,7 @@ def _answer(data: ReportData) -> str:
                 continue
             rows.append((f"class {_e(name)}", label, fmt(dv), fmt(rv), _change(dv, rv, lower)))
     for label, key, lower, fmt in (
-        ("recompute share", "recompute_share", True, _pct),
+        ("recompute share", "recompute_busy_share", True, _pct),
         ("new-token busy share", "new_token_busy_share", False, _pct),
         ("output tokens/s", "output_tokens_per_s", False, _num),
         ("goodput (req/s in SLO)", "goodput_rps", False, _num),
@@ -233,7 +233,7 @@ def _pareto_table(data: ReportData, limit: int = 25) -> str:
         cells = [f"{int(row['number'])}{mark}"] + [_e(_short(row.get(c))) for c in params]
         cells += [_num(row.get(f"objective.{n}")) for n in data.objective_names]
         cells += [_num(row.get(f"class.{c}.e2e_s.p99")) for c in classes]
-        cells += [_pct(row.get("recompute_share")), "yes" if row["feasible"] else "no"]
+        cells += [_pct(row.get("recompute_busy_share")), "yes" if row["feasible"] else "no"]
         rows.append(cells)
     return "<h2>Pareto-optimal trials</h2>" + _table(header, rows, left=1 + len(params))
 
@@ -253,7 +253,7 @@ def _whatif_table(data: ReportData) -> str:
         m = run.metrics
         rows.append([_e(scenario), _e(run.label), _e(run.gpu), _num(run.num_gpu_blocks), _num(run.kv_tokens),
                      _num(m.get("output_tokens_per_s"))] + [_num(m.get(f"class.{c}.e2e_s.p99")) for c in classes]
-                    + [_num(m.get("all.count.timed_out")), _pct(m.get("recompute_share")),
+                    + [_num(m.get("all.count.timed_out")), _pct(m.get("recompute_busy_share")),
                        _num(run.price_per_hour_usd), _num(run.usd_per_million_output_tokens)])
     return "<h2>What-if table</h2>" + _table(header, rows, left=3)
 
@@ -317,13 +317,13 @@ def metrics_document(data: ReportData, images: Sequence[str], image_error: str |
                 "ttft_s.p99", "e2e_s.p99", "tpot_s.p99", "count.total", "count.finished", "count.timed_out",
                 "count.cancelled", "count.rejected", "output_tokens_per_s", "slo_attainment",
                 "preemptions_per_request.mean", "recomputed_tokens")}
-            classes[name]["recompute_share"] = _json(run.class_recompute_share(name))
+            classes[name]["recompute_busy_share"] = _json(run.class_recompute_share(name))
         return {
             "label": run.label, "gpu": run.gpu, "knobs": run.knobs,
             "num_gpu_blocks": run.num_gpu_blocks, "block_size": run.block_size, "kv_tokens": _json(run.kv_tokens),
             "price_per_hour_usd": run.price_per_hour_usd,
             "usd_per_million_output_tokens": _json(run.usd_per_million_output_tokens),
-            **{k: _json(run.metrics.get(k)) for k in ("output_tokens_per_s", "goodput_rps", "recompute_share",
+            **{k: _json(run.metrics.get(k)) for k in ("output_tokens_per_s", "goodput_rps", "recompute_busy_share",
                                                        "new_token_busy_share", "kv_utilization", "preemptions_total",
                                                        "all.e2e_s.p99", "all.count.timed_out", "makespan_s")},
             "classes": classes,
@@ -360,7 +360,7 @@ def _trial_rows(data: ReportData) -> list[dict[str, Any]]:
         entry["params"] = {c[len("param."):]: _plain_value(row[c]) for c in data.trials.columns
                            if c.startswith("param.") and _present(row[c])}
         entry["objectives"] = {n: _json(row.get(f"objective.{n}")) for n in data.objective_names}
-        for key in ("output_tokens_per_s", "recompute_share", "new_token_busy_share", "preemptions_total",
+        for key in ("output_tokens_per_s", "recompute_busy_share", "new_token_busy_share", "preemptions_total",
                     "all.count.timed_out"):
             entry[key] = _json(row.get(key))
         entry["classes"] = {name: {k: _json(row.get(f"class.{name}.{k}"))

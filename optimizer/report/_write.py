@@ -41,8 +41,8 @@ class ReportResult:
             dm, rm = d.default.metrics, d.recommended.metrics
             lines.append(f"default vs recommended: output {dm.get('output_tokens_per_s', float('nan')):.1f} -> "
                          f"{rm.get('output_tokens_per_s', float('nan')):.1f} tok/s, recompute share "
-                         f"{100 * dm.get('recompute_share', float('nan')):.2f}% -> "
-                         f"{100 * rm.get('recompute_share', float('nan')):.2f}%")
+                         f"{100 * dm.get('recompute_busy_share', float('nan')):.2f}% -> "
+                         f"{100 * rm.get('recompute_busy_share', float('nan')):.2f}%")
             for name in d.ctx.classes:
                 key = f"class.{name}.e2e_s.p99"
                 lines.append(f"  class {name}: p99 E2E {dm.get(key, float('nan')):.2f} -> {rm.get(key, float('nan')):.2f} s, "

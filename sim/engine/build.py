@@ -35,6 +35,7 @@ def roofline_for(config: EngineConfig, model: ModelProfile, gpu: GpuProfile,
         weight_dtype_bytes=1 if config.quantization == "fp8" else 2,
         block_size=config.block_size,
         coefficients=coefficients,
+        async_scheduling=bool(config.async_scheduling),
     )
 
 
@@ -52,7 +53,7 @@ def build_engine(
 ) -> BuiltEngine:
     """Resolve ``config`` for ``model``, size its KV cache on ``gpu`` (ConfigError if it cannot hold one
     max-length request) and build the engine core."""
-    resolved = config.resolve(model.max_model_len)
+    resolved = config.resolve(model.max_model_len, gpu)
     sizing = size_kv_cache(model, gpu, resolved)
     latency = latency or roofline_for(resolved, model, gpu, coefficients)
     scheduler = make_scheduler(resolved, sizing.num_gpu_blocks, sizing.num_cpu_blocks, predicted_output)

@@ -19,7 +19,8 @@ Flavor = Literal["vllm-v1", "vllm-v0"]
 FLAVORS = ("vllm-v1", "vllm-v0")
 
 #: Knobs that exist in only one flavor: setting them on the other is an error naming the key.
-V1_ONLY = frozenset({"watermark", "scheduler_reserve_full_isl", "long_prefill_token_threshold", "kv_offloading_size_gb"})
+V1_ONLY = frozenset({"watermark", "scheduler_reserve_full_isl", "long_prefill_token_threshold", "kv_offloading_size_gb",
+                     "async_scheduling"})
 V0_ONLY = frozenset({"preemption_mode", "swap_space_gb", "enable_chunked_prefill"})
 
 
@@ -28,12 +29,14 @@ class EngineConfig:
     """One engine configuration.  Each field: meaning, bounds, vLLM flag."""
 
     flavor: Flavor = "vllm-v1"
-    #: ``--max-num-seqs``: most sequences running at once. [1, 4096]. vLLM default 256.
-    max_num_seqs: int = 256
-    #: ``--max-num-batched-tokens``: token budget per step. [16, 1_048_576]. Default: V1 8192; V0 2048 with
-    #: chunked prefill, else max(max_model_len, 2048).
+    #: ``--max-num-seqs``: most sequences running at once. [1, 4096]. Default by release and device
+    #: (sim/engine/defaults.py: 0.33 gives 1024 on H100/H200, 256 on A100/L40S, 128 per CPU worker; V0 256).
+    max_num_seqs: int | None = None
+    #: ``--max-num-batched-tokens``: token budget per step. [16, 1_048_576]. Default by release and device
+    #: (0.33: 8192 on H100/H200, 2048 on A100/L40S, 16384 at >= 160 GiB); V0 2048 with chunked prefill, else
+    #: max(max_model_len, 2048).
     max_num_batched_tokens: int | None = None
-    #: ``--gpu-memory-utilization``: share of GPU memory vLLM may use. (0, 1]. Default V1 0.92, V0 0.90.
+    #: ``--gpu-memory-utilization``: share of GPU memory vLLM may use. (0, 1]. Default 0.92 from 0.25, 0.9 before.
     gpu_memory_utilization: float | None = None
     #: ``--block-size``: tokens per KV block. One of 8, 16, 32, 64, 128.
     block_size: int = 16
@@ -58,6 +61,9 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None
     #: ``--kv-offloading-size`` (GiB, ``--kv-offloading-backend native``): CPU KV tier; 0 = off. [0, 4096].
     kv_offloading_size_gb: float | None = None
+    #: ``--async-scheduling``: schedule step N+1 while step N runs on the GPU (vLLM config/vllm.py; on by
+    #: default in 0.17.1 and every later listed release for a plain decoder LLM; off in 0.11.0 and older).
+    async_scheduling: bool | None = None
     # ---- V0 only --------------------------------------------------------------------------------------
     #: ``--preemption-mode``: recompute or swap. Default recompute (single-sequence requests).
     preemption_mode: Literal["recompute", "swap"] | None = None
@@ -77,6 +83,9 @@ class EngineConfig:
     # ---- simulation-only ------------------------------------------------------------------------------
     #: Fix the number of GPU blocks instead of deriving it from memory (vLLM's ``num_gpu_blocks_override``).
     num_gpu_blocks_override: int | None = None
+    #: The vLLM release whose defaults fill the unset knobs (sim/data/vllm_defaults.yaml); ``None``: the
+    #: flavor's reference release (0.33.0 for V1, 0.8.5 for V0).  Studies set it from ``vllm_version``.
+    engine_version: str | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -110,31 +119,39 @@ class EngineConfig:
     def is_v1(self) -> bool:
         return self.flavor == "vllm-v1"
 
-    def resolve(self, model_max_len: int) -> "EngineConfig":
-        """Fill every ``None`` with the flavor's default for a model whose max length is ``model_max_len``."""
+    def resolve(self, model_max_len: int, device: Any = None) -> "EngineConfig":
+        """Fill every ``None`` with the default of the config's vLLM release on ``device`` (a GpuProfile; ``None``
+        means unknown, which vLLM treats as a small device) for a model whose max length is ``model_max_len``."""
+        from sim.engine.defaults import engine_defaults
+
         max_model_len = self.max_model_len or model_max_len
         if max_model_len > model_max_len:
             raise ConfigError("max_model_len", f"{max_model_len} exceeds the model's maximum {model_max_len}")
+        base = engine_defaults(self.flavor, self.engine_version, device, self.tensor_parallel_size, max_model_len,
+                               self.enable_chunked_prefill)
+        common = dict(
+            max_model_len=max_model_len,
+            max_num_seqs=self.max_num_seqs or base.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or base.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization or base.gpu_memory_utilization,
+            engine_version=base.version,
+        )
         if self.is_v1:
             resolved = dataclasses.replace(
                 self,
-                max_model_len=max_model_len,
-                max_num_batched_tokens=self.max_num_batched_tokens or 8192,
-                gpu_memory_utilization=self.gpu_memory_utilization or 0.92,
+                **common,
                 enable_prefix_caching=True if self.enable_prefix_caching is None else self.enable_prefix_caching,
                 watermark=0.0 if self.watermark is None else self.watermark,
                 scheduler_reserve_full_isl=True if self.scheduler_reserve_full_isl is None else self.scheduler_reserve_full_isl,
                 long_prefill_token_threshold=self.long_prefill_token_threshold or 0,
                 kv_offloading_size_gb=self.kv_offloading_size_gb or 0.0,
+                async_scheduling=base.async_scheduling if self.async_scheduling is None else self.async_scheduling,
             )
         else:
-            chunked = bool(self.enable_chunked_prefill)
-            default_budget = 2048 if chunked else max(max_model_len, 2048)
+            chunked = base.enable_chunked_prefill
             resolved = dataclasses.replace(
                 self,
-                max_model_len=max_model_len,
-                max_num_batched_tokens=self.max_num_batched_tokens or default_budget,
-                gpu_memory_utilization=self.gpu_memory_utilization or 0.90,
+                **common,
                 enable_prefix_caching=False,
                 enable_chunked_prefill=chunked,
                 preemption_mode=self.preemption_mode or "recompute",
@@ -167,7 +184,8 @@ class EngineConfig:
     def _check(self) -> None:
         if self.flavor not in FLAVORS:
             raise ConfigError("flavor", f"must be one of {FLAVORS}, got {self.flavor!r}")
-        _int_range("max_num_seqs", self.max_num_seqs, 1, 4096)
+        if self.max_num_seqs is not None:
+            _int_range("max_num_seqs", self.max_num_seqs, 1, 4096)
         if self.max_num_batched_tokens is not None:
             _int_range("max_num_batched_tokens", self.max_num_batched_tokens, 16, 1_048_576)
         if self.gpu_memory_utilization is not None:
@@ -196,6 +214,10 @@ class EngineConfig:
         _float_range("admission_headroom", self.admission_headroom, 0.0, 0.5)
         if self.num_gpu_blocks_override is not None:
             _int_range("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
+        if self.engine_version is not None:
+            from sim.engine.defaults import release_defaults
+
+            release_defaults(self.engine_version, self.flavor)  # a readable, listed release (else ConfigError)
         # Cross-field: knobs the flavor does not have.
         other_only = V0_ONLY if self.is_v1 else V1_ONLY
         for name in sorted(other_only):

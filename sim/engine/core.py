@@ -19,7 +19,8 @@ from sim.engine.config import EngineConfig
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 from sim.engine.scheduler_v0 import V0Scheduler
 from sim.engine.scheduler_v1 import V1Scheduler
-from sim.latency import LatencyModel
+from sim.engine.scheduler_base import split_tokens
+from sim.latency import PART_NAMES, LatencyModel, StepParts
 
 #: Most decode steps batched in one computation (bounds the numpy arrays).
 MAX_RUN_STEPS = 4096
@@ -30,7 +31,7 @@ STEP_COLUMNS = (
     "step", "num_steps", "start_s", "duration_s", "num_running", "num_waiting", "num_swapped",
     "prefill_tokens_new", "prefill_tokens_recompute", "decode_tokens", "kv_blocks_used", "kv_blocks_total",
     "swap_out_blocks", "swap_in_blocks", "preempted",
-)
+) + tuple(f"time_{name}_s" for name in PART_NAMES)
 
 
 @dataclass
@@ -40,6 +41,9 @@ class StepResult:
     output: SchedulerOutput
     duration_s: float
     num_steps: int
+    #: Durations of a run's first and last steps (single step: both 0, unused).
+    first_s: float = 0.0
+    last_s: float = 0.0
 
 
 def make_scheduler(
@@ -87,7 +91,13 @@ class EngineCore:
         until a request finishes).  Returns ``None`` when nothing can be scheduled.  The caller advances the
         clock by ``duration_s`` and then calls :meth:`end_step`.
         """
-        out = self.scheduler.schedule(now)
+        scheduler = self.scheduler
+        out = scheduler.schedule(now)
+        # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
+        # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
+        # next, frees them.  When that left nothing to run, vLLM's next schedule() follows at once.
+        if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
+            out = scheduler.schedule(now)
         shape = out.shape
         shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
         shape.swap_copies = out.swap_copies
@@ -119,21 +129,32 @@ class EngineCore:
         k = result.num_steps
         self.num_iterations += k
         self.last_step_end = now
+        first_end = self._pending_start + result.first_s
         if not self.record_steps and self.on_rows is None:
-            scheduler.update_from_output(out, now, k)
+            scheduler.update_from_output(out, now, k, first_end, result.last_s)
+            self._flush_if_idle()
             return
+        parts = self.latency.run_parts(out.shape, result.duration_s, k)
+        _attribute(out, parts, k)
         pool = scheduler.pool
         # The row describes the step itself: queue lengths before finished requests leave, and the blocks in use
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
-        grown = scheduler.update_from_output(out, now, k)
+        grown = scheduler.update_from_output(out, now, k, first_end, result.last_s)
         self.step_rows.append((
             self.num_iterations - k, k, self._pending_start, result.duration_s, running, waiting, swapped,
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
-            out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
+            out.swap_out_blocks, out.swap_in_blocks, len(out.preempted), *parts.as_tuple(),
         ))
         if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
             self.flush_rows()
+        self._flush_if_idle()
+
+    def _flush_if_idle(self) -> None:
+        """With nothing left to schedule, vLLM runs no further schedule() before update_from_output frees the
+        requests that just finished (async scheduling): free them now, not at the next arrival."""
+        if self.scheduler.deferred_free and not self.scheduler.has_unfinished():
+            self.scheduler.flush_deferred()
 
     def flush_rows(self) -> None:
         """Hand the buffered step rows to ``on_rows`` and drop them (no-op while the step table is kept)."""
@@ -182,6 +203,7 @@ class EngineCore:
             if limit <= 1:
                 return StepResult(out, first, 1)
             total = limit * affine[0] + affine[1] * limit * (limit - 1) / 2
+            last = affine[0] + affine[1] * (limit - 1)
         else:
             durations = self.latency.decode_run_times(batch, context, limit)
             if next_event_s < math.inf:
@@ -191,7 +213,37 @@ class EngineCore:
             if limit <= 1:
                 return StepResult(out, first, 1)
             total = float(durations[:limit].sum())
-        return StepResult(out, total, limit)
+            last = float(durations[limit - 1])
+        return StepResult(out, total, limit, first, last)
+
+
+def _attribute(out: SchedulerOutput, parts: StepParts, num_steps: int) -> None:
+    """Add each scheduled request's share of the step's time parts to it: a part split by the request's tokens
+    of that kind (decode equally over a run's batch), the overhead equally over the scheduled requests.
+    Transfer is not attributed here (the request table has each request's swapped blocks)."""
+    scheduled = out.scheduled
+    if not scheduled:
+        return
+    overhead = parts.overhead_s / len(scheduled)
+    if num_steps > 1:
+        decode = parts.decode_s / len(scheduled)
+        for req, _ in scheduled:
+            req.time_decode_s += decode
+            req.time_overhead_s += overhead
+        return
+    per_new = parts.prefill_new_s / out.prefill_tokens_new if out.prefill_tokens_new else 0.0
+    per_rec = parts.recompute_s / out.prefill_tokens_recompute if out.prefill_tokens_recompute else 0.0
+    per_dec = parts.decode_s / out.decode_tokens if out.decode_tokens else 0.0
+    bulk = out.bulk_decode  # the all-decode fast path's entries: one decode token each
+    for req, _ in scheduled[:bulk]:
+        req.time_decode_s += per_dec
+        req.time_overhead_s += overhead
+    for req, num_new in scheduled[bulk:] if bulk else scheduled:
+        new, rec, dec = split_tokens(req, num_new)
+        req.time_prefill_new_s += new * per_new
+        req.time_recompute_s += rec * per_rec
+        req.time_decode_s += dec * per_dec
+        req.time_overhead_s += overhead
 
 
 def _affine_steps_before(first: float, increment: float, horizon_s: float, limit: int) -> int:

@@ -36,6 +36,8 @@ class Request:
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
         "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids",
+        "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
+        "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
     )
 
     def __init__(
@@ -87,6 +89,17 @@ class Request:
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
         self.block_ids: list[int] = []
+        #: When its last output token came out, and the longest gap between two of its output tokens.
+        self.last_token_s = math.nan
+        self.max_itl_s = math.nan
+        #: Preempted since (NaN: producing); ``preempted_s`` sums preemption-to-next-token stalls.
+        self.stalled_since = math.nan
+        self.preempted_s = 0.0
+        #: Its share of the steps' time parts (``sim.latency.StepParts``), accumulated by the engine core.
+        self.time_prefill_new_s = 0.0
+        self.time_recompute_s = 0.0
+        self.time_decode_s = 0.0
+        self.time_overhead_s = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +108,17 @@ class Request:
     @property
     def deadline(self) -> float:
         return self.timeout_at if self.timeout_at <= self.cancel_at else self.cancel_at
+
+    def stall(self, now: float) -> None:
+        """Preempted at ``now``: a stall starts unless one is already running (no token since the last)."""
+        if self.stalled_since != self.stalled_since:
+            self.stalled_since = now
+
+    def end_stall(self, now: float) -> None:
+        """A token came out, or the request ended, at ``now``: a running stall ends and is added up."""
+        if self.stalled_since == self.stalled_since:
+            self.preempted_s += now - self.stalled_since
+            self.stalled_since = math.nan
 
     def __repr__(self) -> str:
         return (

@@ -42,6 +42,21 @@ class SchedulerOutput:
     bulk_decode: int = 0
 
 
+def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
+    """``(new prefill, recompute, decode)`` tokens among the ``num_new`` scheduled for ``req`` from its current
+    ``num_computed_tokens``: below ``high_water`` is recompute, then prompt tokens are new prefill, the rest decode."""
+    computed = req.num_computed_tokens
+    end = computed + num_new
+    high = req.high_water
+    recompute = min(end, high) - computed
+    if recompute < 0:
+        recompute = 0
+    prefill_new = min(end, req.prompt_tokens) - (computed if computed > high else high)
+    if prefill_new < 0:
+        prefill_new = 0
+    return prefill_new, recompute, num_new - recompute - prefill_new
+
+
 class WaitingQueue:
     """FCFS deque, or a heap on ``(priority, arrival, index)`` for the priority policy (vLLM's
     ``create_request_queue``)."""
@@ -113,6 +128,11 @@ class BaseScheduler(ABC):
         self.finished: list[Request] = []
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
+        #: vLLM's AsyncScheduler (0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) runs before
+        #: update_from_output(N), so a request finished by step N still holds its blocks and its running slot
+        #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
+        self.async_scheduling = bool(getattr(config, "async_scheduling", False))
+        self.deferred_free: list[Request] = []
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -155,9 +175,13 @@ class BaseScheduler(ABC):
     def schedule(self, now: float) -> SchedulerOutput:
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
 
-    def update_from_output(self, out: SchedulerOutput, end_s: float, num_steps: int = 1) -> int:
+    def update_from_output(
+        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0
+    ) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
+        A run's first step ends at ``first_end_s`` and its last lasts ``last_gap_s`` (its longest, step times
+        only grow along a run): the inter-token gaps.
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
@@ -168,6 +192,13 @@ class BaseScheduler(ABC):
             # A run is pure decode of every running request: all of them came from the fast path or none.
             extra = num_steps if out.bulk_decode else num_steps - 1
             for req, _ in out.scheduled:
+                # Gaps: from its previous token to the run's first, then each step (the last is the longest).
+                gap = first_end_s - req.last_token_s
+                if gap < last_gap_s:
+                    gap = last_gap_s
+                if not gap <= req.max_itl_s:
+                    req.max_itl_s = gap
+                req.last_token_s = end_s
                 computed = req.num_computed_tokens + num_steps
                 req.num_computed_tokens = computed
                 req.high_water = computed
@@ -187,27 +218,10 @@ class BaseScheduler(ABC):
                 for req, _ in out.scheduled:
                     cache_blocks(req, req.num_computed_tokens)
         else:
-            scheduled = out.scheduled
-            bulk = out.bulk_decode
-            if bulk:
-                # Entries of the all-decode fast path: one token each, past the prompt and at the high-water
-                # mark, so each samples a token (never its first) and its processed tokens are counted here.
-                for req, _ in (scheduled if bulk == len(scheduled) else scheduled[:bulk]):
-                    computed = req.num_computed_tokens + 1
-                    req.num_computed_tokens = computed
-                    req.high_water = computed
+            if out.bulk_decode:
+                for req, _ in out.scheduled[:out.bulk_decode]:
                     req.processed_tokens += 1
-                    if req.blocks > req.kv_blocks_peak:
-                        req.kv_blocks_peak = req.blocks
-                    generated = req.num_output_tokens + 1
-                    req.num_output_tokens = generated
-                    if generated >= req.max_output:
-                        done.append(req)
-                if bulk < len(scheduled):
-                    scheduled = scheduled[bulk:]
-                else:
-                    scheduled = ()
-            for req, num_new in scheduled:
+            for req, num_new in out.scheduled:
                 computed = req.num_computed_tokens + num_new
                 req.num_computed_tokens = computed
                 if computed > req.high_water:
@@ -218,7 +232,15 @@ class BaseScheduler(ABC):
                     continue  # a prefill chunk that did not reach the end: no token sampled
                 req.num_output_tokens += 1
                 if req.num_output_tokens == 1:
-                    req.first_token_s = end_s
+                    req.first_token_s = req.last_token_s = end_s
+                    req.end_stall(end_s)  # preempted before its first token
+                else:
+                    gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                    if not gap <= req.max_itl_s:
+                        req.max_itl_s = gap
+                    req.last_token_s = end_s
+                    if req.stalled_since == req.stalled_since:
+                        req.end_stall(end_s)
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
         for req in done:
@@ -226,9 +248,21 @@ class BaseScheduler(ABC):
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
             # abort, which the engine core takes between steps (Scheduler.finish_requests).
             self.running.remove(req)
-            self._free(req)
+            if self.async_scheduling:
+                self.deferred_free.append(req)
+            else:
+                self._free(req)
             self._end(req, Status.FINISHED, end_s)
         return grown
+
+    def flush_deferred(self) -> bool:
+        """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
+        if not self.deferred_free:
+            return False
+        for req in self.deferred_free:
+            self._free(req)
+        self.deferred_free.clear()
+        return True
 
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:
@@ -257,6 +291,7 @@ class BaseScheduler(ABC):
     def _end(self, req: Request, status: Status, now: float) -> None:
         req.status = status
         req.end_s = now
+        req.end_stall(now)  # ended while preempted: the stall lasted until then
         self.finished.append(req)
 
     def _account(self, out: SchedulerOutput, req: Request, num_new: int, sign: int = 1) -> None:
@@ -264,14 +299,7 @@ class BaseScheduler(ABC):
         prefill, recompute and decode, and add their compute and KV reads to the step's shape."""
         computed = req.num_computed_tokens
         end = computed + num_new
-        recompute = min(end, req.high_water) - computed
-        if recompute < 0:
-            recompute = 0
-        new_start = computed if computed > req.high_water else req.high_water
-        prefill_new = min(end, req.prompt_tokens) - new_start
-        if prefill_new < 0:
-            prefill_new = 0
-        decode = num_new - recompute - prefill_new
+        prefill_new, recompute, decode = split_tokens(req, num_new)
         out.prefill_tokens_recompute += sign * recompute
         out.prefill_tokens_new += sign * prefill_new
         out.decode_tokens += sign * decode
@@ -286,6 +314,10 @@ class BaseScheduler(ABC):
             shape.prefill_tokens += sign * num_new
             shape.prefill_attention += sign * num_new * (computed + num_new / 2)
             shape.prefill_context += sign * end
+            if recompute:
+                shape.recompute_tokens += sign * recompute
+                shape.recompute_attention += sign * recompute * (computed + recompute / 2)
+                shape.recompute_context += sign * (computed + recompute)
         if sign > 0:
             out.scheduled.append((req, num_new))
         else:
@@ -313,6 +345,7 @@ class BaseScheduler(ABC):
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         victim.preempted_at = now
+        victim.stall(now)
         victim.status = Status.WAITING
         self.waiting.prepend(victim)
         out.preempted.append(victim)

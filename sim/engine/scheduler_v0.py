@@ -229,6 +229,7 @@ class V0Scheduler(BaseScheduler):
         out.swap_copies += victim.blocks * self.copies_per_block
         victim.num_preemptions += 1
         victim.preempted_at = now
+        victim.stall(now)
         victim.status = Status.SWAPPED
         self.swapped.append(victim)
         out.preempted.append(victim)

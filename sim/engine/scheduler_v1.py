@@ -93,7 +93,9 @@ class V1Scheduler(BaseScheduler):
         # ---- waiting requests (none in a step that preempted) ---------------------------------------------
         if not out.preempted:
             waiting = self.waiting
-            while len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
+            # Async scheduling: requests finished by the previous step still count against max_num_seqs.
+            max_running = self.max_num_seqs - len(self.deferred_free)
+            while len(waiting) and budget > 0 and len(running) < max_running:
                 req = waiting.peek()
                 if not self._admit(out, req, budget, now):
                     break
@@ -103,7 +105,7 @@ class V1Scheduler(BaseScheduler):
                 out.num_admitted += 1
         out.steady_decode = (
             all_decode and all_running_scheduled and not out.preempted and out.num_admitted == 0
-            and out.swap_in_blocks == 0 and bool(out.scheduled)
+            and out.swap_in_blocks == 0 and bool(out.scheduled) and not self.deferred_free
         )
         return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,7 +16,9 @@ class StepShape:
     ``chunk * (context_before + chunk / 2)`` (the causal attention work of the chunks); ``prefill_context``:
     sum over chunks of ``context_before + chunk`` (KV read by the chunks); ``num_decode``: decode sequences;
     ``decode_context``: sum of their context lengths (KV read); ``num_seqs``: all scheduled sequences;
-    ``swap_blocks``/``swap_copies``: blocks moved over the host link and the number of copy calls.
+    ``swap_blocks``/``swap_copies``: blocks moved over the host link and the number of copy calls;
+    ``recompute_tokens``/``recompute_attention``/``recompute_context``: the part of the three prefill fields that
+    re-prefills tokens computed before a preemption (included in them, kept apart for :meth:`LatencyModel.step_parts`).
     """
 
     prefill_tokens: int = 0
@@ -27,6 +29,40 @@ class StepShape:
     num_seqs: int = 0
     swap_blocks: int = 0
     swap_copies: int = 0
+    recompute_tokens: int = 0
+    recompute_attention: float = 0.0
+    recompute_context: int = 0
+
+
+#: The parts of a step's duration, in the order of the step table's ``time_*_s`` columns.
+PART_NAMES: tuple[str, ...] = ("prefill_new", "recompute", "decode", "transfer", "overhead")
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """A step's duration split by what it served (seconds; the parts sum to the duration).
+
+    ``overhead_s`` is the batch-independent time of a step that computes anything (host scheduling and input
+    preparation, per-layer small kernels), less what the latency model says async scheduling hides behind the
+    GPU's work (:meth:`LatencyModel.hidden_overhead_time`): hidden time is in no step's duration, so in no part.
+    ``transfer_s`` is host-link time (swap, CPU-offload stores and loads).  ``decode_s`` is what the step's
+    decodes alone cost beyond the overhead; ``prefill_new_s`` + ``recompute_s`` is what its prefill chunks add on
+    top of the decodes (their marginal cost: the weights a decode batch streams anyway are not charged again),
+    split between new and recomputed tokens in proportion to the marginal cost of each alone.
+    """
+
+    prefill_new_s: float = 0.0
+    recompute_s: float = 0.0
+    decode_s: float = 0.0
+    transfer_s: float = 0.0
+    overhead_s: float = 0.0
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.prefill_new_s, self.recompute_s, self.decode_s, self.transfer_s, self.overhead_s)
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_new_s + self.recompute_s + self.decode_s + self.transfer_s + self.overhead_s
 
 
 class LatencyModel(ABC):
@@ -58,3 +94,54 @@ class LatencyModel(ABC):
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time to move ``num_blocks`` KV blocks in ``num_copies`` copy calls (0 if unsupported)."""
         return 0.0
+
+    def overhead_time(self, shape: StepShape) -> float:
+        """The batch-independent time of a step that computes tokens (0 when the model has none)."""
+        return 0.0
+
+    def hidden_overhead_time(self, shape: StepShape) -> float:
+        """The part of :meth:`overhead_time` that async scheduling overlaps with the GPU's work, so that
+        :meth:`step_time` does not contain it (0: no overlap modelled).  A model that hides overhead subtracts
+        this from ``step_time``; :meth:`step_parts` subtracts it from the overhead part."""
+        return 0.0
+
+    def step_parts(self, shape: StepShape) -> StepParts:
+        """Split ``step_time(shape)`` into :class:`StepParts` by marginal costs, using only :meth:`step_time`,
+        :meth:`swap_time` and the overhead hooks, so every latency model gets it.  The parts sum to the step
+        time up to float rounding; each is non-negative when step time grows with every shape field."""
+        total = self.step_time(shape)
+        transfer = self.swap_time(shape.swap_blocks, shape.swap_copies) if shape.swap_blocks else 0.0
+        if shape.prefill_tokens + shape.num_decode == 0:
+            return StepParts(transfer_s=transfer, overhead_s=total - transfer)
+        overhead = self.overhead_time(shape) - self.hidden_overhead_time(shape)
+        compute = total - transfer
+        decodes = StepShape(num_decode=shape.num_decode, decode_context=shape.decode_context, num_seqs=shape.num_decode)
+        decode_only = self.step_time(decodes) if shape.num_decode else overhead
+        prefill = compute - decode_only
+        if not shape.prefill_tokens:
+            return StepParts(decode_s=compute - overhead, transfer_s=transfer, overhead_s=overhead)
+        recompute = 0.0
+        if shape.recompute_tokens >= shape.prefill_tokens:
+            recompute = prefill
+        elif shape.recompute_tokens:
+            base = replace(decodes, num_seqs=shape.num_seqs)
+            base_s = self.step_time(base)
+            rec = replace(base, prefill_tokens=shape.recompute_tokens, prefill_attention=shape.recompute_attention,
+                          prefill_context=shape.recompute_context)
+            new = replace(base, prefill_tokens=shape.prefill_tokens - shape.recompute_tokens,
+                          prefill_attention=shape.prefill_attention - shape.recompute_attention,
+                          prefill_context=shape.prefill_context - shape.recompute_context)
+            m_rec = self.step_time(rec) - base_s
+            m_new = self.step_time(new) - base_s
+            weight = m_rec / (m_rec + m_new) if m_rec + m_new > 0 else shape.recompute_tokens / shape.prefill_tokens
+            recompute = prefill * weight
+        return StepParts(prefill_new_s=prefill - recompute, recompute_s=recompute, decode_s=decode_only - overhead,
+                         transfer_s=transfer, overhead_s=overhead)
+
+    def run_parts(self, shape: StepShape, duration_s: float, num_steps: int) -> StepParts:
+        """Parts of a step (``num_steps`` 1) or of a run of ``num_steps`` pure-decode steps lasting ``duration_s``
+        in all: a run's steps are decode and overhead only."""
+        if num_steps == 1:
+            return self.step_parts(shape)
+        overhead = num_steps * (self.overhead_time(shape) - self.hidden_overhead_time(shape))
+        return StepParts(decode_s=duration_s - overhead, overhead_s=overhead)

@@ -28,3 +28,6 @@ class LinearStepModel(LatencyModel):
 
     def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float]:
         return self.base_s + self.per_token_s * batch_size, 0.0
+
+    def overhead_time(self, shape: StepShape) -> float:
+        return self.base_s

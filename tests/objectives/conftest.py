@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from sim.latency import PART_NAMES
+
 NAN = math.nan
 
 
@@ -38,8 +40,12 @@ def requests(*rows: dict) -> pd.DataFrame:
 
 
 def step(*, duration: float = 0.01, new: int = 0, recompute: int = 0, decode: int = 0, num_steps: int = 1,
-         used: int = 10, total: int = 100, start: float = 0.0, swap_out: int = 0, swap_in: int = 0) -> dict:
-    return {
+         used: int = 10, total: int = 100, start: float = 0.0, swap_out: int = 0, swap_in: int = 0,
+         parts: dict | None = None) -> dict:
+    """One step row; ``parts`` (``{"recompute": 0.2, ...}``, seconds) adds the ``time_*_s`` columns (missing
+    parts 0); without it the row has none, as a replay's timeline."""
+    times = {} if parts is None else {f"time_{p}_s": float(parts.get(p, 0.0)) for p in PART_NAMES}
+    return {**times, 
         "step": 0, "num_steps": num_steps, "start_s": start, "duration_s": duration, "num_running": 1,
         "num_waiting": 0, "num_swapped": 0, "prefill_tokens_new": new, "prefill_tokens_recompute": recompute,
         "decode_tokens": decode, "kv_blocks_used": used, "kv_blocks_total": total, "swap_out_blocks": swap_out,

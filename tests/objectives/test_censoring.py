@@ -19,7 +19,9 @@ def test_timed_out_request_is_censored_at_least_at_its_timeout(tables):
     rows = [tables.request(cls="chat", ttft=0.1, end=1.0 + i / 100) for i in range(99)]
     rows.append(tables.request("timed_out", cls="chat", end=25.0, generated=0))  # left early: still >= timeout
     s = latency_samples(tables.requests(*rows), CHAT)
-    assert s["e2e_s"].iloc[-1] == 30.0 and s["ttft_s"].iloc[-1] == 30.0 and s["tpot_s"].iloc[-1] == 30.0
+    assert s["e2e_s"].iloc[-1] == 30.0 and s["ttft_s"].iloc[-1] == 30.0
+    assert math.isnan(s["tpot_s"].iloc[-1]) and not s["tpot_applicable"].iloc[-1]  # lost: no TPOT
+    assert s["e2e_censored"].iloc[-1] and s["ttft_censored"].iloc[-1] and not s["e2e_censored"].iloc[0]
     summary = summarize(tables.requests(*rows), None, CHAT)
     assert summary.classes["chat"].e2e_s.p99 == 30.0  # dropped, the p99 would be 1.98
     assert summary.classes["chat"].e2e_s.p50 == pytest.approx(1.5)
@@ -61,13 +63,15 @@ def test_observed_first_token_is_kept_for_a_request_that_timed_out(tables):
 def test_tpot_of_one_token_answers(tables):
     reqs = tables.requests(
         tables.request(cls="open", ttft=1.0, end=1.0, generated=1),  # finished: no TPOT
-        tables.request("cancelled", cls="open", ttft=1.0, end=4.0, generated=1),  # not finished: censored
+        tables.request("cancelled", cls="open", ttft=1.0, end=4.0, generated=1),  # lost before a 2nd token
+        tables.request(cls="open", ttft=1.0, end=3.0, generated=3),
     )
     s = latency_samples(reqs, OPEN)
     assert not s["tpot_applicable"].iloc[0] and math.isnan(s["tpot_s"].iloc[0])
-    assert s["tpot_applicable"].iloc[1] and s["tpot_s"].iloc[1] == 4.0
+    assert not s["tpot_applicable"].iloc[1] and math.isnan(s["tpot_s"].iloc[1])
     summary = summarize(reqs, None, OPEN)
-    assert summary.classes["open"].tpot_s.p50 == 4.0  # the finished 1-token answer is excluded, not NaN
+    assert summary.classes["open"].tpot_s.p50 == 1.0  # both 1-token requests excluded, not NaN
+    assert summary.classes["open"].tpot_s.censored_share == pytest.approx(1 / 3)  # the lost one
 
 
 def test_unknown_latency_of_a_finished_request_gives_nan_not_an_invented_value(tables):
@@ -94,7 +98,7 @@ latency = st.floats(0.01, 29.0)
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(latency, latency), min_size=1, max_size=40), st.integers(1, 5), st.sampled_from(
-    ["ttft_s", "tpot_s", "e2e_s"]))
+    ["ttft_s", "e2e_s"]))
 def test_adding_timed_out_requests_never_lowers_the_p99(tables, pairs, n_timed_out, metric):
     """In a consistent run of a class with a 30 s timeout every request is over by 30 s after arrival."""
     done = [tables.request(cls="chat", ttft=min(a, b), end=max(a, b) + 0.01) for a, b in pairs]
@@ -104,6 +108,8 @@ def test_adding_timed_out_requests_never_lowers_the_p99(tables, pairs, n_timed_o
     assert getattr(after, metric).p99 >= getattr(before, metric).p99
     assert getattr(after, metric).p99 == 30.0  # <= 100 requests: the p99 is the largest, the censored one
     assert after.counts.timed_out == n_timed_out and after.counts.total == len(pairs) + n_timed_out
+    assert getattr(after, metric).censored_share == pytest.approx(n_timed_out / (len(pairs) + n_timed_out))
+    assert after.tpot_s.p99 == before.tpot_s.p99  # a request lost before its second token has no TPOT
 
 
 def test_latency_samples_keep_the_index_of_the_table(tables):

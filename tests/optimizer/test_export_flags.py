@@ -45,7 +45,8 @@ def _assert_deployable(text: str, target: VllmTarget) -> dict:
         ("vllm-v1", "0.33.0", {"watermark": 0.02, "enable_prefix_caching": False, "scheduler_reserve_full_isl": False},
          {"watermark": 0.02, "enable-prefix-caching": False, "scheduler-reserve-full-isl": False},
          {"swap-space"}),
-        ("vllm-v1", "0.8.5", {"max_num_seqs": 128}, {"max-num-seqs": 128, "gpu-memory-utilization": 0.92},
+        # vLLM 0.8.5's CacheConfig default is 0.9 (0.92 only from 0.25 on: sim/data/vllm_defaults.yaml).
+        ("vllm-v1", "0.8.5", {"max_num_seqs": 128}, {"max-num-seqs": 128, "gpu-memory-utilization": 0.9},
          {"kv-offloading-size", "preemption-mode", "swap-space"}),
     ],
 )

@@ -121,6 +121,7 @@ class _FakeRay(types.ModuleType):
         self.resources = resources
         self.options_seen = None
         self.shut_down = False
+        self.actors_started = 0
 
     def is_initialized(self):
         return True
@@ -131,12 +132,26 @@ class _FakeRay(types.ModuleType):
     def remote(self, fn):
         fake = self
 
+        class _Method:
+            def remote(self, *args, **kwargs):
+                return ("ref", id(self))
+
+        class _Actor:
+            ready = _Method()
+
         class _Remote:
             def options(self, **kwargs):
                 fake.options_seen = kwargs
                 return self
 
+            def remote(self):
+                fake.actors_started += 1
+                return _Actor()
+
         return _Remote()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return list(refs), []
 
     def shutdown(self):
         self.shut_down = True
@@ -157,7 +172,11 @@ def test_ray_executor_capacity_counts_gpus(monkeypatch, resources, gpus_per_tria
     executor = RayExecutor(workers=workers, gpus_per_trial=gpus_per_trial)
     executor.start()
     assert executor.capacity == capacity
-    assert fake.options_seen["num_cpus"] == 1.0 and fake.options_seen["max_retries"] == 0
+    # One warm worker per slot; a dead worker is not restarted by Ray and a trial is not retried by it
+    # (kvtune re-enqueues crashed trials itself, a bounded number of times).
+    assert fake.actors_started == capacity
+    assert fake.options_seen["num_cpus"] == 1.0
+    assert fake.options_seen["max_restarts"] == 0 and fake.options_seen["max_task_retries"] == 0
     if gpus_per_trial:
         assert fake.options_seen["num_gpus"] == gpus_per_trial
     else:

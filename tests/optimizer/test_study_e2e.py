@@ -39,10 +39,15 @@ def test_study_end_to_end(tmp_path, local_ray):
 
     study = optuna.load_study(study_name=spec.name, storage=result.storage)
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    # A trial whose worker died (a loaded machine's OOM killer...) is retried, not counted: the others complete.
+    lost = [(t.number, t.user_attrs.get("fail_reason")) for t in study.trials
+            if t.state != optuna.trial.TrialState.COMPLETE]
+    assert all(study.trials[n].user_attrs.get("retried") for n, _ in lost), lost
     for t in study.trials:
-        assert t.state == optuna.trial.TrialState.COMPLETE
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            continue
         # Every metric of the summary, per class, is a user attribute; constraints as Optuna and kvtune store them.
-        for key in ("output_tokens_per_s", "goodput_rps", "recompute_share", "class.conv.e2e_s.p99",
+        for key in ("output_tokens_per_s", "goodput_rps", "recompute_busy_share", "class.conv.e2e_s.p99",
                     "class.conv.ttft_s.p99", "class.conv.tpot_s.p99", "class.conv.goodput_rps",
                     "class.conv.count.finished", "all.e2e_s.p99"):
             assert key in t.user_attrs, key

@@ -42,6 +42,8 @@ def test_base_spec_is_valid():
         ({"objectives": ["throughput"]}, "objectives[0]", "unknown objective"),
         ({"objectives": []}, "objectives", "non-empty"),
         ({"constraints": "maybe"}, "constraints", "'slo', 'none'"),
+        ({"constraints": ["p99_itl_s <= fast"]}, "constraints[0]", "not a number"),
+        ({"constraints": ["conv", "throughput >= 3"]}, "constraints[1]", "unknown objective"),
         ({"vllm_version": 0.18}, "vllm_version", "string"),
         ({"vllm_version": "0.5.0"}, "vllm_version", "from 0.8.5"),
         ({"vllm_version": "banana"}, "vllm_version", "cannot read"),
@@ -147,3 +149,15 @@ def test_study_whose_model_never_fits_is_refused():
     assert error.field == "gpu" and "L40S" in str(error) and "weights" in str(error)
     # On two H100s (TP 2) it fits, so the same spec is accepted.
     StudySpec.from_dict(spec_dict(model="Llama-3-70B", gpu="H100-SXM", tensor_parallel_size=2))
+
+
+def test_bounds_in_constraints_become_constraints():
+    from optimizer._study import prepare
+
+    spec = StudySpec.from_dict(spec_dict(constraints=["slo", "slo_attainment:conv >= 0.9", "p99_itl_s <= 0.5"]))
+    names = [c.name for c in prepare(spec).constraints]
+    assert names == ["slo:conv:p99_e2e_s<=40", "slo_attainment:conv>=0.9", "p99_itl_s<=0.5"]
+    only = StudySpec.from_dict(spec_dict(constraints=["preempted_ge2_share <= 0.01"]))
+    assert [c.name for c in prepare(only).constraints] == ["preempted_ge2_share<=0.01"]
+    with pytest.raises(ConfigError, match="ghost"):
+        prepare(StudySpec.from_dict(spec_dict(constraints=["slo_attainment:ghost >= 0.9"])))

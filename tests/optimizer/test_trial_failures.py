@@ -152,3 +152,47 @@ def test_draws_vllm_would_refuse_are_repaired(tmp_path):
     assert fixed.user_attrs["knobs"]["max_num_seqs"] == 512
     assert fixed.user_attrs["repaired"].startswith("max_num_seqs 1024 -> 512")
     assert untouched.user_attrs["knobs"]["max_num_seqs"] == 64 and "repaired" not in untouched.user_attrs
+
+
+class ColdBackend(TrialBackend):
+    """Test-only: a backend that takes 3 s to arrive on a worker (unpickling), then runs 0.2 s, reporting the
+    worker's niceness."""
+
+    name = "cold"
+
+    def __setstate__(self, state):
+        time.sleep(3.0)
+        self.__dict__.update(state)
+
+    def run(self, params, seeds):
+        time.sleep(0.2)
+        return {"nice": float(os.getpriority(os.PRIO_PROCESS, 0)), "pid": float(os.getpid())}
+
+
+def test_ray_timeout_counts_the_trial_not_the_workers_start(local_ray):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    executor = RayExecutor(workers=2)
+    executor.start()
+    try:
+        backend = ColdBackend()
+        # 2 s limit; each worker first spends 3 s receiving the backend: counted from the submit, both would
+        # time out, counted from the trial's own start they finish.
+        executor.submit(0, backend, {}, [0], timeout_s=2.0)
+        executor.submit(1, backend, {}, [0], timeout_s=2.0)
+        outcomes = []
+        while len(outcomes) < 2:
+            outcomes += executor.wait(timeout_s=30)
+        assert sorted(o.kind for o in outcomes) == ["ok", "ok"], outcomes
+        # Warm workers: the next trials run on the same two processes, with the backend already there.
+        first = {o.metrics["pid"] for o in outcomes}
+        executor.submit(2, backend, {}, [0], timeout_s=2.0)
+        outcomes = []
+        while not outcomes:
+            outcomes += executor.wait(timeout_s=30)
+        assert outcomes[0].ok and outcomes[0].metrics["pid"] in first
+        if os.geteuid() == 0 or os.getpriority(os.PRIO_PROCESS, 0) == 0:
+            assert outcomes[0].metrics["nice"] == os.getpriority(os.PRIO_PROCESS, 0)  # not Ray's nice 15
+    finally:
+        executor.shutdown()

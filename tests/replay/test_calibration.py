@@ -16,7 +16,9 @@ from sim.runner import simulate
 
 # The twin's "true" engine: slower per step, lower compute and memory efficiency than kvtune's defaults.
 TRUE = {"overhead_s": 0.004, "per_seq_overhead_s": 3e-5, "mfu": 0.45, "bw_eff": 0.6}
-KNOBS = {"max_model_len": 4096}
+# The probe's own settings (replay/cli.py PROBE_KNOBS): no async scheduling, so host and GPU time add up and
+# can be told apart, and one-step prefills.
+KNOBS = {"max_model_len": 4096, "async_scheduling": False, "max_num_batched_tokens": 8192}
 
 
 def test_probe_fit_is_exact_on_simulated_measurements():

@@ -11,7 +11,7 @@ import pytest
 from replay_test_helpers import GPU, MODEL
 from objectives import summarize
 from replay import ReplayBackend, ReplayOptions
-from replay.results import UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
+from replay.results import REASON_COLUMN, UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
 from sim.engine.core import STEP_COLUMNS
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
@@ -71,7 +71,7 @@ def test_e2e_percentiles_within_10_percent(agreement, q):
 def test_tables_have_the_simulators_columns(agreement):
     _, _, trial = agreement
     result = trial.results[0]
-    assert list(result.requests.columns) == list(REQUEST_COLUMNS)
+    assert list(result.requests.columns) == [*REQUEST_COLUMNS, REASON_COLUMN]
     for col in UNOBSERVED_REQUEST_COLUMNS:
         assert result.requests[col].isna().all(), col  # not observable by a client: NaN, never invented
     assert list(result.steps.columns) == list(STEP_COLUMNS)
@@ -93,7 +93,7 @@ def test_objectives_read_both_backends(agreement):
     assert set(sim_summary) <= set(rep_summary)
     assert rep_summary["output_tokens_per_s"] == pytest.approx(sim_summary["output_tokens_per_s"], rel=0.1)
     assert rep_summary["all.e2e_s.p50"] == pytest.approx(sim_summary["all.e2e_s.p50"], rel=0.1)
-    assert math.isnan(rep_summary["recompute_share"])  # recompute is not exported by vLLM
+    assert math.isnan(rep_summary["recompute_token_share"])  # recompute is not exported by vLLM
     assert 0 < rep_summary["kv_utilization"] <= 1
 
 

@@ -51,7 +51,7 @@ def test_resimulated_numbers_are_the_runs_summaries(tuned_study, written_report)
     for run in (data.default, data.recommended):
         assert run.ok and run.requests is not None and run.steps is not None
         fresh = summarize(run.requests, run.steps, tuned_study["ctx"].classes).to_dict()
-        for key in ("output_tokens_per_s", "recompute_share", "new_token_busy_share", "class.chat.e2e_s.p99",
+        for key in ("output_tokens_per_s", "recompute_busy_share", "new_token_busy_share", "class.chat.e2e_s.p99",
                     "class.long_prompt.count.timed_out"):
             assert fresh[key] == pytest.approx(run.metrics[key], nan_ok=True)
     doc = json.loads(written_report.json.read_text())

@@ -23,7 +23,7 @@ def incident_workload():
 
 def _recompute_share(workload, **knobs) -> float:
     result = simulate(workload, EngineConfig(**knobs), load_model("Llama-3-8B"), load_gpu("L40S"))
-    return summarize(result.requests, result.steps, workload.classes).to_dict()["recompute_share"]
+    return summarize(result.requests, result.steps, workload.classes).to_dict()["recompute_token_share"]
 
 
 def test_more_sequences_recompute_more_and_reserve_recomputes_less(incident_workload):

@@ -67,6 +67,7 @@ def configs(draw):
             scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
             long_prefill_token_threshold=draw(st.sampled_from([0, 24])),
             kv_offloading_size_gb=draw(st.sampled_from([0.0, 0.05])),
+            async_scheduling=draw(st.booleans()),
         )
     else:
         chunked = draw(st.booleans())
@@ -108,6 +109,8 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
         else:
             assert pool.num_used == sum(r.blocks for r in scheduler.running)
         assert len(scheduler.running) <= resolved.max_num_seqs
+        # Async scheduling frees a finished request's blocks right after the next schedule(): none is left then.
+        assert not scheduler.deferred_free
         assert sum(n for _, n in out.scheduled) <= resolved.max_num_batched_tokens
         assert len({id(r) for r, _ in out.scheduled}) == len(out.scheduled), "a request scheduled twice in a step"
 

