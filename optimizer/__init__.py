@@ -11,7 +11,7 @@ and ``kvtune simulate`` stay cheap.
 
 from __future__ import annotations
 
-import importlib
+from sim._lazy import lazy_getattr
 
 _EXPORTS = {
     "Budget": "optimizer._spec",
@@ -59,11 +59,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'optimizer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

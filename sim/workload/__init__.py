@@ -8,7 +8,7 @@ Names are imported lazily (the readers load pandas), so that ``import sim.worklo
 
 from __future__ import annotations
 
-import importlib
+from sim._lazy import lazy_getattr
 
 _EXPORTS = {
     "ARRIVAL_PROCESSES": "sim.workload._arrivals",
@@ -46,11 +46,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sim.workload' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
