@@ -17,12 +17,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import numpy as np
-
 from sim.errors import ConfigError
-from sim.workload.workload import Workload
 
 if TYPE_CHECKING:
+    from sim.workload.workload import Workload
     from optimizer._spec import StudySpec
     from optimizer._study import StudyContext
 
@@ -77,6 +75,8 @@ def registered_backends() -> list[str]:
 
 def mean_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Key-wise mean over replicates; NaN where no replicate has a value, +inf if any replicate is +inf."""
+    import numpy as np
+
     if len(runs) == 1:
         return {k: float(v) for k, v in runs[0].items()}
     keys: list[str] = []
@@ -111,9 +111,11 @@ class SimBackend(TrialBackend):
         self.gpu = gpu
         self.coefficients = coefficients
         self.record_steps = record_steps
-        self._workloads: dict[int, Workload] = {}
+        self._workloads: dict[int, "Workload"] = {}
 
-    def workload(self, seed: int) -> Workload:
+    def workload(self, seed: int) -> "Workload":
+        from sim.workload.workload import Workload
+
         if seed not in self._workloads:
             source = self._source
             if isinstance(source, Workload):
@@ -172,6 +174,8 @@ class SimBackend(TrialBackend):
         return out
 
     def __getstate__(self) -> dict:
+        from sim.workload.workload import Workload
+
         state = dict(self.__dict__)
         if self._workloads and not isinstance(self._source, (Workload, Mapping)):
             # Workers get the built workloads, not the spec (its trace path may not exist on a cluster node).
@@ -182,7 +186,7 @@ class SimBackend(TrialBackend):
 class _Prebuilt:
     """Workloads built in the driver; a seed not among them is an error (the driver prepares every seed)."""
 
-    def __init__(self, workloads: dict[int, Workload]):
+    def __init__(self, workloads: "dict[int, Workload]"):
         self.workloads = workloads
 
     def build(self, seed: int) -> Workload:
