@@ -95,7 +95,9 @@ class StepTotals:
 
     def add(self, steps: pd.DataFrame) -> None:
         if len(steps):
-            self._chunks.append(steps)
+            # Only what the step metrics read: the required columns, step starts and the time breakdown.
+            keep = [c for c in steps.columns if c in STEP_COLUMNS or c == "start_s" or c.startswith("time_")]
+            self._chunks.append(steps[keep] if len(keep) < len(steps.columns) else steps)
             self.rows += len(steps)
 
     def table(self) -> pd.DataFrame:
