@@ -361,11 +361,28 @@ def fig19(coef) -> list[str]:
         ("swap wins at block size 256", swap_by_block[256] < recompute),
         ("swap time falls monotonically with block size",
          all(swap_by_block[a] > swap_by_block[b] for a, b in zip(sizes[:-1], sizes[1:]))),
-        ("block 1 swap within 2x of ~135 ms", 67 < swap_by_block[1] * 1e3 < 270),
+        # per_copy_overhead_s follows vLLM PR #11531's measurement, ~3x the paper's implied per-copy cost.
+        ("block 1 swap within 3x of ~135 ms", 45 < swap_by_block[1] * 1e3 < 405),
         ("block 256 swap within 10-20 ms (+-50%)", 5 < swap_by_block[256] * 1e3 < 30),
         ("recompute within 20-30 ms (+-50%)", 10 < recompute * 1e3 < 45),
     ]
     lines += [f"  [{'ok' if ok else 'FAIL'}] {text}" for text, ok in checks]
+    return lines
+
+
+def pr11531(coef) -> list[str]:
+    """V0 swap_blocks issues one copy per page; PR #11531 measured 3.11 GB/s swapping 1250 pages in and 3.12 GB/s
+    out (1.21/1.22 GB/s for one page) on A100-40GB.  A page here is 16 tokens of one layer's K or V of an
+    8-KV-head, 128-dim model (32 KiB)."""
+    gpu = load_gpu("A100-40GB")
+    lm = _model("Llama-3-8B", gpu, coefficients=coef)
+    page = 16 * 8 * 128 * 2  # bytes: one layer's K (or V) of one 16-token block
+    lines = []
+    for pages, published in ((1250, 3.11), (1, 1.21)):
+        t = pages * page / lm._link_bytes_per_s + coef.per_copy_overhead_s * pages
+        got = pages * page / t / 1e9
+        lines.append(f"  {pages:>5} pages: {got:5.2f} GB/s predicted, {published:5.2f} GB/s published "
+                     f"({got / published - 1:+.0%})")
     return lines
 
 
@@ -488,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ALL: n={len(errs)} median |err| {np.median(errs):.1%}, max |err| {np.max(errs):.1%}")
     print("\nvLLM paper fig. 19: swap vs recompute, OPT-13B, 256-token sequence, A100-40GB:")
     print("\n".join(fig19(coef)))
+    print("\nvLLM PR #11531 (V0 swap_blocks, A100-40GB): effective swap bandwidth of 32 KiB pages:")
+    print("\n".join(pr11531(coef)))
     return 0
 
 

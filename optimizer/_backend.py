@@ -105,12 +105,16 @@ class SimBackend(TrialBackend):
 
     name = "sim"
 
-    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True):
+    def __init__(self, workload: Any, model: str, gpu: str, *, coefficients: Any = None, record_steps: bool = True,
+                 kv_scale: float = 1.0, time_scale: float = 1.0):
         self._source = workload
         self.model = model
         self.gpu = gpu
         self.coefficients = coefficients
         self.record_steps = record_steps
+        #: Robustness re-simulations: KV blocks and every step time scaled by these factors (1: as modelled).
+        self.kv_scale = float(kv_scale)
+        self.time_scale = float(time_scale)
         self._workloads: dict[int, "Workload"] = {}
 
     def workload(self, seed: int) -> "Workload":
@@ -142,21 +146,35 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int, *, keep_steps: bool | None = None) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult.  ``keep_steps`` (default: ``record_steps``): keep the step
-        table in the result; without it the step metrics are accumulated as the run goes (same values)."""
+    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None, *,
+                keep_steps: bool | None = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``).
+        ``keep_steps`` (default: ``record_steps``): keep the step table in the result; without it the step table
+        is collected in compact chunks for the metrics (same values) and ended requests are not kept."""
         from objectives import StepTotals, summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
 
-        keep = self.record_steps if keep_steps is None else keep_steps
         workload = self.workload(seed)
         config = EngineConfig.from_dict(dict(params), "knobs")
+        model, gpu = load_model(self.model), load_gpu(self.gpu)
+        latency = None
+        if self.kv_scale != 1.0 or self.time_scale != 1.0:
+            from sim.engine.build import roofline_for
+            from sim.engine.sizing import size_kv_cache
+            from sim.latency import ScaledLatency
+
+            resolved = config.resolve(model.max_model_len, gpu)
+            if self.kv_scale != 1.0:
+                blocks = size_kv_cache(model, gpu, resolved).num_gpu_blocks
+                config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
+            latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
+        keep = self.record_steps if keep_steps is None else keep_steps
         totals = None if keep else StepTotals()
-        result = simulate(workload, config, load_model(self.model), load_gpu(self.gpu), seed=seed,
-                          record_steps=keep, step_sink=None if totals is None else totals.add, keep_requests=False,
-                          coefficients=self.coefficients)
+        result = simulate(workload, config, model, gpu, seed=seed, record_steps=keep,
+                          step_sink=None if totals is None else totals.add, keep_requests=False,
+                          coefficients=self.coefficients, latency=latency, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps if totals is None else totals, workload.classes).to_dict()
@@ -166,7 +184,7 @@ class SimBackend(TrialBackend):
         return metrics, result
 
     def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
-        """A trial: the mean metrics over ``seeds``; no step table is kept (only its totals)."""
+        """A trial: the mean metrics over ``seeds``; no step table is kept (only compact chunks for its metrics)."""
         t0 = time.perf_counter()
         runs = [self.run_one(params, seed, keep_steps=False)[0] for seed in seeds]
         out = mean_metrics(runs)
@@ -186,7 +204,7 @@ class SimBackend(TrialBackend):
 class _Prebuilt:
     """Workloads built in the driver; a seed not among them is an error (the driver prepares every seed)."""
 
-    def __init__(self, workloads: "dict[int, Workload]"):
+    def __init__(self, workloads: dict[int, Workload]):
         self.workloads = workloads
 
     def build(self, seed: int) -> Workload:

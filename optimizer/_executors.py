@@ -274,7 +274,7 @@ class RayExecutor(Executor):
             if self.runtime_env:
                 kwargs["runtime_env"] = self.runtime_env
             try:
-                ray.init(**kwargs)
+                init_ray(**kwargs)
             except (ConnectionError, TimeoutError) as exc:
                 raise ConfigError("address", f"cannot connect to Ray at {self.address}: "
                                              f"{' '.join(str(exc).split())[:200]}") from None
@@ -468,6 +468,22 @@ class RayExecutor(Executor):
             ray.shutdown()
         self._owns_ray = False
         self._started = False
+
+
+def init_ray(attempts: int = 3, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, tried again when a local node misses Ray's fixed 30 s start-up wait ("The current
+    node timed out during startup"), which a machine under heavy CPU contention does now and then."""
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this one
+            if "timed out during startup" not in str(exc) or attempt == attempts - 1:
+                raise
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

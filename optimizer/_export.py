@@ -32,8 +32,11 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives.registry import BoundConstraint
 from optimizer._backend import SimBackend, TrialError
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
+from optimizer._robustness import describe as describe_robustness
+from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
 from optimizer._storage import StudyContext, is_feasible, open_study, prepare
 from optimizer._versions import VllmTarget, version_validity
@@ -92,6 +95,8 @@ class Shortfall:
         return (self.p99_s - self.target_s) / self.target_s
 
     def __str__(self) -> str:
+        if not self.class_name:  # a bound on an objective (objectives.BoundConstraint)
+            return f"{self.metric}: {self.p99_s:.3g} misses the bound"
         return (f"class {self.class_name}: p99 {self.metric} {self.p99_s:.3g} s > target {self.target_s:g} s "
                 f"(+{100 * self.excess:.1f}%)")
 
@@ -99,6 +104,10 @@ class Shortfall:
 def shortfalls(metrics: Mapping[str, Any], ctx: StudyContext) -> list[Shortfall]:
     out = []
     for c in ctx.constraints:
+        if isinstance(c, BoundConstraint):
+            if c.violation(metrics) > 0:
+                out.append(Shortfall("", c.name, c.objective.value(metrics), c.bound))
+            continue
         cls_name, metric, target = c.class_name, c.metric, c.target_s  # SloConstraint fields
         p99 = float(metrics.get(f"class.{cls_name}.{metric}.p99", math.nan))
         if c.violation(metrics) > 0:
@@ -252,6 +261,20 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     return flags, policies, notes
 
 
+def unused_host_tier(knobs: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> str | None:
+    """A CPU KV tier (V1 offload, V0 swap space) that the simulation never loaded a block from costs host memory
+    for no gain: say so, since a recommendation of many GiB of offload with no reuse is no improvement."""
+    if not metrics:
+        return None
+    offload = float(knobs.get("kv_offloading_size_gb") or 0.0)
+    swap = float(knobs.get("swap_space_gb") or 0.0) if knobs.get("preemption_mode") == "swap" else 0.0
+    size, flag = (offload, "--kv-offloading-size") if offload else (swap, "--swap-space")
+    if size <= 0 or float(metrics.get("swap_in_blocks", 0.0) or 0.0) > 0:
+        return None
+    return (f"the CPU KV tier ({flag} {size:g} GiB of pinned host memory) was never read in the simulation (no block "
+            f"loaded back): it costs host memory with no gain on this workload; drop {flag} unless traffic differs")
+
+
 def target_validity(config: EngineConfig, target: VllmTarget) -> dict[str, Any]:
     """Which listed releases of ``target`` a recommendation holds for (optimizer/_versions.py version_validity),
     counting only the flags of knobs whose value the engine does not get by default without the flag."""
@@ -329,6 +352,7 @@ class ExportResult:
     recommended: dict[str, Any]
     default: dict[str, Any]
     files: list[Path]
+    robustness: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         lines = [f"recommended trial {self.trial} ({self.rule})"]
@@ -338,6 +362,8 @@ class ExportResult:
         if not self.feasible:
             lines.append("  no trial meets every SLO:")
             lines.extend(f"    {s}" for s in self.shortfalls)
+        if self.robustness:
+            lines.extend(f"  {line}" for line in describe_robustness(self.robustness))
         lines.append(f"wrote {', '.join(p.name for p in self.files)} to {self.out} "
                      f"({self.front_size} Pareto-optimal feasible trials)")
         return "\n".join(lines)
@@ -366,7 +392,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
 
     knobs = dict(pick.trial.user_attrs["knobs"])
     flags, policies, notes = vllm_config(knobs, spec)
-    backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
+    backend = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
     results: dict[str, dict[str, Any]] = {}
     fresh: dict[str, Any] = {}
     for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):
@@ -377,6 +403,10 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             fresh[label] = None
             results[label] = predicted(None, ctx, str(exc))
     falls = pick.shortfalls if not pick.feasible else []
+    unused = unused_host_tier(knobs, fresh.get("recommended"))
+    if unused:
+        notes.append(unused)
+    robust = robustness(ctx, spec.model, spec.gpu, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
 
     model_id = hf_model_id(spec.model)
     target = spec.vllm_version
@@ -393,6 +423,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
+    header.extend(describe_robustness(robust))
     atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 
@@ -422,6 +453,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "default_config": spec.fixed_knobs(),
         "replicate_seeds": ctx.seeds,
         "predicted": results,
+        "robustness": robust,
         "trial_values": dict(zip(spec.objectives, pick.trial.values)),
         "backend": spec.backend.to_dict(),
         "default_metrics_backend": "sim",
@@ -434,7 +466,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     atomic_write_text(out / "recommended.json", json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
     return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
-                        results["recommended"], results["default"], files)
+                        results["recommended"], results["default"], files, robust)
 
 
 def _json_default(value: Any) -> Any:

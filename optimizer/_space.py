@@ -26,7 +26,7 @@ import numpy as np
 
 from optimizer._knobs import VIRTUAL_PREEMPTION, V0_PREEMPTION_CHOICES, V1_PREEMPTION_CHOICES, check_knob, field_type
 from sim.engine.config import EngineConfig
-from sim.errors import ConfigError
+from sim.errors import ConfigError, short_repr
 
 _KNOB_KEYS = ("low", "high", "log", "step", "choices", "when", "grid_points", "grid")
 DEFAULT_GRID_POINTS = 4
@@ -163,24 +163,19 @@ class SearchSpace:
         return SearchSpace(tuple(kept), self.flavor)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_value(name: str, value: Any, flavor: str, where: str) -> Any:
     """A value EngineConfig accepts for ``name`` in ``flavor`` (its own bounds), or ConfigError at ``where``."""
     kind = field_type(name)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
-            raise ConfigError(where, f"must be a whole number, got {_short(value)}")
+            raise ConfigError(where, f"must be a whole number, got {short_repr(value)}")
         value = int(value)
         if abs(value) > 2**53:
-            raise ConfigError(where, f"is out of range, got {_short(value)}")
+            raise ConfigError(where, f"is out of range, got {short_repr(value)}")
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(where, f"must be a finite number, got {_short(value)}")
+            raise ConfigError(where, f"must be a finite number, got {short_repr(value)}")
         value = float(value)
     elif kind == "bool" and not isinstance(value, bool):
         raise ConfigError(where, f"must be true or false, got {value!r}")
@@ -196,7 +191,7 @@ def parse_domain(name: str, body: Any, flavor: str, where: str) -> Domain:
     if isinstance(body, (list, tuple)):
         body = {"choices": list(body)}
     if not isinstance(body, Mapping):
-        raise ConfigError(where, f"must be a list of choices or a mapping with low/high or choices, got {_short(body)}")
+        raise ConfigError(where, f"must be a list of choices or a mapping with low/high or choices, got {short_repr(body)}")
     for key in body:
         if key not in _KNOB_KEYS:
             raise ConfigError(f"{where}.{key}", f"unknown key; expected one of {list(_KNOB_KEYS)}")

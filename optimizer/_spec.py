@@ -39,14 +39,14 @@ from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
-from sim.errors import ConfigError
+from sim.errors import ConfigError, short_repr
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend")
+             "ray_address", "out", "backend", "latency_profile")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
@@ -54,7 +54,7 @@ _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 #: ``backend`` is among them (a replay measures a real engine or the twin, not the simulator), as its kind and
 #: engine only (``BackendSpec.identity``); a sim backend adds nothing, so sim studies keep their fingerprints.
 IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
-                 "objectives", "constraints", "replicates", "backend")
+                 "objectives", "constraints", "replicates", "backend", "latency_profile")
 BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
 _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
@@ -90,12 +90,6 @@ MAX_TIMEOUT_S = 365 * 86400.0
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters (a hostile value must not flood an error line)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     import difflib
 
@@ -114,10 +108,10 @@ def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int 
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
-        raise ConfigError(here, f"must be a whole number, got {_short(value)}")
+        raise ConfigError(here, f"must be a whole number, got {short_repr(value)}")
     value = int(value)
     if abs(value) > MAX_INT:
-        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {_short(value)}")
+        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {short_repr(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(here, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -131,7 +125,7 @@ def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tupl
     if value is None:
         return default
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(here, f"must be a non-empty string, got {_short(value)}")
+        raise ConfigError(here, f"must be a non-empty string, got {short_repr(value)}")
     if choices is not None and value not in choices:
         raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
     return value
@@ -154,7 +148,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {_short(value)}")
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {short_repr(value)}")
     return value
 
 
@@ -173,7 +167,7 @@ class Budget:
         timeout = d.get("trial_timeout_s", 600.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
             raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
-                                                          f"got {_short(timeout)}")
+                                                          f"got {short_repr(timeout)}")
         return cls(trials=_int(d, "trials", where, 50, minimum=1),
                    workers=_int(d, "workers", where, None, minimum=1),
                    trial_timeout_s=float(timeout))
@@ -222,7 +216,7 @@ def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positiv
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(here, f"must be a finite number, got {_short(value)}")
+        raise ConfigError(here, f"must be a finite number, got {short_repr(value)}")
     if positive and not value > 0:
         raise ConfigError(here, f"must be > 0, got {value!r}")
     if not positive and value < 0:
@@ -373,6 +367,9 @@ class StudySpec:
     ray_address: str | None = None
     out: str | None = None
     backend: BackendSpec = field(default_factory=BackendSpec)
+    #: ``latency_profile``: a profile YAML (``kvtune calibrate``) whose coefficients simulated trials use; a
+    #: relative path is read from the spec's folder.  ``None``: the built-in coefficients.
+    latency_profile: str | None = None
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -386,13 +383,25 @@ class StudySpec:
         if not _NAME.match(name):
             # The name is a folder under runs/ and a study in storage: no paths ("/any/path", "../x").
             raise ConfigError("name", f"must be letters, digits and . _ - (no path, not starting with a dot), "
-                                      f"got {_short(name)}")
+                                      f"got {short_repr(name)}")
         for key in ("workload", "model", "gpu"):
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
         model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
         gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
+        profile = _str(d, "latency_profile", "", None)
+        if profile is not None:
+            from sim.latency import read_profile
+
+            path = Path(profile).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            try:
+                read_profile(path)
+            except ConfigError as exc:
+                raise ConfigError("latency_profile", str(exc)) from None
+            profile = str(path)
         model = load_model(model_name, "model")
         device = load_gpu(gpu_name, "gpu")
         if not Path(model_name).is_absolute():
@@ -487,10 +496,19 @@ class StudySpec:
             ray_address=_str(d, "ray_address", "", None),
             out=_str(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
+            latency_profile=profile,
             base_dir=base_dir,
         )
 
     # ------------------------------------------------------------------------------------------------------------
+    def coefficients(self):
+        """The latency coefficients simulated trials use (the ``latency_profile``'s), or None for the defaults."""
+        if self.latency_profile is None:
+            return None
+        from sim.latency import load_profile
+
+        return load_profile(self.latency_profile)
+
     def fixed_knobs(self) -> dict[str, Any]:
         """What every trial runs with besides its searched knobs: flavor, TP, the vLLM release whose defaults
         fill the unset knobs (``vllm_version``; a floor uses its newest listed release) and ``engine:``."""
@@ -540,12 +558,15 @@ class StudySpec:
             "ray_address": self.ray_address,
             "out": self.out,
             "backend": self.backend.to_dict(),
+            "latency_profile": self.latency_profile,
         }
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what a trial measures (compared when a stored study is resumed)."""
         full = self.to_dict()
         ident = {key: full[key] for key in IDENTITY_KEYS if key != "backend"}
+        if ident.get("latency_profile") is None:  # absent unless set: studies stored before it still resume
+            ident.pop("latency_profile", None)
         backend = self.backend.identity()
         if backend is not None:  # absent for sim: stored sim studies (made before backend:) still resume
             ident["backend"] = backend

@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialBackend, backend_factory
-from optimizer._executors import Executor, RayExecutor, TrialOutcome, code_runtime_env
+from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
 from optimizer._progress import ProgressLine
 from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
@@ -144,6 +144,8 @@ class Tuner:
     def run(self) -> StudyResult:
         t0 = time.monotonic()
         spec = self.spec
+        if self.address and self.executor is None:
+            check_reachable(self.address)  # before any work: ray.init would retry an unreachable one for minutes
         ctx = self.ctx or prepare(spec)
         self.ctx = ctx
         backend = self.backend or self.make_backend(ctx)
@@ -212,7 +214,7 @@ class Tuner:
         kind (``replay``: the replay package's, results under ``<out>/replays``)."""
         spec = self.spec
         if not spec.backend.is_replay:
-            return SimBackend(ctx.workloads, spec.model, spec.gpu)
+            return SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
         return backend_factory(spec.backend.kind)(spec, ctx, self.out)
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:

@@ -32,8 +32,12 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trace", help="trace file (default: the bundled Azure 2023 conversation trace)")
     p.add_argument("--format", dest="fmt", help="trace format (default: detected)")
-    p.add_argument("--model", default="Llama-3-8B", help="model profile name (default Llama-3-8B)")
-    p.add_argument("--gpu", default="H100-SXM", help="GPU profile name (default H100-SXM)")
+    p.add_argument("--model", default=None,
+                   help="model profile name or HF folder (default: the --profile's model, else Llama-3-8B)")
+    p.add_argument("--gpu", default=None,
+                   help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)")
+    p.add_argument("--profile", default=None,
+                   help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model and device")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
     p.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrival times X-fold")
@@ -57,8 +61,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.tp != 1:
         knobs.setdefault("tensor_parallel_size", str(args.tp))
     config = EngineConfig.from_dict(knobs, where="--set")
-    model = load_model(args.model, field="--model")
-    gpu = load_gpu(args.gpu, field="--gpu")
+    from sim.latency import read_profile
+
+    profile = read_profile(args.profile) if args.profile else None
+    model = load_model(args.model or (profile and profile.model) or "Llama-3-8B", field="--model")
+    gpu = load_gpu(args.gpu or (profile and profile.gpu) or "H100-SXM", field="--gpu")
     out = probe_out_dir(args.out)  # before the simulation: a folder that cannot be written fails at once
     trace = Path(args.trace) if args.trace else bundled_trace_path()
     workload = load_trace(trace, args.fmt, seed=args.seed)
@@ -75,7 +82,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     print(f"kvtune simulate: {len(workload)} requests from {trace.name}, {model.name} on {gpu.name}"
           f" (tp {config.tensor_parallel_size}), {config.flavor}", file=sys.stderr)
-    result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress)
+    result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress,
+                      coefficients=profile.coefficients if profile else None)
     print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
     summary = summarize(result.requests, result.steps, workload.classes)
     for name, table in (("requests.parquet", result.requests), ("steps.parquet", result.steps)):
@@ -85,6 +93,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "trace": str(trace),
         "model": model.name,
         "gpu": gpu.name,
+        "latency_profile": args.profile,
         "config": {k: v for k, v in vars(result.config).items()},
         "num_gpu_blocks": result.sizing.num_gpu_blocks,
         "num_cpu_blocks": result.sizing.num_cpu_blocks,

@@ -36,7 +36,12 @@ from sim.workload.workload import Workload
 log = logging.getLogger("kvtune.replay")
 
 def guess_sim_model(model: str) -> str | None:
-    """kvtune's profile name for a served model (``meta-llama/Meta-Llama-3-8B`` -> ``Llama-3-8B``), or None."""
+    """kvtune's profile for a served model: a built-in's name (``meta-llama/Meta-Llama-3-8B`` -> ``Llama-3-8B``),
+    a local model folder's absolute path (its config.json is the profile), or None."""
+    from sim.profiles._hf import config_path
+
+    if config_path(model) is not None:
+        return str(Path(model).expanduser().resolve())
     for candidate in (model, model.rstrip("/").rsplit("/", 1)[-1]):
         try:
             return load_model(candidate).name

@@ -5,7 +5,8 @@ server is doing, with no limit on open connections: a slow server makes requests
 delays the next send (no coordinated omission).  Latencies are measured from the intended arrival time.
 
 Each request streams ``/v1/completions`` with a prompt of exactly ``prompt_tokens`` token ids (random ids,
-seeded by seed and request id, so requests share no prefix), ``max_tokens`` = the trace's output length
+seeded by seed and request id, so requests share no prefix; a workload's ``hash_ids`` make the leading blocks
+shared: identical ids, identical tokens), ``max_tokens`` = the trace's output length
 (clipped to ``max_model_len - prompt``, which the simulator does as well) and ``ignore_eos``, asking for
 per-chunk usage so that multi-token chunks are counted.  A class's client timeout and the workload's cancel
 draws (``Workload.client_deadlines(seed)``, the same draws the simulator uses) close the stream at the
@@ -44,6 +45,7 @@ import numpy as np
 from replay.prom import SUMMARY_SAMPLES, TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
 from replay.results import ReplayResult, request_table_from_records
 from sim.errors import KvtuneError
+from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS
 from sim.workload.workload import Workload
 
 log = logging.getLogger("kvtune.replay")
@@ -77,6 +79,8 @@ class ReplayOptions:
     send_priority: bool = True
     #: Keep every token's arrival time (``ReplayResult.token_times``).
     record_tokens: bool = True
+    #: Tokens per ``hash_ids`` entry of a shared-prefix workload (the simulator's ``hash_block_tokens``).
+    hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS
     #: Extra HTTP headers (e.g. Authorization).
     headers: dict[str, str] = field(default_factory=dict)
     #: Per-request extra body fields.
@@ -168,6 +172,7 @@ class _Replay:
         timeout_at, cancel_at = workload.client_deadlines(options.seed)
         self.timeout_at, self.cancel_at = timeout_at, cancel_at
         self.priorities = workload.priorities()
+        self.hash_ids = df["hash_ids"].to_numpy() if "hash_ids" in df.columns else None
         self.records = [_Record(i) for i in range(len(df))]
         self.samples: list[tuple[float, str]] = []
         self.model = options.model
@@ -238,6 +243,16 @@ class _Replay:
         rng = np.random.default_rng([opts.seed, int(self.ids[i]) & 0x7FFFFFFF])
         low, high = opts.token_id_range
         ids = rng.integers(low, high, size=n)
+        hashes = self.hash_ids[i] if self.hash_ids is not None else None
+        if hashes is not None and len(hashes):
+            # Shared prefixes: hash id h names one block of hash_block_tokens tokens, the same for every request
+            # that lists it (and, as in Mooncake's traces, everything before it), so the server's prefix cache
+            # hits where the simulator's does (sim.runner keys blocks by the same ids).
+            size = opts.hash_block_tokens
+            blocks = [np.random.default_rng([opts.seed, 0x5EED, int(h) & 0x7FFFFFFF]).integers(low, high, size=size)
+                      for h in hashes]
+            shared = np.concatenate(blocks)[:n]
+            ids[:len(shared)] = shared
         max_tokens = int(self.outputs[i])
         if self.max_model_len is not None and n < self.max_model_len:
             max_tokens = max(1, min(max_tokens, self.max_model_len - n))

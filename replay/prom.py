@@ -35,6 +35,19 @@ TWIN_SLACK = "kvtune:twin_slack_seconds"
 #: The twin's speed (simulated seconds per wall second); absent on vLLM.
 TWIN_SPEED = "kvtune:twin_speed"
 
+#: Per-request latency histograms (vllm 0.32 v1/metrics/loggers.py): queue, prefill and decode time are stamped by
+#: the engine core (scheduled, first-token and last-token step timestamps), TTFT and E2E by the API server.  A
+#: replay records their ``_sum`` and ``_count``, whose deltas give exact means over the run.
+LATENCY_HISTOGRAMS = {
+    "queue_time": "vllm:request_queue_time_seconds",
+    "prefill_time": "vllm:request_prefill_time_seconds",
+    "decode_time": "vllm:request_decode_time_seconds",
+    "inference_time": "vllm:request_inference_time_seconds",
+    "ttft": "vllm:time_to_first_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+}
+
 #: Gauges sampled during a replay for the timeline.
 GAUGES = (RUNNING, WAITING, SWAPPED, KV_USAGE)
 #: Counters whose before/after difference a replay reports.
@@ -118,6 +131,8 @@ class MetricsSnapshot:
             "requests_aborted_total": self.total(REQUEST_SUCCESS, finished_reason="abort"),
             # The twin's own clock lag (absent on vLLM).
             "twin_max_lag_s": self.total("kvtune:twin_max_lag_seconds"),
+            **{f"{key}_{part}": self.total(f"{name}_{part}") for key, name in LATENCY_HISTOGRAMS.items()
+               for part in ("sum", "count")},
         }
 
 
@@ -188,6 +203,7 @@ __all__ = [
     "ITERATION_TOKENS",
     "KV_USAGE",
     "KV_USAGE_V0",
+    "LATENCY_HISTOGRAMS",
     "FamilySignature",
     "MetricsSnapshot",
     "PREEMPTIONS",

@@ -263,7 +263,7 @@ class TwinEngine:
             self._admit_pending(now)
             self._apply_aborts(now)
             self._drain_finished()
-            step = core.begin_step(now, math.inf) if scheduler.has_unfinished() else None
+            step = core.begin_step(now, scheduler.next_load_ready_s()) if scheduler.has_unfinished() else None
             if step is None:
                 await self._idle()
                 continue
@@ -288,10 +288,11 @@ class TwinEngine:
         self._wake.clear()
         if self._aborts:
             return
-        if not self._pending:
+        loads = self.scheduler.next_load_ready_s()  # an asynchronous CPU-tier load landing (sim offload)
+        if not self._pending and loads == math.inf:
             await self._wake.wait()
             return
-        target = self._pending[0][0]
+        target = min(self._pending[0][0] if self._pending else math.inf, loads)
         delay = (target / self.speed + self.wall0 + self.slack_s) - self.clock()
         if delay > 0:
             try:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from replay.twin_engine import TokenSink, TwinEngine
 from replay.twin_metrics import TwinCollector
 from sim.engine.request import Status
-from sim.errors import EngineAborted
+from sim.errors import EngineAborted, short_repr
 
 log = logging.getLogger("kvtune.twin")
 
@@ -255,16 +255,16 @@ def _check_fields(body: dict) -> str | None:
         try:
             _lax_bool(body.get(key))
         except ValueError:
-            return f"{key}: Input should be a valid boolean, got {_short(body.get(key))}"
+            return f"{key}: Input should be a valid boolean, got {short_repr(body.get(key))}"
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            return f"stream_options: Input should be a valid dictionary or object, got {_short(options)}"
+            return f"stream_options: Input should be a valid dictionary or object, got {short_repr(options)}"
         for key in ("include_usage", "continuous_usage_stats"):
             try:
                 _lax_bool(options.get(key))
             except ValueError:
-                return f"stream_options.{key}: Input should be a valid boolean, got {_short(options.get(key))}"
+                return f"stream_options.{key}: Input should be a valid boolean, got {short_repr(options.get(key))}"
     for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = body.get(key)
         if value is None:
@@ -273,15 +273,10 @@ def _check_fields(body: dict) -> str | None:
             try:
                 value = float(value)
             except ValueError:
-                return f"{key}: Input should be a valid number, got {_short(body.get(key))}"
+                return f"{key}: Input should be a valid number, got {short_repr(body.get(key))}"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"{key}: Input should be a finite number, got {_short(body.get(key))}"
+            return f"{key}: Input should be a finite number, got {short_repr(body.get(key))}"
     return None
-
-
-def _short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 async def _whole(sink: TokenSink, request_id: str, created: int, model: str, prompt_tokens: int) -> web.Response:

@@ -7,6 +7,13 @@ for these.  Everything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages: a hostile value (a huge list, a YAML
+    expansion) must not flood the one error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class KvtuneError(Exception):
     """Base class for errors caused by the user's input (a file, a flag, a spec)."""
 

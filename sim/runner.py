@@ -216,7 +216,8 @@ class Simulation:
         nxt = float(arrivals[self._next_arrival]) if self._next_arrival < len(arrivals) else math.inf
         if self._deadlines and self._deadlines[0][0] < nxt:
             nxt = self._deadlines[0][0]
-        return nxt
+        # An asynchronous load from the CPU tier landing makes its request schedulable.
+        return min(nxt, self.core.scheduler.next_load_ready_s())
 
     def _next_deadline_s(self) -> float:
         return self._deadlines[0][0] if self._deadlines else math.inf

@@ -290,15 +290,17 @@ def write_compact_steps(out_dir: str, path: str) -> None:
     (``index:tokens`` pairs of requests ``r<index>``, space-separated, in vLLM's order) and ``hits``
     (``index:tokens``: prefix-cache hit tokens of the requests admitted in the step)."""
     starts = pd.read_csv(os.path.join(out_dir, "steps.csv")).set_index("step").t_start_s
-    with open(os.path.join(out_dir, "sched_steps.jsonl")) as f, open(path, "w") as out:
-        out.write("step,t_start_s,free,preempted,sched,hits\n")
-        for line in f:
-            row = json.loads(line)
+    with open(os.path.join(out_dir, "sched_steps.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    with_hits = any("hits" in row for row in rows)  # the V0 side records none
+    with open(path, "w") as out:
+        out.write("step,t_start_s,free,preempted,sched" + (",hits" if with_hits else "") + "\n")
+        for row in rows:
             sched = " ".join(f"{rid[1:]}:{n}" for rid, n in row["sched"])
             pre = " ".join(rid[1:] for rid in row["preempted"])
-            hits = " ".join(f"{rid[1:]}:{n}" for rid, n in row.get("hits", []))
+            hits = "," + " ".join(f"{rid[1:]}:{n}" for rid, n in row.get("hits", [])) if with_hits else ""
             out.write(f"{row['step']},{float(starts.get(row['step'], float('nan')))!r},{row['free_after_schedule']},"
-                      f"{pre},{sched},{hits}\n")
+                      f"{pre},{sched}{hits}\n")
 
 
 def _pairs(text: str) -> list[list]:

@@ -20,6 +20,7 @@ from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front
 from optimizer._spec import StudySpec
 from optimizer._storage import StudyContext
+from optimizer.report._lifelines import Lifeline, LifelineRecorder, lifelines
 from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_gpu
@@ -99,6 +100,8 @@ class ConfigRun:
     block_size: int | None = None
     tensor_parallel_size: int = 1
     error: str | None = None
+    #: The most preempted requests on one time axis (default and recommended runs only).
+    lifelines: list[Lifeline] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -135,19 +138,24 @@ class ConfigRun:
 
 
 def simulate_config(label: str, knobs: Mapping[str, Any], spec: StudySpec, ctx: StudyContext, *,
-                    gpu: str | None = None, backend: SimBackend | None = None) -> ConfigRun:
-    """``knobs`` simulated on the spec's workload (its first replicate seed) and ``gpu`` (default the spec's)."""
+                    gpu: str | None = None, backend: SimBackend | None = None, record_lifelines: bool = False
+                    ) -> ConfigRun:
+    """``knobs`` simulated on the spec's workload (its first replicate seed) and ``gpu`` (default the spec's);
+    ``record_lifelines`` also follows the most preempted requests (``optimizer.report._lifelines``)."""
     gpu = gpu or spec.gpu
     backend = backend or SimBackend(ctx.workloads, spec.model, gpu)
     run = ConfigRun(label, dict(knobs), gpu, tensor_parallel_size=int(knobs.get("tensor_parallel_size", 1) or 1))
+    recorder = LifelineRecorder() if record_lifelines else None
     try:
-        metrics, result = backend.run_one(dict(knobs), ctx.seeds[0])
+        metrics, result = backend.run_one(dict(knobs), ctx.seeds[0], observer=recorder)
     except (TrialError, KvtuneError) as exc:
         run.error = str(exc)
         return run
     run.metrics = metrics
     run.requests = result.requests
     run.steps = result.steps
+    if recorder is not None:
+        run.lifelines = lifelines(recorder, result.requests, result.steps)
     run.num_gpu_blocks = int(result.sizing.num_gpu_blocks)
     run.block_size = int(result.config.block_size)
     return run
@@ -355,10 +363,11 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
     if not simulate:
         return data
     backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
-    data.default = simulate_config("default", spec.fixed_knobs(), spec, ctx, backend=backend)
+    data.default = simulate_config("default", spec.fixed_knobs(), spec, ctx, backend=backend, record_lifelines=True)
     if pick is not None:
         data.recommended = simulate_config(f"recommended (trial {pick.trial.number})",
-                                           dict(pick.trial.user_attrs.get("knobs") or {}), spec, ctx, backend=backend)
+                                           dict(pick.trial.user_attrs.get("knobs") or {}), spec, ctx, backend=backend,
+                                           record_lifelines=True)
     for whatif in whatifs:
         configs: list[tuple[str, dict[str, Any]]] = [("default", spec.fixed_knobs())]
         if pick is not None:

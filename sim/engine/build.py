@@ -60,5 +60,7 @@ def build_engine(
     # V0 swap_blocks copies one block per layer for K and V (vLLM paper fig. 19's small-block cost); V1's
     # offload moves a block in one copy.
     scheduler.copies_per_block = 2 * model.num_layers if not resolved.is_v1 else 1
+    if scheduler.write_through:
+        scheduler.load_time = latency.swap_time  # V1 offload loads are asynchronous (OffloadingConnector)
     core = EngineCore(scheduler, latency, record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer)
     return BuiltEngine(resolved, sizing, latency, core)

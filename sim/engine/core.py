@@ -99,8 +99,13 @@ class EngineCore:
         if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
             out = scheduler.schedule(now)
         shape = out.shape
-        shape.swap_blocks = out.swap_in_blocks + out.swap_out_blocks
-        shape.swap_copies = out.swap_copies
+        # V1 offload stores run on their own stream, overlapped with compute (see BaseScheduler.write_through);
+        # only loads are on the step's path.  V0 swaps block the step both ways.
+        shape.swap_blocks = out.swap_in_blocks + (0 if scheduler.write_through else out.swap_out_blocks)
+        if scheduler.load_time is not None:
+            # Asynchronous loads (see BaseScheduler.load_time): off the step's path as well.
+            shape.swap_blocks = 0
+        shape.swap_copies = out.swap_copies if shape.swap_blocks else 0
         if self.observer is not None:
             self.observer(self.num_iterations, now, out)
         if not out.scheduled:
@@ -182,7 +187,9 @@ class EngineCore:
             limit = max(1, min(limit, reach))
             if limit <= 1:
                 return StepResult(out, first, 1)
-        free = scheduler.pool.num_free
+        # Blocks that must stay free after every step of the run (V0 checks a free block per decode, see
+        # V0Scheduler._append_touched): a run stops before a step that would leave fewer.
+        free = scheduler.pool.num_free - scheduler.decode_run_free_reserve
         context = out.shape.decode_context  # sum of every running request's tokens at the first step
         # Each request crosses a block boundary at most every block_size steps: if even that many new blocks
         # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run

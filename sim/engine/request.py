@@ -12,6 +12,8 @@ class Status(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
+    #: vLLM's WAITING_FOR_REMOTE_KVS: its offloaded blocks are being loaded back from the CPU tier.
+    LOADING = "waiting_for_remote_kvs"
     FINISHED = "finished"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
@@ -35,7 +37,7 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids",
+        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "block_ids", "appended_tokens",
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
         "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
     )
@@ -100,6 +102,8 @@ class Request:
         self.time_recompute_s = 0.0
         self.time_decode_s = 0.0
         self.time_overhead_s = 0.0
+        #: V0: tokens appended to the request's block table (vllm/core/block/block_table.py ``_num_full_slots``).
+        self.appended_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -117,6 +117,8 @@ class BaseScheduler(ABC):
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.pool: GpuBlockPool | PrefixBlockPool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
+        #: Free blocks a batched decode run must leave after each of its steps (see EngineCore._decode_run).
+        self.decode_run_free_reserve = 0
         #: The pool tracks hashed blocks one by one (shared prefixes; see :meth:`share_prefixes`).
         self.blocks_hashed = False
         self.cpu = CpuBlockTier(num_cpu_blocks)
@@ -133,6 +135,17 @@ class BaseScheduler(ABC):
         #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
         self.async_scheduling = bool(getattr(config, "async_scheduling", False))
         self.deferred_free: list[Request] = []
+        #: vLLM 0.33's OffloadingConnector (V1 CPU offload) stores write-through: every scheduled request's newly
+        #: full blocks are copied to the CPU tier after the step, on a separate stream that overlaps compute
+        #: (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, store jobs built each step), into an
+        #: LRU over all requests' blocks (v1/kv_offload/cpu/policies/lru.py).
+        self.write_through = config.is_v1 and num_cpu_blocks > 0
+        #: Loads from the CPU tier are asynchronous (OffloadingConnector.get_num_new_matched_tokens returns
+        #: load_kv_async): the request holds its blocks in Status.LOADING and is scheduled in a step after the
+        #: load has landed, instead of the load's time being charged to everyone in the step.  ``load_time``
+        #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
+        self.load_time = None
+        self.loading: list[tuple[float, Request]] = []
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -146,7 +159,21 @@ class BaseScheduler(ABC):
         return -(-num_tokens // self.block_size)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0 or self.num_swapped() > 0
+        return bool(self.running) or len(self.waiting) > 0 or self.num_swapped() > 0 or bool(self.loading)
+
+    def next_load_ready_s(self) -> float:
+        """When the earliest asynchronous load lands (inf if none): an event for the run loop."""
+        return min(ready for ready, _ in self.loading) if self.loading else float("inf")
+
+    def _land_loads(self, now: float) -> None:
+        """Loads that have landed: their requests rejoin the front of the waiting queue, in arrival order."""
+        landed = [r for ready, r in self.loading if ready <= now]
+        if not landed:
+            return
+        self.loading = [(ready, r) for ready, r in self.loading if ready > now]
+        for req in sorted(landed, key=lambda r: (r.arrival_s, r.index), reverse=True):
+            req.status = Status.WAITING
+            self.waiting.prepend(req)
 
     def num_swapped(self) -> int:
         return 0
@@ -204,6 +231,7 @@ class BaseScheduler(ABC):
                 req.high_water = computed
                 req.num_output_tokens += num_steps
                 req.processed_tokens += extra
+                req.appended_tokens = computed  # V0 block table: each step appended the previous token
                 blocks = -(-computed // block_size)
                 grown += blocks - req.blocks
                 req.blocks = blocks
@@ -243,6 +271,8 @@ class BaseScheduler(ABC):
                         req.end_stall(end_s)
                 if req.num_output_tokens >= req.max_output:
                     done.append(req)
+        if self.write_through:
+            self._store_computed_blocks(out)
         for req in done:
             # A request whose last token comes out of the step that crosses its client deadline is finished:
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
@@ -254,6 +284,20 @@ class BaseScheduler(ABC):
                 self._free(req)
             self._end(req, Status.FINISHED, end_s)
         return grown
+
+    def _store_computed_blocks(self, out: SchedulerOutput) -> None:
+        """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
+        copies overlap compute, so the step's duration does not include them)."""
+        block_size = self.block_size
+        cpu = self.cpu
+        stored = 0
+        for req, _ in out.scheduled:
+            if req.blocks:
+                new = cpu.offload(req.index, req.num_computed_tokens // block_size)
+                if new:
+                    req.swapped_out_blocks += new
+                    stored += new
+        out.swap_out_blocks += stored
 
     def flush_deferred(self) -> bool:
         """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
@@ -273,6 +317,8 @@ class BaseScheduler(ABC):
             self.waiting.remove(req)
         elif req.status == Status.SWAPPED:
             self._drop_swapped(req)
+        elif req.status == Status.LOADING:
+            self.loading = [(ready, r) for ready, r in self.loading if r is not req]
         else:
             return
         self._free(req)
@@ -332,22 +378,24 @@ class BaseScheduler(ABC):
             req.preempted_at = float("nan")
         req.status = Status.RUNNING
 
-    def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float) -> None:
+    def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float, requeue: bool = True) -> None:
         """Free the victim's blocks (cached with prefix caching, offloaded with a CPU tier) and requeue it at
         the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
-        full = victim.num_computed_tokens // self.block_size
-        stored = self.cpu.offload(victim.index, full)
-        if stored:
-            victim.swapped_out_blocks += stored
-            out.swap_out_blocks += stored
-            out.swap_copies += stored * self.copies_per_block
+        if not self.write_through:  # write-through already stored the victim's computed blocks
+            full = victim.num_computed_tokens // self.block_size
+            stored = self.cpu.offload(victim.index, full)
+            if stored:
+                victim.swapped_out_blocks += stored
+                out.swap_out_blocks += stored
+                out.swap_copies += stored * self.copies_per_block
         self._free(victim)
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         victim.preempted_at = now
         victim.stall(now)
         victim.status = Status.WAITING
-        self.waiting.prepend(victim)
+        if requeue:
+            self.waiting.prepend(victim)
         out.preempted.append(victim)
 
     def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:

@@ -29,6 +29,8 @@ class V0Scheduler(BaseScheduler):
         self.chunked = bool(self.config.enable_chunked_prefill)
         self.swap_mode = self.config.preemption_mode == "swap"
         self.swapped: deque[Request] = deque()
+        # A decode step preempts unless each request finds a free block (can_append_slots' touched blocks).
+        self.decode_run_free_reserve = 1
         self.cpu_swap_capacity = self.cpu.capacity
         self.cpu_swap_used = 0
         # Without chunking a prompt must fit one step's budget (scheduler.py _get_prompt_limit).
@@ -90,12 +92,20 @@ class V0Scheduler(BaseScheduler):
         if not out.preempted:
             swapped_in = self._schedule_swapped(out, now, budget, len(scheduled))
             budget -= len(swapped_in)
-        # New running order (scheduler.py _schedule_chunked_prefill): swapped-in, decodes, prefills.
-        decodes = [r for r in scheduled if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in scheduled if r.num_tokens - r.num_computed_tokens != 1]
+        # New running order (scheduler.py _schedule_chunked_prefill): swapped-in, decodes, then prefills, those
+        # whose chunk finishes the prompt first (_order_finishing_prefills_first).
+        decodes = [r for r in scheduled if r in self._decoding]
+        prefills = [r for r in scheduled if r not in self._decoding]
+        finishing = [r for r in prefills if self._finishing[r.index]]
+        prefills = finishing + [r for r in prefills if not self._finishing[r.index]]
         self.running = unscheduled + swapped_in + decodes + prefills
         admitted_before = out.num_admitted
         self._schedule_prefills(out, now, budget, len(self.running), chunking=True)
+        # Recompute-preempted requests rejoin the waiting queue only after this step's prefills were scheduled
+        # (``self.waiting.extendleft(running_scheduled.preempted)`` comes after ``_schedule_prefills``).
+        for victim in out.preempted:
+            if victim.status == Status.WAITING:
+                self.waiting.prepend(victim)
         all_decode = all(n == 1 for _, n in out.scheduled) and all(r.num_computed_tokens >= r.prompt_tokens for r, _ in out.scheduled)
         out.steady_decode = (
             bool(scheduled) and not unscheduled and not out.preempted and not swapped_in
@@ -132,6 +142,7 @@ class V0Scheduler(BaseScheduler):
             waiting.pop()
             pool.allocate(need)
             req.blocks = need
+            req.appended_tokens = req.num_tokens
             self._mark_scheduled(req, now)
             self._account(out, req, num_new)
             self.running.append(req)
@@ -153,6 +164,10 @@ class V0Scheduler(BaseScheduler):
         queue = deque(self.running)
         self.running = []
         scheduled: list[Request] = []
+        # Stage of each scheduled request (vllm/sequence.py: DECODE once its prompt, or recompute, was computed
+        # whole: it has a token the block table has not seen), and whether a prefill chunk finishes it.
+        self._decoding: set[Request] = set()
+        self._finishing: dict[int, bool] = {}
         pool = self.pool
         used = 0
         while queue:
@@ -165,7 +180,10 @@ class V0Scheduler(BaseScheduler):
             queue.popleft()
             need = max(0, self.blocks_for(req.num_computed_tokens + num_new) - req.blocks)
             preempted_self = False
-            while need > pool.num_free:  # can_append_slots
+            # can_append_slots counts every block the append touches as if it needed a new one (0.8.5
+            # block_manager.py "worst-case heuristic"): a decode needs a free block even when its last one
+            # has room.
+            while self._append_touched(req) > pool.num_free:
                 if queue:
                     self._preempt(out, queue.pop(), now)
                 else:
@@ -176,6 +194,10 @@ class V0Scheduler(BaseScheduler):
                 break
             pool.allocate(need)
             req.blocks += need
+            if req.num_tokens > req.appended_tokens:
+                self._decoding.add(req)
+            self._finishing[req.index] = req.num_computed_tokens + num_new >= req.num_tokens
+            req.appended_tokens = req.num_tokens
             self._account(out, req, num_new)
             scheduled.append(req)
             used += num_new
@@ -186,13 +208,15 @@ class V0Scheduler(BaseScheduler):
         pool = self.pool
         while self.swapped:
             req = self.swapped[0]
-            need = self.blocks_for(req.num_computed_tokens + 1)
-            if pool.num_blocks < need:
+            # can_swap_in: the table's full blocks + the blocks the append of its unseen tokens touches.
+            touched = req.appended_tokens // self.block_size + self._append_touched(req)
+            need = self.blocks_for(req.num_tokens)
+            if pool.num_blocks < touched:
                 self.swapped.popleft()  # AllocStatus.NEVER
                 self._free(req)
                 self._end(req, Status.REJECTED, now)
                 continue
-            if pool.num_free - need < self.watermark_blocks:
+            if pool.num_free - touched < self.watermark_blocks:
                 break  # AllocStatus.LATER
             if budget < 1 or num_seqs + 1 > self.max_num_seqs:
                 break
@@ -201,6 +225,7 @@ class V0Scheduler(BaseScheduler):
             moved = req.blocks
             pool.allocate(need)
             req.blocks = need
+            req.appended_tokens = req.num_tokens
             req.swapped_in_blocks += moved
             out.swap_in_blocks += moved
             out.swap_copies += moved * self.copies_per_block
@@ -211,12 +236,24 @@ class V0Scheduler(BaseScheduler):
             num_seqs += 1
         return swapped_in
 
+    def _append_touched(self, req: Request) -> int:
+        """``BlockTable.get_num_blocks_touched_by_append_slots`` (vllm/core/block/block_table.py, 0.8.5) for the
+        tokens not yet in the request's block table: ``1 + ceil((unseen - room in the last block) / block_size)``
+        (1 for a decode however much room is left; 0 only when nothing is unseen and the last block is full)."""
+        block_size = self.block_size
+        slots = req.appended_tokens
+        room = block_size - slots % block_size
+        return 1 + -(-(req.num_tokens - slots - room) // block_size)
+
     def _preempt(self, out: SchedulerOutput, victim: Request, now: float) -> None:
         if not self.swap_mode:
-            self._preempt_recompute(out, victim, now)
+            # Chunked: the victim is requeued after this step's prefills (see _schedule_chunked).
+            self._preempt_recompute(out, victim, now, requeue=not self.chunked)
             return
-        # scheduler.py _swap_out: "Aborted due to the lack of CPU swap space."
-        if self.cpu_swap_capacity - self.cpu_swap_used < victim.blocks:
+        # scheduler.py _swap_out: "Aborted due to the lack of CPU swap space." (can_swap_out: full blocks + the
+        # blocks the append of its unseen tokens touches must fit the free CPU blocks).
+        touched = victim.appended_tokens // self.block_size + self._append_touched(victim)
+        if self.cpu_swap_capacity - self.cpu_swap_used < touched:
             raise EngineAborted(
                 f"swap preemption of request {victim.request_id} needs {victim.blocks} CPU blocks but only "
                 f"{self.cpu_swap_capacity - self.cpu_swap_used} of {self.cpu_swap_capacity} are free: vLLM aborts "

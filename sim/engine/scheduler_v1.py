@@ -8,7 +8,7 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
-from sim.engine.request import Request
+from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 
 
@@ -29,6 +29,8 @@ class V1Scheduler(BaseScheduler):
 
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.loading:
+            self._land_loads(now)
         pool = self.pool
         running = self.running
         budget = self.max_num_batched_tokens
@@ -97,7 +99,12 @@ class V1Scheduler(BaseScheduler):
             max_running = self.max_num_seqs - len(self.deferred_free)
             while len(waiting) and budget > 0 and len(running) < max_running:
                 req = waiting.peek()
-                if not self._admit(out, req, budget, now):
+                admitted = self._admit(out, req, budget, now)
+                if admitted is None:
+                    # An asynchronous load started: the request waits for it outside the queue (vLLM skips it).
+                    waiting.pop()
+                    continue
+                if not admitted:
                     break
                 waiting.pop()
                 running.append(req)
@@ -123,8 +130,11 @@ class V1Scheduler(BaseScheduler):
                 return num_new
         return 0
 
-    def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
-        """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots)."""
+    def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool | None:
+        """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots).  ``None``: an
+        asynchronous load from the CPU tier was started instead (the request is in ``self.loading``)."""
+        if req.blocks:
+            return self._admit_loaded(out, req, budget, now)
         pool = self.pool
         block_size = self.block_size
         num_tokens = req.num_tokens
@@ -162,6 +172,23 @@ class V1Scheduler(BaseScheduler):
             return False
         if self.predicted_admission and something_running and not self._predicted_fits(req, free):
             return False
+        if load and self.load_time is not None:
+            # vLLM 0.33 OffloadingConnector: blocks for the hit are allocated and the load runs asynchronously;
+            # the request is scheduled once it has landed (WAITING_FOR_REMOTE_KVS).
+            hit_blocks = gpu_hit + load
+            if self.blocks_hashed:
+                pool.touch(req, hit_ids)  # loaded blocks get their hashes once the load has landed
+            elif gpu_hit:
+                pool.reuse_cached(req.index, gpu_hit)
+            pool.allocate(hit_blocks - gpu_hit)
+            req.blocks = hit_blocks
+            req.num_computed_tokens = computed
+            req.prefix_hit_tokens += gpu_hit * block_size
+            req.swapped_in_blocks += load
+            out.swap_in_blocks += load  # recorded in the step table, but not on this step's critical path
+            req.status = Status.LOADING
+            self.loading.append((now + self.load_time(load, load * self.copies_per_block), req))
+            return None
         # Admit: cached blocks become used again, the rest are allocated (loaded ones come from the CPU).
         if self.blocks_hashed:
             pool.touch(req, hit_ids)

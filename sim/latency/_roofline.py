@@ -70,10 +70,14 @@ class LatencyCoefficients:
       Python): an all-decode vLLM scheduler step costs ~12.7 us per running request at the cap
       (openfabric-systems/simllm PR #204, vLLM 0.27 CPU-loop profile; indicative, the study flagged run-to-run
       drift).  TensorRT-LLM's C++ runtime has less: its static-batching points fit better with 0.
-    - ``per_copy_overhead_s`` 3 us per host-link copy call (one ``cudaMemcpyAsync`` per block per layer for K
-      and V in vLLM V0 ``swap_blocks``): the vLLM paper's figure 19 (OPT-13B, block size 1: ~135 ms to swap a
-      256-token sequence out and in, ~15 ms at block 256) implies ~2.9 us per copy; a ``cudaMemcpyAsync`` costs
-      3.5-4 us on H100 (meta-pytorch/torchcomms PR #2195) and ~2.3 us on H20 (taco-project/FlexKV PR #193).
+    - ``per_copy_overhead_s`` 9.2 us per host-link copy call (one ``cudaMemcpyAsync`` per block per layer for K
+      and V in vLLM V0 ``swap_blocks``): vLLM PR #11531 measured the V0 implementation at 3.11 GB/s swapping 1250
+      pages in and 3.12 GB/s out on A100-40GB (1.21 GB/s for a single page); a page of 32 KiB (16 tokens of one
+      layer's K or V for an 8-KV-head, 128-dim model) at 3.11 GB/s is 10.5 us, of which 1.3 us is the transfer at
+      24.8 GB/s.  (The single-page figure implies ~16 us more per swap call, not modelled.)  The vLLM paper's
+      figure 19 implies less, ~2.9 us per copy (2023, OPT-13B); a bare ``cudaMemcpyAsync`` costs 3.5-4 us on H100
+      (meta-pytorch/torchcomms PR #2195) and ~2.3 us on H20 (taco-project/FlexKV PR #193): V0's per-block loop adds
+      dispatch and synchronisation on top.
     - ``link_eff`` 1.0: ``host_link_gbps`` in hardware.yaml is already a measured pinned-memory rate.
     - ``allreduce_latency_s`` 8 us per all-reduce: vLLM's custom all-reduce takes 8.5-11.8 us for messages up
       to 32 KiB on H100 at TP 2-8 without CUDA graphs (sgl-project/sglang PR #2904), less inside graphs.
@@ -93,7 +97,7 @@ class LatencyCoefficients:
     bw_eff: float = 0.78
     roofline_norm: float = 2.0
     link_eff: float = 1.0
-    per_copy_overhead_s: float = 3e-6
+    per_copy_overhead_s: float = 9.2e-6
     allreduce_latency_s: float = 8e-6
     allreduce_bw_eff: float = 0.65
 
@@ -327,6 +331,13 @@ class RooflineModel(LatencyModel):
     def overhead_time(self, shape: StepShape) -> float:
         """Host overhead plus the per-layer small kernels: what every step that computes tokens pays."""
         return self._fixed_s
+
+    def hidden_overhead_time(self, shape: StepShape) -> float:
+        """With async scheduling the host's fixed overhead overlaps the GPU's work but for ``async_exposed_s``
+        (``_combine``): that much of :meth:`overhead_time` is in no step's duration."""
+        if not self.async_scheduling:
+            return 0.0
+        return max(0.0, self.coefficients.overhead_s - self.coefficients.async_exposed_s)
 
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under

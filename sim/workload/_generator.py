@@ -15,6 +15,8 @@ YAML (under ``workload: generator:``)::
       code:
         rate_rps: 2.5
         lengths: {dist: empirical, trace: bundled, class: conv}   # joint (prompt, output) resampling
+
+or ``servegen: {path: ..., clients: [...], start_s: ..., duration_s: ...}`` (``sim.workload._servegen``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sim.workload._lengths import Empirical, LengthDist, empirical_from_dict, le
 from sim.workload._loader import assemble
 from sim.workload._report import LoadReport
 from sim.workload._rules import ClassRules
+from sim.workload._servegen import ServeGenSpec, servegen_frame
 from sim.workload.workload import Workload
 
 _TRAFFIC_KEYS = ("rate_rps", "cv", "prompt_tokens", "output_tokens", "lengths")
@@ -99,9 +102,13 @@ class GeneratorSpec:
             raise ConfigError("generator.classes", "needs at least one class")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "generator") -> "GeneratorSpec":
+    def from_dict(cls, d: Mapping[str, Any], where: str = "generator") -> "GeneratorSpec | ServeGenSpec":
+        """Per-class traffic, or ``{servegen: {...}}``: production distributions (``sim.workload._servegen``)."""
         d = as_mapping(d, where)
-        check_keys(d, ("duration_s", "num_requests", "classes"), where)
+        if "servegen" in d:
+            check_keys(d, ("servegen",), where)
+            return ServeGenSpec.from_dict(d["servegen"], f"{where}.servegen")
+        check_keys(d, ("duration_s", "num_requests", "classes", "servegen"), where)
         duration = number(d, "duration_s", where, None, positive=True)
         count = number(d, "num_requests", where, None, integer=True, minimum=1)
         if (duration is None) == (count is None):
@@ -169,9 +176,12 @@ def generate_frame(spec: GeneratorSpec, seed: int, base_dir: Path | None = None)
     return frame
 
 
-def generate(spec: GeneratorSpec, seed: int = 0, *, classes: ClassRules | None = None,
+def generate(spec: GeneratorSpec | ServeGenSpec, seed: int = 0, *, classes: ClassRules | None = None,
              base_dir: Path | None = None) -> Workload:
-    """A synthetic Workload; without class rules each generator class is a plain class of the same name."""
-    frame = generate_frame(spec, seed, base_dir)
-    return assemble(frame, classes, "<generator>", LoadReport(source="<generator>", fmt="generator",
-                                                              rows_read=len(frame)))
+    """A synthetic Workload; without class rules each generator class (ServeGen: each client) is a plain class
+    of the same name."""
+    if isinstance(spec, ServeGenSpec):
+        frame, source, fmt = servegen_frame(spec, seed, base_dir), f"<servegen {spec.path}>", "servegen"
+    else:
+        frame, source, fmt = generate_frame(spec, seed, base_dir), "<generator>", "generator"
+    return assemble(frame, classes, source, LoadReport(source=source, fmt=fmt, rows_read=len(frame)))

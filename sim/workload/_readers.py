@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from sim.errors import ConfigError, TraceError
+from sim.errors import ConfigError, TraceError, short_repr
 from sim.workload._files import RawTable, read_table
 from sim.workload._report import LoadReport
 from sim.workload._validate import MAX_TOKENS, RowChecks, check_sorted, numeric_column, require_columns
@@ -50,11 +50,6 @@ def _tokens(checks: RowChecks, prompt: str, output: str, *, output_minimum: int 
     return p, o
 
 
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 _SPLIT = re.compile(r"[\s,;]+")
 
 
@@ -82,7 +77,7 @@ def _hash_ids(checks: RowChecks, column: str) -> list | None:
             bad[i] = True
             ids = []
         out.append(ids)
-    checks.add(bad, lambda i: f"{column}={_short(raw[i])} is not a list of 64-bit integers")
+    checks.add(bad, lambda i: f"{column}={short_repr(raw[i])} is not a list of 64-bit integers")
     return out
 
 

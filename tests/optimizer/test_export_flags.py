@@ -100,3 +100,12 @@ def test_export_of_a_study_per_target(tmp_path, flavor, version, engine, present
     assert set(doc["predicted"]) == {"recommended", "default"}
     assert "conv" in doc["predicted"]["default"]["classes"]
     assert result.trial == doc["trial"]
+    # Robustness: five perturbations, verdicts consistent with their rows; under the unperturbed model the
+    # recommendation's own prediction lies between the +-10% step-time runs.
+    rows = doc["robustness"]["perturbations"]
+    assert len(rows) == 5 and all("error" not in r for r in rows)
+    assert doc["robustness"]["meets_slos_under_all"] == all(r["meets_all_slos"] for r in rows)
+    assert doc["robustness"]["beats_default_under_all"] == all(r["beats_default"] for r in rows)
+    fast, slow = rows[2]["recommended_output_tokens_per_s"], rows[3]["recommended_output_tokens_per_s"]
+    assert fast >= doc["predicted"]["recommended"]["output_tokens_per_s"] >= slow
+    assert "# robustness kv_blocks -5%:" in text

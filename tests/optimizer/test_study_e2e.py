@@ -7,12 +7,14 @@ import io
 import json
 
 import optuna
+import pytest
 import pandas as pd
 import yaml
 from optimizer_test_helpers import SLO_E2E_S, spec_dict
 
 from objectives import summarize
 from optimizer import RayExecutor, StudySpec, Tuner, export_study
+from optimizer._backend import SimBackend
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
@@ -92,6 +94,20 @@ def test_study_end_to_end(tmp_path, local_ray):
     assert doc["predicted"]["default"]["classes"]["conv"]["meets_slo"] is False
     assert abs(doc["predicted"]["default"]["classes"]["conv"]["e2e_s"]["p99"] - default["class.conv.e2e_s.p99"]) < 1e-9
     assert abs(doc["predicted"]["recommended"]["output_tokens_per_s"] - tuned["output_tokens_per_s"]) < 1e-9
+    # Robustness: the recommendation re-simulated with KV blocks +-5% and step times +-10% (and the worst corner),
+    # against the default under the same perturbation; the verdicts follow from the rows.
+    robust = doc["robustness"]
+    rows = robust["perturbations"]
+    assert [r["perturbation"] for r in rows] == ["kv_blocks -5%", "kv_blocks +5%", "step_time -10%",
+                                                  "step_time +10%", "kv_blocks -5%, step_time +10%"]
+    for r in rows:
+        assert r["beats_default"] == (r["recommended_output_tokens_per_s"] > r["default_output_tokens_per_s"])
+    assert robust["meets_slos_under_all"] == all(r["meets_all_slos"] for r in rows)
+    assert robust["beats_default_under_all"] == all(r["beats_default"] for r in rows)
+    slower = SimBackend(spec.workload, spec.model, spec.gpu, time_scale=1.1).run(doc["knobs"], doc["replicate_seeds"])
+    assert rows[3]["recommended_output_tokens_per_s"] == pytest.approx(slower["output_tokens_per_s"])
+    assert rows[3]["recommended_output_tokens_per_s"] < tuned["output_tokens_per_s"]
+    assert any(line.startswith("# robustness step_time +10%:") for line in (out / "recommended.yaml").read_text().splitlines())
 
 
 def test_infeasible_export_names_the_failing_class(tmp_path):

@@ -151,6 +151,25 @@ def test_study_whose_model_never_fits_is_refused():
     StudySpec.from_dict(spec_dict(model="Llama-3-70B", gpu="H100-SXM", tensor_parallel_size=2))
 
 
+def test_study_latency_profile(tmp_path):
+    import yaml
+
+    from sim.latency import LatencyCoefficients
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"coefficients": {"mfu": 0.3}}))
+    plain = StudySpec.from_dict(spec_dict())
+    with_profile = StudySpec.from_dict(spec_dict(latency_profile=str(path)))
+    assert plain.coefficients() is None
+    assert with_profile.coefficients() == LatencyCoefficients(mfu=0.3)
+    # A profile changes what trials measure; without one the identity is what it was before the key existed.
+    assert with_profile.fingerprint() != plain.fingerprint()
+    assert "latency_profile" not in plain.identity()
+    with pytest.raises(ConfigError) as info:
+        StudySpec.from_dict(spec_dict(latency_profile=str(tmp_path / "missing.yaml")))
+    assert info.value.field == "latency_profile"
+
+
 def test_bounds_in_constraints_become_constraints():
     from optimizer._study import prepare
 

@@ -73,3 +73,43 @@ def test_gpu_build_takes_block_size_16_and_no_cpu_settings():
 def test_the_configured_environment_is_read():
     install = find_vllm()
     assert install.version and Path(install.python).is_file()
+
+
+def _trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    return str(trace)
+
+
+def test_cli_unreachable_server_is_one_line_and_exit_2(tmp_path, capsys):
+    from optimizer.cli import main
+
+    code = main(["replay", "--url", "http://127.0.0.1:9", "--model", "m", "--trace", _trace(tmp_path),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot reach http://127.0.0.1:9" in err[0]
+
+
+def test_cli_launch_without_a_vllm_environment_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    from optimizer.cli import main
+
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    code = main(["replay", "--launch", "vllm", "--model", "m", "--trace", _trace(tmp_path),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no vLLM environment configured" in err[0]
+
+
+def test_a_local_model_folder_is_its_own_simulator_profile(tmp_path):
+    import json
+
+    from replay.backend import guess_sim_model
+    from sim.profiles import load_model
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(json.loads((Path(__file__).with_name("data") / "tiny-llama" /
+                                                                "config.json").read_text())))
+    assert guess_sim_model(str(folder)) == str(folder.resolve())
+    assert load_model(guess_sim_model(str(folder))).num_layers == 4  # calibration re-simulates with it
+    assert guess_sim_model("meta-llama/Meta-Llama-3-8B") == "Llama-3-8B"

@@ -3,6 +3,8 @@ and its numbers are the re-simulated default and recommended configs' summaries.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 import re
@@ -10,6 +12,7 @@ import re
 import optuna
 import pandas as pd
 import pytest
+from plotly.offline import get_plotlyjs
 
 from objectives import summarize
 from optimizer._export import choose
@@ -27,10 +30,15 @@ def test_report_files_and_charts(written_report):
     for chart in (*ALWAYS, "sweep-max_num_seqs", "whatif", "cohort-heatmap"):
         assert chart in written_report.charts
         assert f'id="chart-{chart}"' in html, chart
-    # One self-contained page: plotly.js inlined once, nothing fetched from a CDN.
-    assert html.count("Plotly.newPlot") == len(written_report.charts)
+    # One self-contained page: plotly.js inlined once (gzip, base64), nothing fetched from a CDN.
+    assert html.count('class="kvtune-figure"') == len(written_report.charts)
+    assert html.count('id="kvtune-plotlyjs"') == 1 and html.count('id="kvtune-template"') == 1
     assert "<script src=" not in html and "<link " not in html
-    assert len(html) > 3_000_000  # plotly.min.js is ~4.7 MB
+    packed = re.search(r'id="kvtune-plotlyjs">([^<]+)<', html).group(1)
+    assert gzip.decompress(base64.b64decode(packed)).decode() == get_plotlyjs()
+    figures = re.findall(r'class="kvtune-figure" data-div="[^"]+">(.*?)</script>', html)
+    assert all("template" not in json.loads(f)["layout"] for f in figures)  # carried once, not per chart
+    assert len(html) < 2_500_000  # plotly.min.js alone is 4.8 MB
     assert written_report.images == [] and "turned off" in written_report.image_error
 
 
@@ -288,3 +296,43 @@ def test_without_a_browser_the_page_is_still_written(tuned_study, tmp_path, monk
     assert result.images == [] and "apt-get install -y chromium" in result.image_error
     assert "PNG images of the charts were not written" in result.html.read_text()
     assert json.loads(result.json.read_text())["image_error"] == result.image_error
+
+
+def test_lifelines_follow_the_most_preempted_requests():
+    from optimizer.report._lifelines import LifelineRecorder, lifelines
+    from tests.sim.engine.conftest import make_sim, make_workload
+
+    workload = make_workload([(0.0, 40, 60), (0.0, 40, 60), (0.05, 30, 50)])
+    sim = make_sim(workload, step_s=0.01, per_token_s=1e-4, block_size=16, num_gpu_blocks_override=9,
+                   max_model_len=128)
+    recorder = LifelineRecorder()
+    sim.core.observer = recorder
+    result = sim.run()
+    lines = lifelines(recorder, result.requests, result.steps)
+    preempted = result.requests[result.requests["num_preemptions"] > 0]
+    assert len(lines) == len(preempted) > 0
+    top = lines[0]
+    row = result.requests.set_index("request_id").loc[top.request_id]
+    assert len(top.preempt_s) == row["num_preemptions"] == max(r["num_preemptions"] for _, r in preempted.iterrows())
+    kinds = [k for k, _, _ in top.segments]
+    assert kinds.count("preempted") == row["num_preemptions"] and "recompute" in kinds
+    for kind, lo, hi in top.segments:
+        assert row["arrival_s"] - 1e-9 <= lo <= hi <= row["end_s"] + 1e-9, (kind, lo, hi)
+    waits = sum(hi - lo for k, lo, hi in top.segments if k == "preempted")
+    assert waits == pytest.approx(row["resume_wait_s"])  # the orange bars are the resume waits
+
+
+def test_timeline_busy_share_spreads_steps_over_bins():
+    steps = pd.DataFrame({"step": [0, 1], "num_steps": [1, 10], "start_s": [0.0, 2.0], "duration_s": [1.0, 2.0],
+                          "num_running": [1, 1], "num_waiting": [0, 0], "num_swapped": [0, 0],
+                          "prefill_tokens_new": [10, 0], "prefill_tokens_recompute": [0, 0], "decode_tokens": [0, 10],
+                          "kv_blocks_used": [1, 1], "kv_blocks_total": [10, 10], "swap_out_blocks": [0, 0],
+                          "swap_in_blocks": [0, 0], "preempted": [0, 0],
+                          "time_prefill_new_s": [0.9, 0.0], "time_recompute_s": [0.0, 0.0],
+                          "time_decode_s": [0.0, 1.6], "time_transfer_s": [0.0, 0.0], "time_overhead_s": [0.1, 0.4]})
+    tl = timeline_frame(steps, bins=4)  # bins of 1 s: busy, idle, busy, busy
+    assert tl["busy_pct"].tolist() == pytest.approx([100.0, 0.0, 100.0, 100.0])
+    assert tl["prefill_new_pct"].tolist() == pytest.approx([90.0, 0.0, 0.0, 0.0])
+    assert tl["decode_pct"].tolist() == pytest.approx([0.0, 0.0, 80.0, 80.0])
+    parts = tl[["prefill_new_pct", "recompute_pct", "decode_pct", "transfer_pct", "overhead_pct"]].sum(axis=1)
+    assert parts.tolist() == pytest.approx(tl["busy_pct"].tolist())

