@@ -60,7 +60,9 @@ class RequestLog:
         self.output_tokens_target = np.asarray(output_tokens_target, dtype=np.int64)
         self.status = np.full(n, _STATUS_CODE[Status.UNFINISHED], dtype=np.int8)
         self.times = {name: np.full(n, np.nan) for name, _ in _TIMES}
-        self.counters = {name: np.zeros(n, dtype=dtype) for name, _, dtype in _COUNTERS}
+        # A request never recorded reads as a request that never arrived: a fresh request's values.
+        fresh = Request(0, 0, "", 0.0, 1, 1, 2)
+        self.counters = {name: np.full(n, getattr(fresh, attr), dtype=dtype) for name, attr, dtype in _COUNTERS}
 
     def __len__(self) -> int:
         return len(self.request_ids)
