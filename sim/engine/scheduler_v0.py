@@ -155,12 +155,6 @@ class V0Scheduler(BaseScheduler):
     def _schedule_running(self, out: SchedulerOutput, now: float, budget: int | None) -> tuple[list[Request], list[Request]]:
         """Decode (and, chunked, continue prefilling) running sequences in order, preempting the last one when
         a block is missing.  Returns (scheduled, left unscheduled for lack of budget)."""
-        running = self.running
-        if running and (budget is None or budget >= len(running)) and self._schedule_all_decodes(out):
-            # Every one decodes and the free blocks cover them all: nobody is preempted (the loop below would
-            # schedule them in order, one token each).
-            self.running = []
-            return running, []
         queue = deque(self.running)
         self.running = []
         scheduled: list[Request] = []
