@@ -1,63 +1,246 @@
-"""Simulator speed: simulated requests per wall-second and peak memory on the full Azure conversation trace.
+"""Simulator speed: simulated requests per second, engine steps per second, peak memory and where the time goes.
 
-Llama-3-8B on H100-SXM, default knobs (vllm-v1), at 1x and 4x the trace's arrival rate, and the trace
-repeated 10 times back to back (10x the requests) to show how time grows with request count.  Each case runs
-in its own process (one core) so that its peak RSS is its own.
+Cases (each in its own process, so that its peak RSS is its own, and on one core):
 
-    python benchmarks/sim_speed.py [--cases 1x,4x,10x-requests]
+- ``1x``, ``4x``: the full Azure 2023 conversation trace (19,366 requests), Llama-3-8B on H100-SXM, default
+  knobs, at 1x and 4x its arrival rate (the easy, compute-bound regime).
+- ``10x-requests``: that trace played 10 times back to back (193,660 requests): time against request count.
+- ``incident``: the KV-pressure incident (studies/kv-pressure-incident.yaml): Llama-3-8B on one L40S, the trace
+  at 1.25x, first 4,000 requests, 120 s client timeouts, default knobs.
+- ``overload-4x``: the same requests at 4x the rate with ``max_num_seqs=512`` (preemption storms).
+- ``reasoning``: a long-output reasoning workload: the incident trace's first 2,000 requests at 0.25x, no
+  client timeouts, output lengths redrawn from a lognormal of mean 2,700 tokens (seeded; capped by the
+  8,192-token context, mean ~2,470), so that requests are preempted and re-prefilled again and again (up to
+  14 times each).
+- ``prefix``: the incident workload with Mooncake-style ``hash_ids`` (one id per 512-token block; 64 shared
+  system prompts of 1-4 blocks, the rest unique), prefix caching on.
+- ``v0-swap``: the reasoning workload on ``vllm-v0`` with ``preemption_mode=swap`` and 64 GiB of swap space.
+- ``1m``: one million requests generated from the trace (its lengths, Poisson arrivals at the trace's mean 5.5 req/s),
+  Llama-3-8B on H100-SXM, run as a study trial runs: no step table kept (its totals accumulated in chunks,
+  ``record_steps=False`` with ``objectives.StepTotals``) and no ended request's state (``keep_requests=False``).
+  ``gen-N``: the same with N requests (time and memory against request count).
+
+Figures: wall seconds and CPU seconds of ``simulate`` (process time; on a shared machine wall time inflates,
+CPU time less so), simulated requests per CPU second, engine iterations per CPU second, peak RSS of the
+process, and, from a second run of the same case under cProfile, the share of ``simulate`` spent in the
+scheduler (``schedule``, ``update_from_output``, admission and aborts), the latency model (every
+``LatencyModel`` method) and building the result tables.  cProfile slows Python calls unevenly, so the shares
+are indicative.
+
+    python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import resource
+import statistics
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's sim/, not an installed one
+CASES = ("1x", "4x", "10x-requests", "incident", "overload-4x", "reasoning", "prefix", "v0-swap")
+ALL_CASES = CASES + ("1m",)
 
 
-def _case(name: str, queue) -> None:
-    import pandas as pd
+def _incident_workload(rate_scale: float = 1.25, max_requests: int = 4000, timeouts: bool = True):
+    import yaml
+
+    from sim.workload import WorkloadSpec
+
+    spec = yaml.safe_load((ROOT / "studies" / "kv-pressure-incident.yaml").read_text())
+    section = dict(spec["workload"], rate_scale=rate_scale, max_requests=max_requests)
+    if not timeouts:
+        section["classes"] = {name: {k: v for k, v in cls.items() if k != "timeout_s"}
+                              for name, cls in section["classes"].items()}
+    return WorkloadSpec.from_dict(section, base_dir=ROOT / "studies").build()
+
+
+def _reasoning_workload():
+    """The incident trace's first 2,000 requests at 0.25x, no client timeouts, output lengths redrawn from a
+    lognormal (mean 2,700 tokens, sigma 0.8, seed 0) capped at the model's 8,192-token context."""
+    import numpy as np
+
+    workload = _incident_workload(rate_scale=0.25, max_requests=2000, timeouts=False)
+    df = workload.requests.copy()
+    rng = np.random.default_rng(0)
+    sigma, mean = 0.8, 2700.0
+    out = rng.lognormal(np.log(mean) - sigma * sigma / 2, sigma, len(df))
+    df["output_tokens"] = np.clip(np.rint(out), 1, 8192 - df["prompt_tokens"].to_numpy() - 1).astype(np.int64)
+    return workload.with_requests(df)
+
+
+def _build(name: str):
+    """(workload, config, model name, gpu name, simulate kwargs) of a case."""
+    import numpy as np
 
     from sim.engine.config import EngineConfig
-    from sim.profiles import load_gpu, load_model
-    from sim.runner import simulate
     from sim.workload import bundled_trace_path, load_trace
 
-    workload = load_trace(bundled_trace_path())
-    if name == "4x":
-        workload = workload.scale_rate(4.0)
-    elif name == "10x-requests":
-        df = workload.requests
-        span = float(df["arrival_s"].iloc[-1]) + 1.0
-        copies = []
-        for i in range(10):
-            part = df.copy()
-            part["arrival_s"] = part["arrival_s"] + i * span
-            part["request_id"] = part["request_id"] + i * len(df)
-            copies.append(part)
-        workload = workload.with_requests(pd.concat(copies, ignore_index=True))
-    start = time.perf_counter()
-    result = simulate(workload, EngineConfig(), load_model("Llama-3-8B"), load_gpu("H100-SXM"))
-    wall = time.perf_counter() - start
+    if name in ("1x", "4x", "10x-requests"):
+        workload = load_trace(bundled_trace_path())
+        if name == "4x":
+            workload = workload.scale_rate(4.0)
+        elif name == "10x-requests":
+            one = workload
+            for _ in range(9):
+                workload = workload.concat(one, gap_s=1.0)
+        return workload, EngineConfig(), "Llama-3-8B", "H100-SXM", {}
+    if name == "incident":
+        return _incident_workload(), EngineConfig(), "Llama-3-8B", "L40S", {}
+    if name == "overload-4x":
+        return _incident_workload(rate_scale=4.0), EngineConfig(max_num_seqs=512), "Llama-3-8B", "L40S", {}
+    if name in ("reasoning", "v0-swap"):
+        workload = _reasoning_workload()
+        if name == "v0-swap":
+            return workload, EngineConfig(flavor="vllm-v0", preemption_mode="swap", swap_space_gb=64), \
+                "Llama-3-8B", "L40S", {}
+        return workload, EngineConfig(), "Llama-3-8B", "L40S", {}
+    if name == "prefix":
+        workload = _incident_workload()
+        df = workload.requests.copy()
+        rng = np.random.default_rng(0)
+        prompts = df["prompt_tokens"].to_numpy()
+        system = rng.integers(0, 64, len(df))  # which shared system prompt
+        system_blocks = 1 + system % 4  # 1-4 blocks of 512 tokens
+        next_id = 10_000
+        hashes = []
+        for prompt, sys_id, sys_len in zip(prompts, system, system_blocks):
+            blocks = -(-int(prompt) // 512)
+            shared = min(int(sys_len), blocks)
+            ids = [int(sys_id) * 4 + j for j in range(shared)]
+            ids += list(range(next_id, next_id + blocks - shared))
+            next_id += blocks - shared
+            hashes.append(ids)
+        df["hash_ids"] = hashes
+        return workload.with_requests(df), EngineConfig(enable_prefix_caching=True), "Llama-3-8B", "L40S", {}
+    if name == "1m" or name.startswith("gen-"):
+        import pandas as pd
+
+        from sim.workload import Workload
+
+        base = load_trace(bundled_trace_path()).requests
+        n = 1_000_000 if name == "1m" else int(name[4:])
+        rng = np.random.default_rng(0)
+        pick = rng.integers(0, len(base), n)
+        df = pd.DataFrame({
+            "request_id": np.arange(n, dtype=np.int64),
+            "class": "default",
+            "arrival_s": np.cumsum(rng.exponential(1 / 5.5, n)),
+            "prompt_tokens": base["prompt_tokens"].to_numpy()[pick],
+            "output_tokens": base["output_tokens"].to_numpy()[pick],
+        })
+        return Workload(df), EngineConfig(), "Llama-3-8B", "H100-SXM", {"trial": True}
+    raise SystemExit(f"unknown case {name!r}; cases: {', '.join(ALL_CASES)}")
+
+
+_BUCKETS = {
+    "scheduler": ("/sim/engine/scheduler_", "/sim/engine/kv_cache.py", "/sim/engine/request.py"),
+    "latency": ("/sim/latency/",),
+    "tables": ("/sim/tables.py",),
+}
+
+
+def _bucket(path: str) -> str | None:
+    path = path.replace(os.sep, "/")
+    for name, parts in _BUCKETS.items():
+        if any(part in path for part in parts):
+            return name
+    return None
+
+
+def _shares(profile) -> dict[str, float]:
+    """Seconds spent inside the scheduler, the latency model and the tables (callees included), from a cProfile
+    run: each bucket's functions' cumulative time, counted only for calls from outside the bucket."""
+    import pstats
+
+    stats = pstats.Stats(profile).stats  # (file, line, func) -> (cc, nc, tt, ct, callers)
+    buckets = dict.fromkeys(_BUCKETS, 0.0)
+    for (path, _line, _func), (_cc, _nc, _tt, _ct, callers) in stats.items():
+        name = _bucket(path)
+        if name is not None:
+            buckets[name] += sum(v[3] for c, v in callers.items() if _bucket(c[0]) != name)
+    return buckets
+
+
+def _case(name: str, profile: bool, queue) -> None:
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import simulate
+
+    workload, config, model, gpu, kwargs = _build(name)
+    model, gpu = load_model(model), load_gpu(gpu)
+    if kwargs.pop("trial", False):
+        # What a study trial runs: no step table and no finished request's state kept, step metrics
+        # accumulated as the run goes.
+        from objectives import StepTotals
+
+        kwargs.update(record_steps=False, keep_requests=False, step_sink=StepTotals().add)
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile(time.process_time)
+        cpu0 = time.process_time()
+        prof.enable()
+        simulate(workload, config, model, gpu, **kwargs)
+        prof.disable()
+        total = time.process_time() - cpu0
+        prof.create_stats()
+        shares = {k: v / total for k, v in _shares(prof).items()}
+        queue.put(shares)
+        return
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    result = simulate(workload, config, model, gpu, **kwargs)
+    cpu = time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    queue.put((name, len(workload), wall, len(workload) / wall, peak_mb, result.num_iterations, len(result.steps),
-               int(result.requests["num_preemptions"].sum())))
+    req = result.requests
+    queue.put({
+        "requests": len(workload), "wall": wall, "cpu": cpu, "peak_mb": peak_mb, "base_mb": base_rss,
+        "iterations": result.num_iterations, "rows": len(result.steps) if result.steps is not None else 0,
+        "preemptions": int(req["num_preemptions"].sum()),
+        "timed_out": int((req["status"] == "timed_out").sum()),
+    })
+
+
+def _run(ctx, name: str, profile: bool):
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_case, args=(name, profile, queue))
+    proc.start()
+    row = queue.get()
+    proc.join()
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="1x,4x,10x-requests")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per case (median reported)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run that gives the shares")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
-    print("| case | requests | wall s | simulated req/s | peak RSS MB | engine iterations | step-table rows | preemptions |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second")
+    print("| case | requests | wall s | CPU s | sim req/s (CPU) | sim req/s (wall) | engine steps/s (CPU) | "
+          "peak RSS MB | iterations | step rows | preemptions | timed out | scheduler | latency | tables |")
+    print("|" + "---|" * 15)
     for name in args.cases.split(","):
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_case, args=(name, queue))
-        proc.start()
-        row = queue.get()
-        proc.join()
-        print("| {} | {} | {:.2f} | {:.0f} | {:.0f} | {} | {} | {} |".format(*row))
+        runs = [_run(ctx, name, False) for _ in range(max(1, args.repeats))]
+        row = dict(runs[0])
+        row["wall"] = statistics.median(r["wall"] for r in runs)
+        row["cpu"] = statistics.median(r["cpu"] for r in runs)
+        row["peak_mb"] = max(r["peak_mb"] for r in runs)
+        shares = {"scheduler": float("nan"), "latency": float("nan"), "tables": float("nan")}
+        if not args.no_profile and name != "1m" and not name.startswith("gen-"):
+            shares = _run(ctx, name, True)
+        print(f"| {name} | {row['requests']} | {row['wall']:.2f} | {row['cpu']:.2f} | "
+              f"{row['requests'] / row['cpu']:.0f} | {row['requests'] / row['wall']:.0f} | "
+              f"{row['iterations'] / row['cpu']:.0f} | {row['peak_mb']:.0f} | {row['iterations']} | {row['rows']} | "
+              f"{row['preemptions']} | {row['timed_out']} | {shares['scheduler']:.0%} | {shares['latency']:.0%} | "
+              f"{shares['tables']:.0%} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from objectives._cohorts import DEFAULT_OUTPUT_EDGES, DEFAULT_PROMPT_EDGES, Coho
 from objectives._format import format_summary
 from objectives._percentile import percentile, percentiles
 from objectives._preemptions import PreemptionStats, preemption_stats
-from objectives._steps import StepStats, kv_utilization, new_token_busy_share, recompute_token_share, step_stats
+from objectives._steps import StepStats, StepTotals, kv_utilization, new_token_busy_share, recompute_token_share, step_stats
 from objectives._summary import Summary, summarize
 from objectives._tables import STATUSES
 from objectives._throughput import goodput_rps, makespan_s, output_tokens_per_s, slo_checks
@@ -40,6 +40,7 @@ __all__ = [
     "Quantiles",
     "StatusCounts",
     "StepStats",
+    "StepTotals",
     "Tail",
     "Summary",
     "constraint_values",

@@ -83,8 +83,45 @@ def step_itl(steps: pd.DataFrame) -> tuple[float, ...]:
     return weighted_percentiles(per_step[rows].to_numpy(), decode[rows].to_numpy())
 
 
-def step_stats(steps: pd.DataFrame | None) -> StepStats:
-    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN."""
+class StepTotals:
+    """A run's step table collected chunk by chunk while the run goes (``add`` each chunk, e.g. as the
+    ``step_sink`` of ``sim.runner.Simulation``), so that the run keeps no row tuples: the chunks are numeric
+    columns (about a third of the memory).  ``stats()`` is ``step_stats`` of all the rows; the step metrics
+    include percentiles (inter-token latency), so the chunks are kept rather than summed."""
+
+    def __init__(self) -> None:
+        self._chunks: list[pd.DataFrame] = []
+        self.rows = 0
+
+    def add(self, steps: pd.DataFrame) -> None:
+        if len(steps):
+            # Only what the step metrics read: the required columns, step starts and the time breakdown.
+            keep = [c for c in steps.columns if c in STEP_COLUMNS or c == "start_s" or c.startswith("time_")]
+            self._chunks.append(steps[keep] if len(keep) < len(steps.columns) else steps)
+            self.rows += len(steps)
+
+    def table(self) -> pd.DataFrame:
+        """All rows collected (an empty table with the step columns when there were none)."""
+        if not self._chunks:
+            return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
+        if len(self._chunks) > 1:
+            self._chunks = [pd.concat(self._chunks, ignore_index=True)]
+        return self._chunks[0]
+
+    @property
+    def end_s(self) -> float:
+        table = self.table()
+        return float((column(table, "start_s") + column(table, "duration_s")).max()) if len(table) else NAN
+
+    def stats(self) -> StepStats:
+        return step_stats(self.table())
+
+
+def step_stats(steps: "pd.DataFrame | StepTotals | None") -> StepStats:
+    """All step-table metrics; ``None`` (no step table, e.g. some replays) gives all NaN; a :class:`StepTotals`
+    stands for the table it collected."""
+    if isinstance(steps, StepTotals):
+        steps = steps.table()
     if steps is None:
         return StepStats()
     require_columns(steps, STEP_COLUMNS, "steps")

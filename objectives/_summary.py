@@ -28,7 +28,7 @@ from objectives._cohorts import (
     prompt_edges,
 )
 from objectives._preemptions import PreemptionStats, preemption_stats
-from objectives._steps import StepStats, step_stats
+from objectives._steps import StepStats, StepTotals, step_stats
 from objectives._throughput import finished_output_tokens, makespan_s, slo_checks
 from sim.workload.classes import RequestClass
 
@@ -99,18 +99,21 @@ def _cohort_keys(prefix: str, stats: CohortStats) -> dict[str, float | int]:
 
 def summarize(
     requests: pd.DataFrame,
-    steps: pd.DataFrame | None,
+    steps: "pd.DataFrame | StepTotals | None",
     classes: Mapping[str, RequestClass],
     prompt_bucket_edges: Sequence[float] = DEFAULT_PROMPT_EDGES,
     output_bucket_edges: Sequence[float] = DEFAULT_OUTPUT_EDGES,
 ) -> Summary:
     """All metrics of a run from its request and step tables (DESIGN section 3) and its class definitions.
 
-    ``steps`` may be ``None`` when a backend has no step table: the step metrics are then NaN.
+    ``steps`` may be ``None`` when a backend has no step table: the step metrics are then NaN; or the
+    :class:`~objectives.StepTotals` a run accumulated instead of keeping its step table.
     Raises ``ConfigError`` for missing columns, unknown statuses, or rows of an undefined class.
     """
     edges = prompt_edges(prompt_bucket_edges)
     out_edges = prompt_edges(output_bucket_edges, "output_buckets")
+    if isinstance(steps, StepTotals):
+        steps = steps.table()
     samples = latency_samples(requests, classes, steps)
     checks = slo_checks(requests, samples, classes)
     span = makespan_s(requests)

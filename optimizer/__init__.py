@@ -4,59 +4,59 @@ Entry points: :func:`load_study_spec` / :class:`StudySpec` (the YAML), :class:`T
 resume a study), :func:`export_study` (Pareto front and recommended config), the :class:`TrialBackend` and
 :class:`Executor` interfaces with :class:`SimBackend`, :class:`RayExecutor` and :class:`InProcessExecutor`.
 The command line is :mod:`optimizer.cli`.
+
+Names are imported lazily (Optuna, SQLAlchemy, pandas and Ray load on first use), so that ``kvtune --help``
+and ``kvtune simulate`` stay cheap.
 """
 
-from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
-from optimizer._executors import Executor, InProcessExecutor, RayExecutor, TrialOutcome
-from optimizer._export import ExportResult, Pick, Shortfall, choose, export_study, pareto_front, vllm_config
-from optimizer._knobs import KVTUNE_POLICIES, VLLM_FLAGS, params_to_knobs
-from optimizer._samplers import make_sampler
-from optimizer._space import Domain, SearchSpace, default_search_space, parse_search_space
-from optimizer._spec import SAMPLERS, Budget, SamplerSpec, StudySpec, load_study_spec
-from optimizer._storage import StudyContext, is_feasible, is_finished, open_study, prepare, recover_interrupted
-from optimizer._study import StudyResult, StudyStopped, Tuner, run_study
-from optimizer._versions import VllmTarget, default_target, flag_table
+from __future__ import annotations
 
-__all__ = [
-    "Budget",
-    "Domain",
-    "Executor",
-    "ExportResult",
-    "InProcessExecutor",
-    "KVTUNE_POLICIES",
-    "Pick",
-    "RayExecutor",
-    "SAMPLERS",
-    "SamplerSpec",
-    "SearchSpace",
-    "Shortfall",
-    "SimBackend",
-    "StudyContext",
-    "StudyResult",
-    "StudySpec",
-    "StudyStopped",
-    "TrialBackend",
-    "TrialError",
-    "TrialOutcome",
-    "Tuner",
-    "VLLM_FLAGS",
-    "VllmTarget",
-    "choose",
-    "default_search_space",
-    "default_target",
-    "export_study",
-    "flag_table",
-    "is_feasible",
-    "is_finished",
-    "load_study_spec",
-    "make_sampler",
-    "mean_metrics",
-    "open_study",
-    "pareto_front",
-    "params_to_knobs",
-    "parse_search_space",
-    "prepare",
-    "recover_interrupted",
-    "run_study",
-    "vllm_config",
-]
+from sim._lazy import lazy_getattr
+
+_EXPORTS = {
+    "Budget": "optimizer._spec",
+    "choose": "optimizer._export",
+    "default_search_space": "optimizer._space",
+    "default_target": "optimizer._versions",
+    "Domain": "optimizer._space",
+    "Executor": "optimizer._executors",
+    "export_study": "optimizer._export",
+    "ExportResult": "optimizer._export",
+    "flag_table": "optimizer._versions",
+    "InProcessExecutor": "optimizer._executors",
+    "is_feasible": "optimizer._storage",
+    "is_finished": "optimizer._storage",
+    "KVTUNE_POLICIES": "optimizer._knobs",
+    "load_study_spec": "optimizer._spec",
+    "make_sampler": "optimizer._samplers",
+    "mean_metrics": "optimizer._backend",
+    "open_study": "optimizer._storage",
+    "params_to_knobs": "optimizer._knobs",
+    "pareto_front": "optimizer._export",
+    "parse_search_space": "optimizer._space",
+    "Pick": "optimizer._export",
+    "prepare": "optimizer._storage",
+    "RayExecutor": "optimizer._executors",
+    "recover_interrupted": "optimizer._storage",
+    "run_study": "optimizer._study",
+    "SAMPLERS": "optimizer._spec",
+    "SamplerSpec": "optimizer._spec",
+    "SearchSpace": "optimizer._space",
+    "Shortfall": "optimizer._export",
+    "SimBackend": "optimizer._backend",
+    "StudyContext": "optimizer._storage",
+    "StudyResult": "optimizer._study",
+    "StudySpec": "optimizer._spec",
+    "StudyStopped": "optimizer._study",
+    "TrialBackend": "optimizer._backend",
+    "TrialError": "optimizer._backend",
+    "TrialOutcome": "optimizer._executors",
+    "Tuner": "optimizer._study",
+    "vllm_config": "optimizer._export",
+    "VLLM_FLAGS": "optimizer._knobs",
+    "VllmTarget": "optimizer._versions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

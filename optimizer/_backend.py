@@ -17,12 +17,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import numpy as np
-
 from sim.errors import ConfigError
-from sim.workload.workload import Workload
 
 if TYPE_CHECKING:
+    from sim.workload.workload import Workload
     from optimizer._spec import StudySpec
     from optimizer._study import StudyContext
 
@@ -77,6 +75,8 @@ def registered_backends() -> list[str]:
 
 def mean_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Key-wise mean over replicates; NaN where no replicate has a value, +inf if any replicate is +inf."""
+    import numpy as np
+
     if len(runs) == 1:
         return {k: float(v) for k, v in runs[0].items()}
     keys: list[str] = []
@@ -115,9 +115,11 @@ class SimBackend(TrialBackend):
         #: Robustness re-simulations: KV blocks and every step time scaled by these factors (1: as modelled).
         self.kv_scale = float(kv_scale)
         self.time_scale = float(time_scale)
-        self._workloads: dict[int, Workload] = {}
+        self._workloads: dict[int, "Workload"] = {}
 
-    def workload(self, seed: int) -> Workload:
+    def workload(self, seed: int) -> "Workload":
+        from sim.workload.workload import Workload
+
         if seed not in self._workloads:
             source = self._source
             if isinstance(source, Workload):
@@ -144,9 +146,12 @@ class SimBackend(TrialBackend):
         first = next(iter(self._workloads.values()), None) or self.workload(0)
         return dict(first.classes)
 
-    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None) -> tuple[dict[str, float], Any]:
-        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``)."""
-        from objectives import summarize
+    def run_one(self, params: Mapping[str, Any], seed: int, observer: Any = None, *,
+                keep_steps: bool | None = None) -> tuple[dict[str, float], Any]:
+        """Metrics of one replicate and its SimResult; ``observer`` sees every step (``sim.runner.Simulation``).
+        ``keep_steps`` (default: ``record_steps``): keep the step table in the result; without it the step table
+        is collected in compact chunks for the metrics (same values) and ended requests are not kept."""
+        from objectives import StepTotals, summarize
         from sim.engine.config import EngineConfig
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
@@ -165,24 +170,30 @@ class SimBackend(TrialBackend):
                 blocks = size_kv_cache(model, gpu, resolved).num_gpu_blocks
                 config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
             latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
-        result = simulate(workload, config, model, gpu, seed=seed, record_steps=self.record_steps,
+        keep = self.record_steps if keep_steps is None else keep_steps
+        totals = None if keep else StepTotals()
+        result = simulate(workload, config, model, gpu, seed=seed, record_steps=keep,
+                          step_sink=None if totals is None else totals.add, keep_requests=False,
                           coefficients=self.coefficients, latency=latency, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
-        metrics = summarize(result.requests, result.steps if self.record_steps else None, workload.classes).to_dict()
+        metrics = summarize(result.requests, result.steps if totals is None else totals, workload.classes).to_dict()
         metrics["sim.num_gpu_blocks"] = float(result.sizing.num_gpu_blocks)
         metrics["sim.num_cpu_blocks"] = float(result.sizing.num_cpu_blocks)
         metrics["sim.wall_s"] = float(result.wall_s)
         return metrics, result
 
     def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
+        """A trial: the mean metrics over ``seeds``; no step table is kept (only compact chunks for its metrics)."""
         t0 = time.perf_counter()
-        runs = [self.run_one(params, seed)[0] for seed in seeds]
+        runs = [self.run_one(params, seed, keep_steps=False)[0] for seed in seeds]
         out = mean_metrics(runs)
         out["sim.wall_s"] = time.perf_counter() - t0
         return out
 
     def __getstate__(self) -> dict:
+        from sim.workload.workload import Workload
+
         state = dict(self.__dict__)
         if self._workloads and not isinstance(self._source, (Workload, Mapping)):
             # Workers get the built workloads, not the spec (its trace path may not exist on a cluster node).

@@ -9,11 +9,8 @@ import sys
 from pathlib import Path
 
 from optimizer._cli_args import positive_float, positive_int, seed_int
-from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
-from sim.profiles import load_gpu, load_model
 from sim.outputs import atomic_write, atomic_write_text, probe_out_dir
-from sim.runner import Progress, simulate
 
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
@@ -52,7 +49,11 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
     from objectives import format_summary, summarize
+    from sim.engine.config import EngineConfig
+    from sim.profiles import load_gpu, load_model
+    from sim.runner import Progress, simulate
     from sim.workload import bundled_trace_path, load_trace
 
     knobs = parse_set(args.set)

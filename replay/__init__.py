@@ -14,7 +14,7 @@ Names are imported lazily so that ``import replay`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
+from sim._lazy import lazy_getattr
 
 _EXPORTS = {
     "ReplayBackend": "replay.backend",
@@ -49,11 +49,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'replay' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

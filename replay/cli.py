@@ -8,7 +8,6 @@ main CLI calls it); each sets ``func`` to a handler ``func(args) -> int``.  ``ma
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -70,6 +69,8 @@ def cmd_twin(args: argparse.Namespace) -> int:
         print(f"kvtune twin: serving {served} at {url} (model {model.name}, gpu {gpu.name}, speed x{args.speed:g}, "
               f"{engine.sizing.num_gpu_blocks} KV blocks of {engine.config.block_size}, "
               f"max_model_len {engine.max_model_len})", flush=True)
+
+    import asyncio  # here, so that building the CLI does not load asyncio
 
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     limit = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES

@@ -24,7 +24,7 @@ from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
-from sim.tables import request_table, step_table
+from sim.tables import RequestLog, step_table
 from sim.workload.workload import Workload
 
 
@@ -37,6 +37,7 @@ class SimResult:
     """The two tables of DESIGN section 3 and what the run needs to be explained."""
 
     requests: pd.DataFrame
+    #: The step table; empty when the run did not keep it (``record_steps=False``).
     steps: pd.DataFrame
     config: EngineConfig
     sizing: KVSizing
@@ -88,7 +89,14 @@ class Simulation:
         batch_decode_runs: bool = True,
         observer: Callable | None = None,
         hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
+        keep_requests: bool = True,
+        step_sink: Callable[[pd.DataFrame], None] | None = None,
     ):
+        """``record_steps=False`` keeps no step table; ``step_sink`` then receives it in chunks (DataFrames of
+        up to ``sim.engine.core.ROWS_CHUNK`` rows) as the run goes, e.g. ``objectives.StepTotals().add``.
+        ``keep_requests=False`` drops each request's live state once it ended (its row is in the request
+        table's arrays), so memory grows with the requests in the system, not with the workload; with
+        ``True`` (the default) ``self.requests`` holds every request's final state."""
         resolved = config.resolve(model.max_model_len, gpu)
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
@@ -107,9 +115,16 @@ class Simulation:
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.hash_block_tokens = hash_block_tokens
-        self.requests = self._make_requests(workload, seed)
+        self.keep_requests = keep_requests
+        if step_sink is not None and not record_steps:
+            self.core.on_rows = lambda rows: step_sink(step_table(rows))
+        self._load_columns(workload, seed)
+        #: Requests created (at arrival) and not yet ended, by index; with ``keep_requests`` every request.
+        self._live: dict[int, Request] = {}
+        self.requests: list[Request] = [self._request(i) for i in range(len(workload))] if keep_requests else []
+        self._done = 0
         scheduler = self.core.scheduler
-        if scheduler.pool.enable_caching and any(r.prefix_keys for r in self.requests):
+        if scheduler.pool.enable_caching and any(self._keys):
             scheduler.share_prefixes()
         self._deadlines: list[tuple[float, int]] = []
         self._next_arrival = 0
@@ -117,27 +132,47 @@ class Simulation:
         self._wake: simpy.Event | None = None
         self._aborted: str | None = None
 
-    def _make_requests(self, workload: Workload, seed: int) -> list[Request]:
+    def _load_columns(self, workload: Workload, seed: int) -> None:
+        """The workload's columns as arrays (a request's live state is made from them when it arrives) and the
+        request table's arrays."""
         df = workload.requests
-        timeout_at, cancel_at = workload.client_deadlines(seed)
-        priorities = workload.priorities()
-        predicted = self.core.scheduler.predicted_output
-        max_len = self.config.max_model_len
-        ids = df["request_id"].to_numpy()
-        classes = df["class"].astype(str).to_numpy()
-        arrivals = df["arrival_s"].to_numpy(dtype=float)
-        prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
-        outputs = df["output_tokens"].to_numpy(dtype=np.int64)
-        keys = self._prefix_keys(df, prompts)
-        return [
-            Request(
-                index=i, request_id=int(ids[i]), class_name=classes[i], arrival_s=float(arrivals[i]),
-                prompt_tokens=int(prompts[i]), output_tokens_target=int(outputs[i]), max_model_len=max_len,
-                priority=int(priorities[i]), predicted_output=predicted.get(classes[i], 0) if predicted else 0,
-                timeout_at=float(timeout_at[i]), cancel_at=float(cancel_at[i]), prefix_keys=keys[i],
+        self._timeout_at, self._cancel_at = workload.client_deadlines(seed)
+        self._priorities = workload.priorities()
+        self._predicted = self.core.scheduler.predicted_output
+        self._ids = df["request_id"].to_numpy()
+        self._classes = df["class"].astype(str).to_numpy()
+        self._arrivals_s = df["arrival_s"].to_numpy(dtype=float)
+        self._prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
+        self._outputs = df["output_tokens"].to_numpy(dtype=np.int64)
+        self._keys = self._prefix_keys(df, self._prompts)
+        self.log = RequestLog(self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs)
+
+    def _request(self, i: int) -> Request:
+        """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
+        req = self._live.get(i)
+        if req is None:
+            cls = self._classes[i]
+            req = self._live[i] = Request(
+                index=i, request_id=int(self._ids[i]), class_name=cls, arrival_s=float(self._arrivals_s[i]),
+                prompt_tokens=int(self._prompts[i]), output_tokens_target=int(self._outputs[i]),
+                max_model_len=self.config.max_model_len, priority=int(self._priorities[i]),
+                predicted_output=self._predicted.get(cls, 0) if self._predicted else 0,
+                timeout_at=float(self._timeout_at[i]), cancel_at=float(self._cancel_at[i]), prefix_keys=self._keys[i],
             )
-            for i in range(len(df))
-        ]
+        return req
+
+    def _drain(self) -> None:
+        """Ended requests: their rows go to the request table's arrays and their live state is dropped."""
+        finished = self.core.scheduler.finished
+        if not finished:
+            return
+        log, live, keep = self.log, self._live, self.keep_requests
+        for req in finished:
+            log.record(req)
+            if not keep:
+                live.pop(req.index, None)
+        self._done += len(finished)
+        finished.clear()
 
     def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
         """Per request, keys of its leading full prompt blocks from the trace's ``hash_ids`` (each id names one
@@ -163,11 +198,13 @@ class Simulation:
     # ---- processes -------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
         scheduler = self.core.scheduler
-        for req in self.requests:
-            delay = req.arrival_s - env.now
+        arrivals = self._arrivals_s
+        for i in range(len(arrivals)):
+            delay = float(arrivals[i]) - env.now
             if delay > 0:
                 yield env.timeout(delay)
             self._next_arrival += 1
+            req = self._request(i)
             scheduler.add_request(req, env.now)
             if req.deadline < math.inf:
                 heapq.heappush(self._deadlines, (req.deadline, req.index))
@@ -175,43 +212,52 @@ class Simulation:
                 self._wake.succeed()
 
     def _next_event_s(self) -> float:
-        nxt = self.requests[self._next_arrival].arrival_s if self._next_arrival < len(self.requests) else math.inf
+        arrivals = self._arrivals_s
+        nxt = float(arrivals[self._next_arrival]) if self._next_arrival < len(arrivals) else math.inf
         if self._deadlines and self._deadlines[0][0] < nxt:
             nxt = self._deadlines[0][0]
         # An asynchronous load from the CPU tier landing makes its request schedulable.
         return min(nxt, self.core.scheduler.next_load_ready_s())
 
+    def _next_deadline_s(self) -> float:
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
     def _expire_deadlines(self, now: float) -> None:
         scheduler = self.core.scheduler
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, index = heapq.heappop(self._deadlines)
-            req = self.requests[index]
+            req = self._live.get(index)
+            if req is None:
+                continue  # it ended already
             status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
             scheduler.abort(req, status, deadline)
 
     def _engine(self, env: simpy.Environment):
         core = self.core
         scheduler = core.scheduler
-        total = len(self.requests)
+        total = len(self._arrivals_s)
         wall0 = time.perf_counter()
         last_report = wall0
         # The engine keeps its own clock and hands control back to SimPy only when an arrival is due (or it
         # must sleep): deadlines are the engine's own, so steps between two arrivals need no SimPy event.
         clock = env.now
-        requests = self.requests
-        while len(scheduler.finished) < total:
-            if env.now < clock and self._next_arrival < total and requests[self._next_arrival].arrival_s <= clock:
+        arrivals = self._arrivals_s
+        finished = scheduler.finished
+        while self._done + len(finished) < total:
+            if len(finished) > 256:
+                self._drain()
+            if env.now < clock and self._next_arrival < total and arrivals[self._next_arrival] <= clock:
                 yield env.timeout(clock - env.now)
             now = clock
             if now > self.max_sim_time_s:
                 break
             self._expire_deadlines(now)
-            if len(scheduler.finished) >= total:
+            if self._done + len(finished) >= total:
                 break  # the last requests ended by client deadline
             step = None
             if scheduler.has_unfinished():
                 try:
-                    step = core.begin_step(now, self._next_event_s())
+                    step = core.begin_step(now, self._next_event_s(), self._next_deadline_s())
                 except EngineAborted as exc:
                     self._aborted = str(exc)
                     break
@@ -238,7 +284,7 @@ class Simulation:
                 wall = time.perf_counter()
                 if wall - last_report >= self.progress_every_s:
                     last_report = wall
-                    self.progress(Progress(clock, len(scheduler.finished), total, wall - wall0))
+                    self.progress(Progress(clock, self._done + len(finished), total, wall - wall0))
 
     # ---- run -------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -249,11 +295,14 @@ class Simulation:
         env.run(until=engine)
         # The engine may have run ahead of SimPy's clock after the last arrival.
         self.end_s = max(env.now, self.core.last_step_end)
-        for req in self.requests:
+        self._drain()
+        for req in self._live.values():
             if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED):
                 req.status = Status.UNFINISHED
-        requests = request_table(self.requests)
-        steps = step_table(self.core.step_rows)
+                self.log.record(req)
+        self.core.flush_rows()
+        requests = self.log.table()
+        steps = step_table(self.core.step_rows if self.core.record_steps else [])
         end = requests["end_s"].max() if len(requests) else 0.0
         start = requests["arrival_s"].min() if len(requests) else 0.0
         makespan = float(end - start) if end == end else float(self.end_s - start)

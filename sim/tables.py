@@ -1,4 +1,9 @@
-"""The request table and the step table of DESIGN section 3, built from the engine's final state."""
+"""The request table and the step table of DESIGN section 3.
+
+The request table is kept as compact arrays while the run goes (:class:`RequestLog`: a request's row is
+written when it ends, so its live state can be dropped), and the step table as row tuples, optionally handed
+on in chunks instead of kept (a study trial needs only step totals).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from sim.engine.core import STEP_COLUMNS
-from sim.engine.request import Request
+from sim.engine.request import Request, Status
 
 #: A request's share of the steps' time parts (transfer is not attributed per request: see its swapped blocks).
 REQUEST_TIME_COLUMNS = ("time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s")
@@ -17,45 +22,96 @@ REQUEST_COLUMNS = (
     "prefix_hit_tokens", "max_itl_s", "preempted_s",
 ) + REQUEST_TIME_COLUMNS
 
+_STATUSES = tuple(Status)
+_STATUS_CODE = {s: i for i, s in enumerate(_STATUSES)}
+_STATUS_VALUES = np.array([s.value for s in _STATUSES], dtype=object)
 
-def request_table(requests: list[Request]) -> pd.DataFrame:
-    """One row per request of the workload, in arrival order, whatever its status."""
-    arrival = np.array([r.arrival_s for r in requests], dtype=float)
-    first_sched = np.array([r.first_scheduled_s for r in requests], dtype=float)
-    first_token = np.array([r.first_token_s for r in requests], dtype=float)
-    end = np.array([r.end_s for r in requests], dtype=float)
-    generated = np.array([r.num_output_tokens for r in requests], dtype=np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(generated > 1, (end - first_token) / (generated - 1), np.nan)
-    return pd.DataFrame({
-        "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
-        "class": [r.class_name for r in requests],
-        "arrival_s": arrival,
-        "prompt_tokens": np.array([r.prompt_tokens for r in requests], dtype=np.int64),
-        "output_tokens_target": np.array([r.output_tokens_target for r in requests], dtype=np.int64),
-        "generated_tokens": generated,
-        "status": [r.status.value for r in requests],
-        # Finished at max_model_len before its output target (vLLM's finish reason "length"): capped, not complete.
-        "capped": np.array([r.status.value == "finished" and r.num_output_tokens < r.output_tokens_target
-                            for r in requests], dtype=bool),
-        "first_scheduled_s": first_sched,
-        "first_token_s": first_token,
-        "end_s": end,
-        "ttft_s": first_token - arrival,
-        "e2e_s": end - arrival,
-        "tpot_s": tpot,
-        "queue_wait_s": first_sched - arrival,
-        "resume_wait_s": np.array([r.resume_wait_s for r in requests], dtype=float),
-        "num_preemptions": np.array([r.num_preemptions for r in requests], dtype=np.int64),
-        "recomputed_tokens": np.array([r.recomputed_tokens for r in requests], dtype=np.int64),
-        "swapped_out_blocks": np.array([r.swapped_out_blocks for r in requests], dtype=np.int64),
-        "swapped_in_blocks": np.array([r.swapped_in_blocks for r in requests], dtype=np.int64),
-        "kv_blocks_peak": np.array([r.kv_blocks_peak for r in requests], dtype=np.int64),
-        "prefix_hit_tokens": np.array([r.prefix_hit_tokens for r in requests], dtype=np.int64),
-        "max_itl_s": np.array([r.max_itl_s for r in requests], dtype=float),
-        "preempted_s": np.array([r.preempted_s for r in requests], dtype=float),
-        **{c: np.array([getattr(r, c) for r in requests], dtype=float) for c in REQUEST_TIME_COLUMNS},
-    })
+#: Per-request counters copied from the live request when it ends: (column, Request attribute, dtype).
+_COUNTERS = (
+    ("generated_tokens", "num_output_tokens", np.int64),
+    ("resume_wait_s", "resume_wait_s", np.float64),
+    ("num_preemptions", "num_preemptions", np.int64),
+    ("recomputed_tokens", "recomputed_tokens", np.int64),
+    ("swapped_out_blocks", "swapped_out_blocks", np.int64),
+    ("swapped_in_blocks", "swapped_in_blocks", np.int64),
+    ("kv_blocks_peak", "kv_blocks_peak", np.int64),
+    ("prefix_hit_tokens", "prefix_hit_tokens", np.int64),
+    ("max_itl_s", "max_itl_s", np.float64),
+    ("preempted_s", "preempted_s", np.float64),
+) + tuple((c, c, np.float64) for c in REQUEST_TIME_COLUMNS)
+_TIMES = (("first_scheduled_s", "first_scheduled_s"), ("first_token_s", "first_token_s"), ("end_s", "end_s"))
+
+
+class RequestLog:
+    """The request table's columns as arrays, one slot per workload request (``Request.index``).
+
+    The workload's own columns are given at creation; :meth:`record` copies an ended request's outcome into
+    its slot.  A slot never recorded (the run stopped before the request ended) reads ``unfinished``, with
+    whatever :meth:`record` last saw of it (nothing, for a request that never arrived).
+    """
+
+    def __init__(self, request_ids: np.ndarray, classes: np.ndarray, arrival_s: np.ndarray,
+                 prompt_tokens: np.ndarray, output_tokens_target: np.ndarray):
+        n = len(request_ids)
+        self.request_ids = np.asarray(request_ids, dtype=np.int64)
+        self.classes = np.asarray(classes, dtype=object)
+        self.arrival_s = np.asarray(arrival_s, dtype=np.float64)
+        self.prompt_tokens = np.asarray(prompt_tokens, dtype=np.int64)
+        self.output_tokens_target = np.asarray(output_tokens_target, dtype=np.int64)
+        self.status = np.full(n, _STATUS_CODE[Status.UNFINISHED], dtype=np.int8)
+        self.times = {name: np.full(n, np.nan) for name, _ in _TIMES}
+        # A request never recorded reads as a request that never arrived: a fresh request's values.
+        fresh = Request(0, 0, "", 0.0, 1, 1, 2)
+        self.counters = {name: np.full(n, getattr(fresh, attr), dtype=dtype) for name, attr, dtype in _COUNTERS}
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def record(self, req: Request) -> None:
+        """Copy ``req``'s outcome (status, times, counters) into its row."""
+        i = req.index
+        self.status[i] = _STATUS_CODE[req.status]
+        for name, attr in _TIMES:
+            self.times[name][i] = getattr(req, attr)
+        for name, attr, _ in _COUNTERS:
+            self.counters[name][i] = getattr(req, attr)
+
+    def table(self) -> pd.DataFrame:
+        """One row per request of the workload, in arrival order, whatever its status."""
+        arrival = self.arrival_s
+        first_sched, first_token, end = (self.times[name] for name, _ in _TIMES)
+        generated = self.counters["generated_tokens"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(generated > 1, (end - first_token) / (generated - 1), np.nan)
+        c = self.counters
+        return pd.DataFrame({
+            "request_id": self.request_ids,
+            "class": self.classes,
+            "arrival_s": arrival,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens_target": self.output_tokens_target,
+            "generated_tokens": generated,
+            "status": _STATUS_VALUES[self.status],
+            # Finished at max_model_len before its output target (vLLM's finish reason "length"): capped, not complete.
+            "capped": (self.status == _STATUS_CODE[Status.FINISHED]) & (generated < self.output_tokens_target),
+            "first_scheduled_s": first_sched,
+            "first_token_s": first_token,
+            "end_s": end,
+            "ttft_s": first_token - arrival,
+            "e2e_s": end - arrival,
+            "tpot_s": tpot,
+            "queue_wait_s": first_sched - arrival,
+            "resume_wait_s": c["resume_wait_s"],
+            "num_preemptions": c["num_preemptions"],
+            "recomputed_tokens": c["recomputed_tokens"],
+            "swapped_out_blocks": c["swapped_out_blocks"],
+            "swapped_in_blocks": c["swapped_in_blocks"],
+            "kv_blocks_peak": c["kv_blocks_peak"],
+            "prefix_hit_tokens": c["prefix_hit_tokens"],
+            "max_itl_s": c["max_itl_s"],
+            "preempted_s": c["preempted_s"],
+            **{name: c[name] for name in REQUEST_TIME_COLUMNS},
+        }, copy=False)
 
 
 def step_table(rows: list[tuple]) -> pd.DataFrame:

@@ -24,6 +24,8 @@ from sim.latency import PART_NAMES, LatencyModel, StepParts
 
 #: Most decode steps batched in one computation (bounds the numpy arrays).
 MAX_RUN_STEPS = 4096
+#: Step rows buffered before they are handed to ``on_rows`` (when the step table is not kept).
+ROWS_CHUNK = 65536
 
 STEP_COLUMNS = (
     "step", "num_steps", "start_s", "duration_s", "num_running", "num_waiting", "num_swapped",
@@ -62,10 +64,14 @@ class EngineCore:
         record_steps: bool = True,
         batch_decode_runs: bool = True,
         observer: Callable[[int, float, SchedulerOutput], None] | None = None,
+        on_rows: Callable[[list[tuple]], None] | None = None,
     ):
         self.scheduler = scheduler
         self.latency = latency
+        #: Keep every step row in ``step_rows``.  When off, rows are still made if ``on_rows`` is given, which
+        #: receives them in chunks of ``ROWS_CHUNK`` (and the rest from :meth:`flush_rows`) and they are dropped.
         self.record_steps = record_steps
+        self.on_rows = on_rows
         #: Off for step-by-step comparisons (conformance), where every iteration must be visible.
         self.batch_decode_runs = batch_decode_runs
         #: Called after every ``schedule()`` with (iteration index, time, output), before the output is applied.
@@ -76,11 +82,14 @@ class EngineCore:
         self.last_step_end = 0.0
         self._pending_start = 0.0
 
-    def begin_step(self, now: float, next_event_s: float) -> StepResult | None:
+    def begin_step(self, now: float, next_event_s: float, next_deadline_s: float | None = None) -> StepResult | None:
         """Schedule a step (or a run of identical decode steps ending before ``next_event_s``).
 
-        Returns ``None`` when nothing can be scheduled.  The caller advances the clock by ``duration_s`` and
-        then calls :meth:`end_step`.
+        ``next_deadline_s``: the next event other than an arrival (a client deadline), when the caller knows it:
+        a run then ends only before it if arrivals cannot change the run's decisions (the scheduler's
+        :meth:`~BaseScheduler.arrivals_join_blocked_queue`: they queue behind a head that cannot be admitted
+        until a request finishes).  Returns ``None`` when nothing can be scheduled.  The caller advances the
+        clock by ``duration_s`` and then calls :meth:`end_step`.
         """
         scheduler = self.scheduler
         out = scheduler.schedule(now)
@@ -107,6 +116,8 @@ class EngineCore:
                 return result
             return None
         if out.steady_decode and self.batch_decode_runs:
+            if next_deadline_s is not None and self.scheduler.arrivals_join_blocked_queue():
+                next_event_s = next_deadline_s
             result = self._decode_run(out, now, next_event_s)
         else:
             result = StepResult(out, self.latency.step_time(shape), 1)
@@ -124,7 +135,7 @@ class EngineCore:
         self.num_iterations += k
         self.last_step_end = now
         first_end = self._pending_start + result.first_s
-        if not self.record_steps:
+        if not self.record_steps and self.on_rows is None:
             scheduler.update_from_output(out, now, k, first_end, result.last_s)
             self._flush_if_idle()
             return
@@ -140,6 +151,8 @@ class EngineCore:
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
             out.swap_out_blocks, out.swap_in_blocks, len(out.preempted), *parts.as_tuple(),
         ))
+        if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
+            self.flush_rows()
         self._flush_if_idle()
 
     def _flush_if_idle(self) -> None:
@@ -147,6 +160,13 @@ class EngineCore:
         requests that just finished (async scheduling): free them now, not at the next arrival."""
         if self.scheduler.deferred_free and not self.scheduler.has_unfinished():
             self.scheduler.flush_deferred()
+
+    def flush_rows(self) -> None:
+        """Hand the buffered step rows to ``on_rows`` and drop them (no-op while the step table is kept)."""
+        if self.record_steps or self.on_rows is None or not self.step_rows:
+            return
+        rows, self.step_rows = self.step_rows, []
+        self.on_rows(rows)
 
     # ------------------------------------------------------------------------------------------------
     def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:

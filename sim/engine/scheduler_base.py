@@ -182,6 +182,14 @@ class BaseScheduler(ABC):
         yield from self.running
         yield from self.waiting
 
+    def arrivals_join_blocked_queue(self) -> bool:
+        """After a steady decode step (nothing admitted, nothing preempted): would a new arrival leave the next
+        steps' decisions unchanged until a request finishes or a deadline passes?  Yes under FCFS with a
+        request already waiting: admission is head-of-line, and what stopped the head (no free slot, token
+        budget or blocks; free blocks only shrink along a decode run) holds until a request leaves.  An arrival
+        joins the back of the queue and is never looked at meanwhile."""
+        return not self.waiting.priority and len(self.waiting) > 0
+
     # ---- the two halves of a step ----------------------------------------------------------------------
     def add_request(self, req: Request, now: float) -> None:
         if req.prompt_tokens >= self.max_model_len:
@@ -389,6 +397,52 @@ class BaseScheduler(ABC):
         if requeue:
             self.waiting.prepend(victim)
         out.preempted.append(victim)
+
+    def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:
+        """Fast path for the common step, both flavors: every running request decodes one new token and the free
+        blocks cover every block boundary crossed, so no request preempts another.  Same decisions as the
+        general loop (V1 ``schedule``, V0 ``_schedule_running``: it then skips it), without its per-request
+        bookkeeping calls.  Returns False, changing nothing, when it does not apply.  The caller checked the
+        token budget covers one token per running request."""
+        block_size = self.block_size
+        need = 0
+        context = 0
+        min_remaining = 1 << 62
+        growing = []
+        for req in self.running:
+            computed = req.num_computed_tokens
+            if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
+                    or computed < req.high_water):
+                return False
+            blocks = (computed + block_size) // block_size
+            if blocks != req.blocks:
+                need += blocks - req.blocks
+                growing.append((req, blocks))
+            context += computed + 1
+            remaining = req.max_output - req.num_output_tokens
+            if remaining < min_remaining:
+                min_remaining = remaining
+        if need > self.pool.num_free:
+            return False
+        self.pool.allocate(need)
+        for req, blocks in growing:
+            req.blocks = blocks
+        if self.blocks_hashed:
+            # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
+            cache_blocks = self.pool.cache_blocks
+            for req in self.running:
+                if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
+                    cache_blocks(req, req.num_computed_tokens + 1)
+        count = len(self.running)
+        out.bulk_decode = count  # update_from_output counts these tokens as processed
+        out.scheduled = [(req, 1) for req in self.running]
+        out.decode_tokens += count
+        shape = out.shape
+        shape.num_seqs += count
+        shape.num_decode += count
+        shape.decode_context += context
+        out.min_remaining_outputs = min_remaining
+        return True
 
     def _predicted_fits(self, req: Request, free: int) -> bool:
         """kvtune's predicted-memory admission: prompt + predicted remaining output must leave headroom."""

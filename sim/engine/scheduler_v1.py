@@ -116,50 +116,6 @@ class V1Scheduler(BaseScheduler):
         )
         return out
 
-    def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:
-        """Fast path for the common step: every running request decodes one new token and the free blocks
-        cover every block boundary crossed.  Same decisions as the general loop (which it then skips),
-        without its per-request bookkeeping calls.  Returns False, changing nothing, when it does not apply."""
-        block_size = self.block_size
-        need = 0
-        context = 0
-        min_remaining = 1 << 62
-        growing = []
-        for req in self.running:
-            computed = req.num_computed_tokens
-            if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
-                    or computed < req.high_water):
-                return False
-            blocks = (computed + block_size) // block_size
-            if blocks != req.blocks:
-                need += blocks - req.blocks
-                growing.append((req, blocks))
-            context += computed + 1
-            remaining = req.max_output - req.num_output_tokens
-            if remaining < min_remaining:
-                min_remaining = remaining
-        if need > self.pool.num_free:
-            return False
-        self.pool.allocate(need)
-        for req, blocks in growing:
-            req.blocks = blocks
-        if self.blocks_hashed:
-            # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
-            cache_blocks = self.pool.cache_blocks
-            for req in self.running:
-                if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
-                    cache_blocks(req, req.num_computed_tokens + 1)
-        count = len(self.running)
-        out.bulk_decode = count  # update_from_output counts these tokens as processed
-        out.scheduled = [(req, 1) for req in self.running]
-        out.decode_tokens += count
-        shape = out.shape
-        shape.num_seqs += count
-        shape.num_decode += count
-        shape.decode_context += context
-        out.min_remaining_outputs = min_remaining
-        return True
-
     def _take_blocks(self, req: Request, hit_ids: list[int], gpu_hit: int, total: int, computed: int) -> None:
         """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
         pool = self.pool

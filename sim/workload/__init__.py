@@ -3,52 +3,47 @@
 Entry points: ``load_trace`` (any supported trace file), ``WorkloadSpec`` (the ``workload:`` section of a study
 spec; ``from_dict`` then ``build``), ``fit_workload`` / ``generate`` (synthetic traffic from a fit),
 ``describe`` and ``write_trace``. The modules behind them are private.
+Names are imported lazily (the readers load pandas), so that ``import sim.workload.cli`` stays cheap.
 """
 
-from sim.workload._arrivals import ARRIVAL_PROCESSES, ArrivalSpec, arrival_times, interarrival_cv
-from sim.workload._detect import FORMATS, detect_format
-from sim.workload._fit import describe, fit_workload
-from sim.workload._generator import ClassTraffic, GeneratorSpec, generate
-from sim.workload._lengths import Constant, Empirical, Lognormal, fit_lognormal
-from sim.workload._loader import bundled_trace_path, load_trace
-from sim.workload._report import LoadReport
-from sim.workload._rules import ClassRule, ClassRules, Condition
-from sim.workload._spec import TimeWindow, WorkloadSpec
-from sim.workload._transform import cap_max_model_len, replace_arrivals
-from sim.workload._writer import write_trace
-from sim.workload.classes import DEFAULT_CLASS, SLO, RequestClass
-from sim.workload.workload import WORKLOAD_COLUMNS, Workload
+from __future__ import annotations
 
-__all__ = [
-    "ARRIVAL_PROCESSES",
-    "ArrivalSpec",
-    "ClassRule",
-    "ClassRules",
-    "ClassTraffic",
-    "Condition",
-    "Constant",
-    "DEFAULT_CLASS",
-    "Empirical",
-    "FORMATS",
-    "GeneratorSpec",
-    "LoadReport",
-    "Lognormal",
-    "RequestClass",
-    "SLO",
-    "TimeWindow",
-    "WORKLOAD_COLUMNS",
-    "Workload",
-    "WorkloadSpec",
-    "arrival_times",
-    "bundled_trace_path",
-    "cap_max_model_len",
-    "describe",
-    "detect_format",
-    "fit_lognormal",
-    "fit_workload",
-    "generate",
-    "interarrival_cv",
-    "load_trace",
-    "replace_arrivals",
-    "write_trace",
-]
+from sim._lazy import lazy_getattr
+
+_EXPORTS = {
+    "ARRIVAL_PROCESSES": "sim.workload._arrivals",
+    "arrival_times": "sim.workload._arrivals",
+    "ArrivalSpec": "sim.workload._arrivals",
+    "bundled_trace_path": "sim.workload._loader",
+    "cap_max_model_len": "sim.workload._transform",
+    "ClassRule": "sim.workload._rules",
+    "ClassRules": "sim.workload._rules",
+    "ClassTraffic": "sim.workload._generator",
+    "Condition": "sim.workload._rules",
+    "Constant": "sim.workload._lengths",
+    "DEFAULT_CLASS": "sim.workload.classes",
+    "describe": "sim.workload._fit",
+    "detect_format": "sim.workload._detect",
+    "Empirical": "sim.workload._lengths",
+    "fit_lognormal": "sim.workload._lengths",
+    "fit_workload": "sim.workload._fit",
+    "FORMATS": "sim.workload._detect",
+    "generate": "sim.workload._generator",
+    "GeneratorSpec": "sim.workload._generator",
+    "interarrival_cv": "sim.workload._arrivals",
+    "load_trace": "sim.workload._loader",
+    "LoadReport": "sim.workload._report",
+    "Lognormal": "sim.workload._lengths",
+    "replace_arrivals": "sim.workload._transform",
+    "RequestClass": "sim.workload.classes",
+    "SLO": "sim.workload.classes",
+    "TimeWindow": "sim.workload._spec",
+    "Workload": "sim.workload.workload",
+    "WORKLOAD_COLUMNS": "sim.workload.workload",
+    "WorkloadSpec": "sim.workload._spec",
+    "write_trace": "sim.workload._writer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -11,26 +11,21 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any, TextIO
-
-import numpy as np
-import yaml
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sim.errors import ConfigError
 from sim.outputs import atomic_write_text, probe_out_dir
-from sim.safe_yaml import read_yaml
-from sim.workload._arrivals import ArrivalSpec
-from sim.workload._detect import FORMATS
-from sim.workload._fit import describe, fit_workload
-from sim.workload._lengths import Empirical
-from sim.workload._loader import from_rows, read_rows
-from sim.workload._spec import WorkloadSpec
-from sim.workload._writer import write_trace
+
+if TYPE_CHECKING:
+    from sim.workload._spec import WorkloadSpec
+
+# The readers (pandas, numpy, YAML) are imported by the handlers, so that building the CLI stays cheap.
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", type=Path, help="trace file (CSV, CSV.GZ, parquet or JSONL)")
-    p.add_argument("--format", dest="fmt", choices=FORMATS, default=None, help="trace format (default: detected)")
+    p.add_argument("--format", dest="fmt", default=None,
+                   help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: detected)")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows (counted) instead of failing")
 
 
@@ -68,9 +63,24 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
+def _read(args: argparse.Namespace):
+    from sim.workload._detect import check_format
+    from sim.workload._loader import read_rows
+
+    if args.fmt is not None:
+        check_format(args.fmt, "--format")
+    return read_rows(args.trace, args.fmt, skip_bad_rows=args.skip_bad_rows)
+
+
 def cmd_describe(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    import numpy as np
+
+    from sim.workload._arrivals import ArrivalSpec
+    from sim.workload._fit import describe
+    from sim.workload._loader import from_rows
+
     out = out or sys.stdout
-    parsed = read_rows(args.trace, args.fmt, skip_bad_rows=args.skip_bad_rows)
+    parsed = _read(args)
     # A length-only trace is described without arrivals: a placeholder process, rate columns left blank.
     workload = from_rows(parsed, classes=None, seed=0,
                          arrival=None if parsed.timed else ArrivalSpec("poisson", 1.0))
@@ -89,15 +99,22 @@ def cmd_describe(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
-def _dump(spec: WorkloadSpec, path: Path, header: str) -> None:
+def _dump(spec: "WorkloadSpec", path: Path, header: str) -> None:
+    import yaml
+
     text = yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None, width=120)
     atomic_write_text(path, header + text)
 
 
 def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from sim.workload._fit import fit_workload
+    from sim.workload._lengths import Empirical
+    from sim.workload._loader import from_rows
+    from sim.workload._spec import WorkloadSpec
+
     out = out or sys.stdout
     probe_out_dir(Path(args.out).parent)  # before the fit: an output that cannot be written fails at once
-    parsed = read_rows(args.trace, args.fmt, skip_bad_rows=args.skip_bad_rows)
+    parsed = _read(args)
     if not parsed.timed:
         raise ConfigError("trace", f"{args.trace} has no arrival times: there is no rate or burstiness to fit")
     workload = from_rows(parsed, classes=None, arrival=None, seed=0)
@@ -121,8 +138,11 @@ def cmd_fit(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
-def load_spec_file(path: Path) -> WorkloadSpec:
+def load_spec_file(path: Path) -> "WorkloadSpec":
     """A workload spec from YAML: the file itself, or its ``workload:`` section (a study spec)."""
+    from sim.safe_yaml import read_yaml
+    from sim.workload._spec import WorkloadSpec
+
     if not path.exists():
         raise ConfigError(str(path), "no such file")
     data = read_yaml(path, str(path))
@@ -134,6 +154,8 @@ def load_spec_file(path: Path) -> WorkloadSpec:
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from sim.workload._writer import write_trace
+
     out = out or sys.stdout
     spec = load_spec_file(args.spec)
     probe_out_dir(Path(args.out).parent)

@@ -1,0 +1,48 @@
+"""Building the CLI loads no heavy dependency, and a simulation loads neither Optuna, SQLAlchemy nor Ray.
+
+Checked in a fresh interpreter through ``sys.modules`` (what was imported), not by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("optuna", "sqlalchemy", "ray", "pandas", "simpy", "plotly", "asyncio")
+
+
+def _loaded(code: str) -> set[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_building_the_cli_parser_imports_nothing_heavy():
+    loaded = _loaded("from optimizer.cli import build_parser\nbuild_parser().format_help()")
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def test_a_simulation_imports_no_study_machinery():
+    loaded = _loaded(
+        "from sim.engine.config import EngineConfig\n"
+        "from sim.profiles import load_gpu, load_model\n"
+        "from sim.runner import simulate\n"
+        "from sim.workload import bundled_trace_path, load_trace\n"
+        "from objectives import summarize\n"
+        "w = load_trace(bundled_trace_path()).head(20)\n"
+        "r = simulate(w, EngineConfig(), load_model('Llama-3-8B'), load_gpu('H100-SXM'))\n"
+        "summarize(r.requests, r.steps, w.classes)\n"
+    )
+    assert "pandas" in loaded and "simpy" in loaded  # the probe did simulate
+    assert not loaded & {"optuna", "sqlalchemy", "ray"}, sorted(loaded & {"optuna", "sqlalchemy", "ray"})
+
+
+def test_lazy_package_exports_resolve():
+    import optimizer
+    import optimizer.report
+    import sim.workload
+
+    for package in (optimizer, optimizer.report, sim.workload):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, f"{package.__name__}.{name}"
