@@ -17,7 +17,8 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialError
-from optimizer._export import Pick, choose, pareto_front
+from optimizer._export import Pick, choose, pareto_front, shortfalls
+from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
 from optimizer._storage import StudyContext
 from optimizer.report._lifelines import Lifeline, LifelineRecorder, lifelines
@@ -331,6 +332,8 @@ class ReportData:
     #: Per sweep: base config label ("default", "recommended") -> one run per value (metrics only).
     sweeps: list[tuple[Sweep, dict[str, list[ConfigRun]]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The recommendation re-simulated with KV blocks +-5% and step times +-10% (``optimizer._robustness``).
+    robustness: dict[str, Any] | None = None
 
     @property
     def objective_names(self) -> list[str]:
@@ -368,6 +371,11 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
         data.recommended = simulate_config(f"recommended (trial {pick.trial.number})",
                                            dict(pick.trial.user_attrs.get("knobs") or {}), spec, ctx, backend=backend,
                                            record_lifelines=True)
+        try:
+            data.robustness = robustness(ctx, spec.model, spec.gpu, dict(pick.trial.user_attrs.get("knobs") or {}),
+                                         spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
+        except (TrialError, KvtuneError) as exc:
+            data.notes.append(f"Robustness check could not run: {exc}")
     for whatif in whatifs:
         configs: list[tuple[str, dict[str, Any]]] = [("default", spec.fixed_knobs())]
         if pick is not None:

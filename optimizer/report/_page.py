@@ -297,6 +297,31 @@ def _whatif_table(data: ReportData) -> str:
     return "<h2>What-if table</h2>" + _table(header, rows, left=3)
 
 
+def _robustness_table(data: ReportData) -> str:
+    """Does the recommendation still meet its SLOs and beat the default when kvtune is off by its validated
+    error bands (KV blocks +-5%, step times +-10%)?"""
+    robust = data.robustness
+    if not robust:
+        return ""
+    header = ["perturbation", "meets all SLOs", "SLOs missed", "default meets all SLOs", "recommended tput",
+              "default tput", "beats default"]
+    rows = []
+    for r in robust["perturbations"]:
+        if "error" in r:
+            rows.append([_e(r["perturbation"]), "-", _e(r["error"]), "-", "-", "-", "-"])
+            continue
+        tput = [k for k in r if k.startswith("recommended_")]
+        rec = r[tput[0]] if tput else None
+        base = r[tput[0].replace("recommended_", "default_", 1)] if tput else None
+        rows.append([_e(r["perturbation"]), "yes" if r["meets_all_slos"] else "<b>no</b>",
+                     _e(", ".join(r["missed"]) or "-"), "yes" if r["default_meets_all_slos"] else "no",
+                     _num(rec), _num(base), {True: "yes", False: "<b>no</b>", None: "-"}[r["beats_default"]]])
+    verdict = (f"Meets its SLOs under every perturbation: {'yes' if robust['meets_slos_under_all'] else 'no'}; "
+               f"beats the default under every perturbation: {'yes' if robust['beats_default_under_all'] else 'no'}.")
+    return (f"<h2>Robustness of the recommendation</h2><p>{_e(verdict)} {_e(robust.get('note', ''))}.</p>"
+            + _table(header, rows, left=3))
+
+
 def _failed_table(data: ReportData) -> str:
     if not len(data.failed):
         return ""
@@ -323,6 +348,7 @@ def render_page(data: ReportData, charts: Sequence[Chart], *, command: str | Non
         _answer(data),
         *[_chart_html(c, fig) for c, (fig, _) in zip(charts, figures)],
         _pareto_table(data),
+        _robustness_table(data),
         _whatif_table(data),
         _failed_table(data),
         f'<p class="caption">Generated {now} by kvtune (plotly {plotly.__version__})'
@@ -382,6 +408,7 @@ def metrics_document(data: ReportData, images: Sequence[str], image_error: str |
         "pareto_trials": data.front_numbers,
         "default": run_doc(data.default),
         "recommended": run_doc(data.recommended),
+        "robustness": _json_tree(data.robustness),
         "whatifs": [{"whatif": w.label, "changes": dict(w.changes), "runs": [run_doc(r) for r in runs]}
                     for w, runs in data.whatifs],
         "sweeps": [{"knob": sw.knob, "values": [_json(v) if not isinstance(v, str) else v for v in sw.values],
@@ -392,6 +419,15 @@ def metrics_document(data: ReportData, images: Sequence[str], image_error: str |
         "image_error": image_error,
         "notes": data.notes,
     }
+
+
+def _json_tree(value: Any) -> Any:
+    """``value`` with every float made JSON-safe (NaN/inf -> None)."""
+    if isinstance(value, dict):
+        return {k: _json_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_tree(v) for v in value]
+    return _json(value) if isinstance(value, float) else value
 
 
 def _trial_rows(data: ReportData) -> list[dict[str, Any]]:

@@ -336,3 +336,20 @@ def test_timeline_busy_share_spreads_steps_over_bins():
     assert tl["decode_pct"].tolist() == pytest.approx([0.0, 0.0, 80.0, 80.0])
     parts = tl[["prefill_new_pct", "recompute_pct", "decode_pct", "transfer_pct", "overhead_pct"]].sum(axis=1)
     assert parts.tolist() == pytest.approx(tl["busy_pct"].tolist())
+
+
+def test_robustness_of_the_recommendation_is_in_the_page_and_json(written_report):
+    """The recommendation re-simulated at KV blocks +-5% and step times +-10% (and the worst corner), recommended
+    and default under the same perturbation; the verdicts follow from the rows."""
+    doc = json.loads(written_report.json.read_text())
+    robust = doc["robustness"]
+    assert [r["perturbation"] for r in robust["perturbations"]] == [
+        "kv_blocks -5%", "kv_blocks +5%", "step_time -10%", "step_time +10%", "kv_blocks -5%, step_time +10%"]
+    rows = [r for r in robust["perturbations"] if "error" not in r]
+    assert rows, robust
+    for r in rows:
+        assert r["recommended_output_tokens_per_s"] > 0 and r["default_output_tokens_per_s"] > 0
+        assert r["beats_default"] == (r["recommended_output_tokens_per_s"] > r["default_output_tokens_per_s"])
+    assert robust["meets_slos_under_all"] == (len(rows) == 5 and all(r["meets_all_slos"] for r in rows))
+    html = written_report.html.read_text()
+    assert "Robustness of the recommendation" in html and "kv_blocks -5%, step_time +10%" in html
