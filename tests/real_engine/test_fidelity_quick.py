@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -38,6 +39,9 @@ def test_quick_mode_on_the_real_engine(vllm_install, tiny_model, tmp_path, capsy
     rows = {r["config"]: r for r in doc["modes"]["raw"]["rows"]}
     assert set(rows) == set(bench.QUICK_CONFIGS)
     assert all(r["workload"] == bench.QUICK_WORKLOAD and r["repeats"] == 2 for r in rows.values())
-    # Every run was replayed to the end: the table has a measurement and a prediction per metric.
+    # Every run was replayed to the end: the table has a measurement and a prediction per metric.  (A prediction
+    # may be 0 tok/s: at the calibration's CPU share every request of a config can time out in the simulation --
+    # seen for s128-b2048-ample on a loaded machine -- which is a fidelity finding the report shows, not a flake.)
     for r in rows.values():
-        assert r["output_tok_s.meas"] > 0 and r["output_tok_s.pred"] > 0
+        assert r["output_tok_s.meas"] > 0
+        assert math.isfinite(r["output_tok_s.pred"]) and r["output_tok_s.pred"] >= 0
