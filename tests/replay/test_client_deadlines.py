@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from replay import ReplayOptions, replay
@@ -55,7 +57,14 @@ def test_aborted_rows_end_at_their_deadline(deadline_run):
     assert (timed_out["generated_tokens"] > 0).all() and (timed_out["generated_tokens"] < 1000).all()
     sim = offline.requests.set_index("request_id").loc[timed_out["request_id"]]
     # The client counts tokens received before the deadline; the simulator those of steps ending by its abort.
-    assert (timed_out["generated_tokens"].to_numpy() - sim["generated_tokens"].to_numpy()).__abs__().max() <= 2
+    # 2 tokens on a quiet machine, plus the tokens a request makes in the time this machine's load delayed the
+    # replay (measured: twice the client's p99 send lag, trace seconds, plus the twin's engine-clock lag).
+    twin_lag = result.metrics_after.get("twin_max_lag_s", 0.0)
+    lag = 2 * result.info["send_lag_p99_s"] + (twin_lag if twin_lag == twin_lag else 0.0)
+    rate = sim["generated_tokens"].max() / TIMEOUT_S  # tokens per second of a request before its deadline
+    bound = 2 + math.ceil(lag * rate)
+    diff = (timed_out["generated_tokens"].to_numpy() - sim["generated_tokens"].to_numpy()).__abs__().max()
+    assert diff <= bound, (diff, bound, lag)
     cancelled = rep[rep["status"] == "cancelled"]
     assert cancelled["e2e_s"].between(0.6 - 1e-6, 0.8 + 1e-6).all()
     assert list(cancelled["end_s"].round(9)) == list(
