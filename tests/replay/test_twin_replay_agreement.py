@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from replay_test_helpers import GPU, MODEL
+from replay_test_helpers import GPU, MODEL, replay_lag_s
 from objectives import summarize
 from replay import ReplayBackend, ReplayOptions
 from replay.results import REASON_COLUMN, UNOBSERVED_REQUEST_COLUMNS, UNOBSERVED_STEP_COLUMNS
@@ -67,18 +67,10 @@ def test_e2e_percentiles_within_10_percent(agreement, q):
     sim_e2e = offline.requests.loc[offline.requests["status"] == "finished", "e2e_s"].quantile(q)
     rep = trial.results[0].requests
     rep_e2e = rep.loc[rep["status"] == "finished", "e2e_s"].quantile(q)
-    # 10% for the model, plus what this machine's load did to the replay (measured, see _lag_s): on a quiet machine
+    # 10% for the model, plus what this machine's load did to the replay (measured, see replay_lag_s): on a quiet machine
     # the bound is the 10%; under CPU contention it widens by exactly what was measured instead of failing.
-    lag = _lag_s(trial.results[0])
+    lag = replay_lag_s(trial.results[0])
     assert abs(rep_e2e - sim_e2e) <= 0.10 * sim_e2e + lag, (rep_e2e, sim_e2e, lag)
-
-
-def _lag_s(result) -> float:
-    """What this machine's load did to a wall-clock replay, as measured by the replay itself (trace seconds):
-    the client's send lag (p99; once going out, once for the answer read late) plus the twin's engine-clock lag
-    (its largest, from its /metrics).  Milliseconds x SPEED on a quiet machine; seconds under CPU contention."""
-    twin = result.metrics_after.get("twin_max_lag_s", 0.0)
-    return 2 * result.info["send_lag_p99_s"] + (twin if twin == twin else 0.0)
 
 
 def test_tables_have_the_simulators_columns(agreement):
@@ -104,7 +96,7 @@ def test_objectives_read_both_backends(agreement):
     sim_summary = summarize(offline.requests, offline.steps, workload.classes).to_dict()
     rep_summary = trial.metrics
     assert set(sim_summary) <= set(rep_summary)
-    lag = _lag_s(trial.results[0])  # a lagging replay stretches the makespan and every latency by at most this
+    lag = replay_lag_s(trial.results[0])  # a lagging replay stretches the makespan and every latency by at most this
     assert rep_summary["output_tokens_per_s"] == pytest.approx(
         sim_summary["output_tokens_per_s"], rel=0.1 + lag / sim_summary["makespan_s"])
     assert rep_summary["all.e2e_s.p50"] == pytest.approx(sim_summary["all.e2e_s.p50"], rel=0.1, abs=lag)
