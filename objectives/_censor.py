@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from objectives._steps import StepTotals
 from objectives._tables import CANCELLED, FINISHED, REJECTED, TIMED_OUT, UNFINISHED, check_requests, column
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
@@ -38,10 +39,13 @@ from sim.workload.classes import RequestClass
 LATENCY_METRICS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
 
 
-def observation_end(requests: pd.DataFrame, steps: pd.DataFrame | None = None) -> float:
-    """The last instant either table mentions (request ends, step ends); NaN when neither has one."""
+def observation_end(requests: pd.DataFrame, steps: "pd.DataFrame | StepTotals | None" = None) -> float:
+    """The last instant either table mentions (request ends, step ends); NaN when neither has one.  ``steps`` may
+    be the :class:`~objectives.StepTotals` a run accumulated instead of its step table."""
     ends = [column(requests, "end_s").max(), column(requests, "arrival_s").max()]
-    if steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
+    if isinstance(steps, StepTotals):
+        ends.append(steps.end_s)
+    elif steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
         ends.append((column(steps, "start_s") + column(steps, "duration_s")).max())
     ends = [e for e in ends if pd.notna(e)]
     return float(max(ends)) if ends else float("nan")
@@ -71,7 +75,7 @@ def censored_value(requests: pd.DataFrame, timeouts: pd.Series, obs_end: float) 
 
 
 def latency_samples(
-    requests: pd.DataFrame, classes: Mapping[str, RequestClass], steps: pd.DataFrame | None = None
+    requests: pd.DataFrame, classes: Mapping[str, RequestClass], steps: "pd.DataFrame | StepTotals | None" = None
 ) -> pd.DataFrame:
     """One row per request (same index): ``ttft_s``, ``tpot_s``, ``e2e_s`` with censoring applied,
     ``tpot_applicable`` (False for requests without a second token) and the ``ttft_censored``/``e2e_censored``

@@ -112,8 +112,6 @@ def summarize(
     """
     edges = prompt_edges(prompt_bucket_edges)
     out_edges = prompt_edges(output_bucket_edges, "output_buckets")
-    if isinstance(steps, StepTotals):
-        steps = steps.table()
     samples = latency_samples(requests, classes, steps)
     checks = slo_checks(requests, samples, classes)
     span = makespan_s(requests)
