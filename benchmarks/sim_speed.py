@@ -17,7 +17,8 @@ Cases (each in its own process, so that its peak RSS is its own, and on one core
 - ``v0-swap``: the reasoning workload on ``vllm-v0`` with ``preemption_mode=swap`` and 64 GiB of swap space.
 - ``1m``: one million requests generated from the trace (its lengths, Poisson arrivals at the trace's mean 5.5 req/s),
   Llama-3-8B on H100-SXM, run as a study trial runs: no step table kept (its totals accumulated in chunks,
-  ``record_steps=False`` with ``objectives.StepTotals``) and no ended request's state (``keep_requests=False``).
+  ``record_steps=False`` with ``objectives.StepTotals``), no ended request's state (``keep_requests=False``),
+  and the trial's metrics (``objectives.summarize``) computed inside the timed, peak-measured part.
   ``gen-N``: the same with N requests (time and memory against request count).
 
 Figures: wall seconds and CPU seconds of ``simulate`` (process time; on a shared machine wall time inflates,
@@ -173,12 +174,14 @@ def _case(name: str, profile: bool, queue) -> None:
 
     workload, config, model, gpu, kwargs = _build(name)
     model, gpu = load_model(model), load_gpu(gpu)
+    totals = None
     if kwargs.pop("trial", False):
         # What a study trial runs: no step table and no finished request's state kept, step metrics
-        # accumulated as the run goes.
+        # accumulated as the run goes, and the trial's metrics (``summarize``) counted in the peak.
         from objectives import StepTotals
 
-        kwargs.update(record_steps=False, keep_requests=False, step_sink=StepTotals().add)
+        totals = StepTotals()
+        kwargs.update(record_steps=False, keep_requests=False, step_sink=totals.add)
     if profile:
         import cProfile
 
@@ -195,6 +198,10 @@ def _case(name: str, profile: bool, queue) -> None:
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     wall0, cpu0 = time.perf_counter(), time.process_time()
     result = simulate(workload, config, model, gpu, **kwargs)
+    if totals is not None:
+        from objectives import summarize
+
+        summarize(result.requests, totals, workload.classes).to_dict()
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - wall0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
