@@ -185,10 +185,11 @@ class SimBackend(TrialBackend):
 
     def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:
         """A trial: the mean metrics over ``seeds``; no step table is kept (only compact chunks for its metrics)."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         runs = [self.run_one(params, seed, keep_steps=False)[0] for seed in seeds]
         out = mean_metrics(runs)
         out["sim.wall_s"] = time.perf_counter() - t0
+        out["sim.cpu_s"] = time.thread_time() - cpu0  # this trial's own CPU (a Ray worker runs it in a thread)
         return out
 
     def __getstate__(self) -> dict:

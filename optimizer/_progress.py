@@ -6,10 +6,11 @@ On a terminal the line is redrawn in place; elsewhere (CI logs, pipes) a line is
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -95,3 +96,20 @@ class ProgressLine:
             self._width = 0
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+class Phases:
+    """Wall seconds a study spent per phase of the driver (``prepare``, ``storage``, ``executor_start``, ``ask``,
+    ``submit``, ``wait``, ``tell``, ``shutdown``), summed over every time it entered one: where a study's time
+    goes outside its trials (``benchmarks/study_speed.py`` prints them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0

@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -301,6 +301,54 @@ def claim_start(study: optuna.Study, url: str) -> int:
         starts = int(study.user_attrs.get(_STARTS_ATTR, 0))
         study.set_user_attr(_STARTS_ATTR, starts + 1)
     return starts
+
+
+#: Rows per INSERT when a trial's user attributes are written at once (SQLite's oldest limit is 999 parameters).
+_ATTR_ROWS_PER_STATEMENT = 300
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """``trial.set_user_attr(key, value)`` for every item, in one transaction on a SQLite or PostgreSQL storage.
+
+    Optuna commits each user attribute on its own (a lookup of the trial, an upsert and a commit); a trial stores
+    hundreds of metrics, which took longer than the trial's simulation.  Here the trial is checked once (still
+    RUNNING: ``UpdateFinishedTrialError`` otherwise, as Optuna raises) and the attributes go in a few multi-row
+    upserts of Optuna's own table, stored exactly as Optuna stores them (``json.dumps`` of the value).  Other
+    storages get the per-attribute calls."""
+    if not attrs:
+        return
+    storage = trial.storage
+    backend = getattr(storage, "_backend", storage)  # the RDBStorage behind Optuna's cache
+    dialect = getattr(getattr(backend, "engine", None), "name", None)
+    if isinstance(backend, optuna.storages.RDBStorage) and dialect in ("sqlite", "postgresql"):
+        _upsert_user_attrs(backend, dialect, trial._trial_id, attrs)  # noqa: SLF001
+    else:
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(trial._trial_id, key, value)  # noqa: SLF001
+    trial._cached_frozen_trial.user_attrs.update(attrs)  # noqa: SLF001  (what Trial.set_user_attr does too)
+
+
+def _upsert_user_attrs(backend: Any, dialect: str, trial_id: int, attrs: Mapping[str, Any]) -> None:
+    from optuna.storages._rdb import models
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+    table = models.TrialUserAttributeModel
+    rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+    session = backend.scoped_session()
+    try:
+        row = models.TrialModel.find_or_raise_by_id(trial_id, session)
+        backend.check_trial_is_updatable(trial_id, row.state)
+        for i in range(0, len(rows), _ATTR_ROWS_PER_STATEMENT):
+            stmt = insert(table).values(rows[i:i + _ATTR_ROWS_PER_STATEMENT])
+            session.execute(stmt.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                       set_={"value_json": stmt.excluded.value_json}))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
 
 
 def mark_driver(study: optuna.Study, trial: optuna.Trial, driver: dict[str, Any]) -> None:

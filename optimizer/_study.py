@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer._backend import SimBackend, TrialBackend, backend_factory
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
 from optimizer._knobs import params_to_knobs, repair_knobs
-from optimizer._progress import ProgressLine
+from optimizer._progress import Phases, ProgressLine
 from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
 from optimizer._spec import StudySpec
 from optimizer._storage import (
@@ -49,6 +49,7 @@ from optimizer._storage import (
     open_study,
     prepare,
     recover_interrupted,
+    set_user_attrs,
 )
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -79,6 +80,8 @@ class StudyResult:
     ran: int
     wall_s: float
     recovered: list[int] = field(default_factory=list)
+    #: Wall seconds by phase of the driver (:class:`~optimizer._progress.Phases`).
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def _jsonable(value: Any) -> Any:
@@ -135,6 +138,8 @@ class Tuner:
         self.crash_retries = crash_retries
         self.max_consecutive_crashes = max_consecutive_crashes
         self._ran = 0
+        #: Where the last :meth:`run`'s time went.
+        self.phases = Phases()
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
@@ -144,34 +149,39 @@ class Tuner:
     def run(self) -> StudyResult:
         t0 = time.monotonic()
         spec = self.spec
+        phases = self.phases = Phases()
         if self.address and self.executor is None:
             check_reachable(self.address)  # before any work: ray.init would retry an unreachable one for minutes
-        ctx = self.ctx or prepare(spec)
-        self.ctx = ctx
-        backend = self.backend or self.make_backend(ctx)
-        backend.prepare(ctx.seeds)
+        with phases.time("prepare"):
+            ctx = self.ctx or prepare(spec)
+            self.ctx = ctx
+            backend = self.backend or self.make_backend(ctx)
+            backend.prepare(ctx.seeds)
         target = self.target
         grid = spec.sampler.name == "grid"
         if grid:
             target = min(target, spec.search.grid_size())
-        study = open_study(ctx, self.storage)
-        self.study = study
-        # Seeded from the spec's seed and the trials already stored: a resumed or extended study draws new configs
-        # instead of replaying the first run's draws (the samplers read the stored trials for everything else).
-        # Drivers started at the same instant see the same stored trials: each also counts as its own start.
-        stored = len(study.get_trials(deepcopy=False))
-        start = claim_start(study, self.storage)
-        study.sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints),
-                                     seed=(spec.sampler.seed + stored + 7919 * start) % 2**32)
-        recovered = recover_interrupted(study)
-        trials = study.get_trials(deepcopy=False)
+        with phases.time("storage"):
+            study = open_study(ctx, self.storage)
+            self.study = study
+            # Seeded from the spec's seed and the trials already stored: a resumed or extended study draws new
+            # configs instead of replaying the first run's draws (the samplers read the stored trials for everything
+            # else).  Drivers started at the same instant see the same stored trials: each also counts as its own
+            # start.
+            stored = len(study.get_trials(deepcopy=False))
+            start = claim_start(study, self.storage)
+            study.sampler = make_sampler(spec.sampler, spec.search, constrained=bool(ctx.constraints),
+                                         seed=(spec.sampler.seed + stored + 7919 * start) % 2**32)
+            recovered = recover_interrupted(study)
+            trials = study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if is_finished(t))
         executor = None
         if finished < target:  # started before any progress output: an unreachable cluster is one error line
             executor = self.executor or RayExecutor(
                 self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
                 gpus_per_trial=spec.backend.gpus_per_trial)
-            executor.start()
+            with phases.time("executor_start"):
+                executor.start()
         progress = ProgressLine(target, list(spec.objectives), ctx.directions, stream=self.progress_stream,
                                 start_done=finished)
         progress.failed = sum(1 for t in trials if t.state == TrialState.FAIL and is_finished(t))
@@ -194,8 +204,9 @@ class Tuner:
                 run.interrupt_inflight(reason)
                 raise
             finally:
-                run.stop_heartbeat()
-                executor.shutdown()
+                with phases.time("shutdown"):
+                    run.stop_heartbeat()
+                    executor.shutdown()
                 progress.running = 0
                 progress.done = run.finished
                 progress.close()
@@ -206,7 +217,7 @@ class Tuner:
             complete=sum(1 for t in trials if t.state == TrialState.COMPLETE),
             failed=sum(1 for t in trials if t.state == TrialState.FAIL and is_finished(t)),
             feasible=sum(1 for t in trials if is_feasible(t)),
-            ran=self._ran, wall_s=time.monotonic() - t0, recovered=recovered,
+            ran=self._ran, wall_s=time.monotonic() - t0, recovered=recovered, phases=dict(phases.seconds),
         )
 
     def make_backend(self, ctx: StudyContext) -> TrialBackend:
@@ -241,11 +252,8 @@ class Tuner:
         """Tell ``trial`` the stored result of ``source``, a trial with the same params: the simulator is
         deterministic, so running it again would carry no information."""
         skip = {"retry_of", "crash_attempt", "retried", "duplicate_of"}
-        for key, value in source.user_attrs.items():
-            if key not in skip:
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", source.number)
-        trial.set_user_attr("wall_s", 0.0)
+        attrs = {key: value for key, value in source.user_attrs.items() if key not in skip}
+        set_user_attrs(trial, {**attrs, "duplicate_of": source.number, "wall_s": 0.0})
         if source.state == TrialState.COMPLETE:
             if TRIAL_CONSTRAINTS:
                 for name, v in zip(source.user_attrs.get("constraint_names", ()), source.user_attrs.get("constraints", ())):
@@ -261,8 +269,7 @@ class Tuner:
 
     def _interrupt(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
         """Fail ``trial`` as ``interrupted`` (not counted against the budget) and enqueue its params again."""
-        trial.set_user_attr(FAIL_REASON, f"interrupted: {reason}")
-        trial.set_user_attr(FAIL_KIND, INTERRUPTED)
+        set_user_attrs(trial, {FAIL_REASON: f"interrupted: {reason}", FAIL_KIND: INTERRUPTED})
         _tell(study, trial, state=TrialState.FAIL)
         if trial.params:
             study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
@@ -271,8 +278,9 @@ class Tuner:
                       outcome: TrialOutcome, progress: ProgressLine) -> None:
         ctx = self.ctx
         assert ctx is not None
-        trial.set_user_attr("knobs", {k: _jsonable(v) for k, v in knobs.items()})
-        trial.set_user_attr("wall_s", round(outcome.wall_s, 3))
+        # Written together (one transaction): a trial stores hundreds of metrics.
+        attrs: dict[str, Any] = {"knobs": {k: _jsonable(v) for k, v in knobs.items()},
+                                 "wall_s": round(outcome.wall_s, 3)}
         if outcome.ok:
             metrics = outcome.metrics or {}
             try:
@@ -289,13 +297,13 @@ class Tuner:
                     if key.startswith("prompt."):
                         prompt[key[len("prompt."):]] = _jsonable(value)
                     else:
-                        trial.set_user_attr(key, _jsonable(value))
+                        attrs[key] = _jsonable(value)
                 if prompt:
-                    trial.set_user_attr("prompt_buckets", prompt)
-                trial.set_user_attr("constraints", violations)
-                trial.set_user_attr("constraint_names", [c.name for c in ctx.constraints])
+                    attrs["prompt_buckets"] = prompt
                 feasible = all(v <= 0 for v in violations)
-                trial.set_user_attr("feasible", feasible)
+                attrs.update(constraints=violations, constraint_names=[c.name for c in ctx.constraints],
+                             feasible=feasible)
+                set_user_attrs(trial, attrs)
                 if TRIAL_CONSTRAINTS:
                     for c, v in zip(ctx.constraints, violations):
                         trial.set_constraint(c.name, v)
@@ -303,8 +311,7 @@ class Tuner:
                 if feasible:
                     progress.observe_feasible(values)
                 return
-        trial.set_user_attr(FAIL_REASON, outcome.reason or outcome.kind)
-        trial.set_user_attr(FAIL_KIND, outcome.kind)
+        set_user_attrs(trial, {**attrs, FAIL_REASON: outcome.reason or outcome.kind, FAIL_KIND: outcome.kind})
         _tell(study, trial, state=TrialState.FAIL)
         progress.failed += 1
         progress.message(f"kvtune: trial {outcome.number} failed ({outcome.kind}): {outcome.reason}")
@@ -424,6 +431,7 @@ class _Run:
     # ---- the loop ------------------------------------------------------------------------------------------------
     def loop(self) -> None:
         tuner, spec, study, progress = self.tuner, self.tuner.spec, self.study, self.progress
+        phases = tuner.phases
         ctx = tuner.ctx
         assert ctx is not None
         capacity = min(self.executor.capacity, tuner.workers) if tuner.workers else self.executor.capacity
@@ -447,13 +455,14 @@ class _Run:
                     progress.message(f"kvtune: trials {recovered} lost their driver and are enqueued again")
             self.finished, running, done = self._stored()
             while len(self.inflight) < capacity and self.finished + running < self.target:
-                trial = self._ask()
-                running += 1
-                params = spec.search.suggest(trial, all_knobs=self.grid)
-                knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
-                if repaired:
-                    trial.set_user_attr("repaired", repaired)
+                with phases.time("ask"):
+                    trial = self._ask()
+                    running += 1
+                    params = spec.search.suggest(trial, all_knobs=self.grid)
+                    knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
+                    knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
+                    if repaired:
+                        trial.set_user_attr("repaired", repaired)
                 key = _params_key(trial.params)
                 if key in done:  # the simulator is deterministic: a repeat carries no information
                     tuner._copy_result(study, trial, done[key], progress)
@@ -474,7 +483,8 @@ class _Run:
                     running -= 1
                     done[key] = study._storage.get_trial(trial._trial_id)  # noqa: SLF001
                     continue
-                self.executor.submit(trial.number, self.backend, knobs, ctx.seeds, tuner.timeout_s)
+                with phases.time("submit"):
+                    self.executor.submit(trial.number, self.backend, knobs, ctx.seeds, tuner.timeout_s)
                 self.inflight[trial.number] = (trial, knobs)
             progress.running = len(self.inflight)
             progress.done = self.finished
@@ -485,11 +495,14 @@ class _Run:
                     break
                 time.sleep(1.0)
                 continue
-            for outcome in self.executor.wait(timeout_s=1.0):
+            with phases.time("wait"):
+                outcomes = self.executor.wait(timeout_s=1.0)
+            for outcome in outcomes:
                 entry = self.inflight.pop(outcome.number, None)
                 if entry is None:
                     continue
-                self._outcome(entry, outcome)
+                with phases.time("tell"):
+                    self._outcome(entry, outcome)
 
     def _settle_remote_followers(self) -> None:
         """Tell each remote follower the result its leader (another driver's trial) stored, once it is stored."""
