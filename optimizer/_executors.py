@@ -189,7 +189,9 @@ class _TrialWorker:
         self._started: float | None = None
 
     def ready(self) -> int:
-        import sim.runner  # noqa: F401  (imports paid once, at warm-up)
+        # Imports paid once, at warm-up, while the driver prepares: what every simulated trial imports.
+        import objectives  # noqa: F401
+        import sim.runner  # noqa: F401
 
         return os.getpid()
 

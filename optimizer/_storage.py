@@ -303,18 +303,14 @@ def claim_start(study: optuna.Study, url: str) -> int:
     return starts
 
 
-#: Rows per INSERT when a trial's user attributes are written at once (SQLite's oldest limit is 999 parameters).
-_ATTR_ROWS_PER_STATEMENT = 300
-
-
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     """``trial.set_user_attr(key, value)`` for every item, in one transaction on a SQLite or PostgreSQL storage.
 
     Optuna commits each user attribute on its own (a lookup of the trial, an upsert and a commit); a trial stores
     hundreds of metrics, which took longer than the trial's simulation.  Here the trial is checked once (still
-    RUNNING: ``UpdateFinishedTrialError`` otherwise, as Optuna raises) and the attributes go in a few multi-row
-    upserts of Optuna's own table, stored exactly as Optuna stores them (``json.dumps`` of the value).  Other
-    storages get the per-attribute calls."""
+    RUNNING: ``UpdateFinishedTrialError`` otherwise, as Optuna raises) and the attributes go in one upsert of Optuna's
+    own table executed for all rows (``executemany``), stored exactly as Optuna stores them (``json.dumps`` of the
+    value).  Other storages get the per-attribute calls."""
     if not attrs:
         return
     storage = trial.storage
@@ -339,10 +335,9 @@ def _upsert_user_attrs(backend: Any, dialect: str, trial_id: int, attrs: Mapping
     try:
         row = models.TrialModel.find_or_raise_by_id(trial_id, session)
         backend.check_trial_is_updatable(trial_id, row.state)
-        for i in range(0, len(rows), _ATTR_ROWS_PER_STATEMENT):
-            stmt = insert(table).values(rows[i:i + _ATTR_ROWS_PER_STATEMENT])
-            session.execute(stmt.on_conflict_do_update(index_elements=[table.trial_id, table.key],
-                                                       set_={"value_json": stmt.excluded.value_json}))
+        stmt = insert(table)
+        session.execute(stmt.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                   set_={"value_json": stmt.excluded.value_json}), rows)
         session.commit()
     except BaseException:
         session.rollback()
