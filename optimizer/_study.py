@@ -253,11 +253,11 @@ class Tuner:
         deterministic, so running it again would carry no information."""
         skip = {"retry_of", "crash_attempt", "retried", "duplicate_of"}
         attrs = {key: value for key, value in source.user_attrs.items() if key not in skip}
+        if source.state == TrialState.COMPLETE and TRIAL_CONSTRAINTS:  # before the metrics (see _tell_outcome)
+            for name, v in zip(source.user_attrs.get("constraint_names", ()), source.user_attrs.get("constraints", ())):
+                trial.set_constraint(name, v)
         set_user_attrs(trial, {**attrs, "duplicate_of": source.number, "wall_s": 0.0})
         if source.state == TrialState.COMPLETE:
-            if TRIAL_CONSTRAINTS:
-                for name, v in zip(source.user_attrs.get("constraint_names", ()), source.user_attrs.get("constraints", ())):
-                    trial.set_constraint(name, v)
             _tell(study, trial, list(source.values))
             if is_feasible(source):
                 progress.observe_feasible(source.values)
@@ -303,10 +303,10 @@ class Tuner:
                 feasible = all(v <= 0 for v in violations)
                 attrs.update(constraints=violations, constraint_names=[c.name for c in ctx.constraints],
                              feasible=feasible)
-                set_user_attrs(trial, attrs)
-                if TRIAL_CONSTRAINTS:
+                if TRIAL_CONSTRAINTS:  # before the metrics: each call reads the whole trial back
                     for c, v in zip(ctx.constraints, violations):
                         trial.set_constraint(c.name, v)
+                set_user_attrs(trial, attrs)
                 _tell(study, trial, values)
                 if feasible:
                     progress.observe_feasible(values)
