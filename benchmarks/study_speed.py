@@ -4,7 +4,9 @@ Runs ``kvtune tune SPEC --trials N --no-export`` as the CLI does (``load_study_s
 storage in a temporary folder) in a fresh process per mode, so that start-up (imports, Ray) is counted:
 
 - ``in-process``: trials one by one in the driver (``--in-process``);
-- ``ray-1``, ``ray-2``: a local Ray started by the study, 1 or 2 warm workers (``--workers``).
+- ``ray-1``, ``ray-2``: a local Ray started by the study, 1 or 2 warm workers (``--workers``);
+- ``driver-only``: in-process, every trial returning the metrics of one real trial (simulated once, before the
+  clock starts; the process wall includes it): the driver's own cost per trial (sampler, storage), nothing simulated.
 
 Figures per mode (median over ``--repeats``): the process's wall seconds from its start to its exit (what the user
 waits for), the study's own wall (``Tuner.run``), the start-up before the first trial (imports, building the
@@ -32,7 +34,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed one
-MODES = ("in-process", "ray-1", "ray-2")
+MODES = ("in-process", "ray-1", "ray-2", "driver-only")
+
+
+class _StoredMetrics:
+    """A trial backend that returns the same metrics for every config (``driver-only``)."""
+
+    name = "stored"
+
+    def __init__(self, metrics: dict) -> None:
+        self.metrics = metrics
+
+    def prepare(self, seeds) -> None:
+        pass
+
+    def run(self, params, seeds) -> dict:
+        return {**self.metrics, "sim.cpu_s": 0.0, "sim.wall_s": 0.0}
 
 
 def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> None:
@@ -44,12 +61,21 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
     from optimizer._study import Tuner
 
     imports_s = time.perf_counter() - t_import
-    cpu0 = time.process_time()
     spec = load_study_spec(spec_path)
+    backend = None
+    if mode == "driver-only":
+        from optimizer._backend import SimBackend
+        from optimizer._storage import prepare
+
+        ctx = prepare(spec)
+        sim = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
+        backend = _StoredMetrics(sim.run({}, ctx.seeds))
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory() as out:
-        workers = None if mode == "in-process" else int(mode.split("-")[1])
-        tuner = Tuner(spec, trials=trials, workers=workers, out=out, progress=io.StringIO(),
-                      executor=InProcessExecutor() if mode == "in-process" else None)
+        local = mode in ("in-process", "driver-only")
+        workers = None if local else int(mode.split("-")[1])
+        tuner = Tuner(spec, trials=trials, workers=workers, out=out, progress=io.StringIO(), backend=backend,
+                      executor=InProcessExecutor() if local else None)
         result = tuner.run()
         trials_run = [t for t in tuner.study.get_trials(deepcopy=False) if "sim.cpu_s" in t.user_attrs]
         sim_cpu = [float(t.user_attrs["sim.cpu_s"]) for t in trials_run]

@@ -167,15 +167,23 @@ WORKER_STARTUP_TIMEOUT_S = 300.0
 _PROBE_TIMEOUT_S = 10.0
 
 
-def _normal_priority() -> None:
-    """Run trials at the driver's priority: Ray starts workers at nice 15 (``RAY_worker_niceness``), which starves
-    them next to any other work on the machine.  Lowering niceness needs privilege; without it the worker keeps
-    Ray's."""
+def _driver_priority(niceness: int) -> None:
+    """Run trials at the driver's priority (``niceness``: the driver's, when the executor started): Ray starts
+    workers at nice 15 (``RAY_worker_niceness``), which starves them next to any other work on the machine, and a
+    worker at nice 0 beside a niced driver would take the CPU from the driver that feeds it (and from whatever the
+    user niced the study for).  Lowering niceness needs privilege; without it the worker keeps Ray's."""
     try:
-        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        if os.getpriority(os.PRIO_PROCESS, 0) != niceness:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
     except (OSError, AttributeError):
         pass
+
+
+def _own_niceness() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, AttributeError):
+        return 0
 
 
 class _TrialWorker:
@@ -183,8 +191,8 @@ class _TrialWorker:
     sent, and says how long its current trial has run, so that a timeout counts the trial and not the worker's
     start-up or the backend's transfer."""
 
-    def __init__(self) -> None:
-        _normal_priority()
+    def __init__(self, niceness: int = 0) -> None:
+        _driver_priority(niceness)
         self._backends: dict[int, TrialBackend] = {}
         self._started: float | None = None
 
@@ -254,6 +262,7 @@ class RayExecutor(Executor):
         self._capacity = 1
         self._slots: list[_Slot] = []
         self._backend_refs: dict[int, tuple[Any, Any]] = {}  # id(backend) -> (backend, ObjectRef)
+        self._niceness = 0  # the driver's, taken when the workers start
 
     def start(self) -> None:
         if self._started:
@@ -295,7 +304,8 @@ class RayExecutor(Executor):
         if self.gpus_per_trial > 0:
             options["num_gpus"] = self.gpus_per_trial
         self._actor_class = ray.remote(_TrialWorker).options(**options)
-        self._slots = [_Slot(self._actor_class.remote()) for _ in range(self._capacity)]
+        self._niceness = _own_niceness()
+        self._slots = [_Slot(self._actor_class.remote(self._niceness)) for _ in range(self._capacity)]
         self._started = True
         self._warm_up([slot.actor for slot in self._slots])
 
@@ -369,7 +379,7 @@ class RayExecutor(Executor):
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # already dead
             pass
-        slot.actor = self._actor_class.remote()
+        slot.actor = self._actor_class.remote(self._niceness)
         slot.actor.ready.remote()
         slot.ref = slot.number = slot.limit = slot.deadline = None
 
