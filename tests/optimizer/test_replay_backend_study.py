@@ -144,7 +144,7 @@ class _FakeRay(types.ModuleType):
                 fake.options_seen = kwargs
                 return self
 
-            def remote(self):
+            def remote(self, *args, **kwargs):  # the actor constructor's arguments (the driver's niceness)
                 fake.actors_started += 1
                 return _Actor()
 
