@@ -37,9 +37,13 @@ class SchedulerOutput:
     steady_decode: bool = False
     #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
     min_remaining_outputs: int = 0
-    #: How many leading entries of ``scheduled`` the all-decode fast path scheduled; it leaves their
-    #: processed-token count to update_from_output.
+    #: How many leading entries of ``scheduled`` the decode fast path scheduled (one decode token each, see
+    #: :meth:`BaseScheduler._schedule_decode_prefix`); it leaves their processed-token count to
+    #: update_from_output.
     bulk_decode: int = 0
+    #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
+    #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
+    splits: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
@@ -203,74 +207,118 @@ class BaseScheduler(ABC):
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
 
     def update_from_output(
-        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0
+        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0,
+        shares: tuple[float, float, float, float] | None = None,
     ) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
         A run's first step ends at ``first_end_s`` and its last lasts ``last_gap_s`` (its longest, step times
         only grow along a run): the inter-token gaps.
+        ``shares`` (from the engine core, when it attributes step time to requests): seconds per new-prefill,
+        recompute and decode token and per scheduled request (overhead) of the step, or of the whole run
+        (a run's decode share is then per request, not per token); each request's ``time_*_s`` grow by them.
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
         grown = 0
+        scheduled = out.scheduled
+        bulk = out.bulk_decode
         if num_steps > 1:
             # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
             block_size = self.block_size
-            # A run is pure decode of every running request: all of them came from the fast path or none.
-            extra = num_steps if out.bulk_decode else num_steps - 1
-            for req, _ in out.scheduled:
-                # Gaps: from its previous token to the run's first, then each step (the last is the longest).
-                gap = first_end_s - req.last_token_s
-                if gap < last_gap_s:
-                    gap = last_gap_s
-                if not gap <= req.max_itl_s:
-                    req.max_itl_s = gap
-                req.last_token_s = end_s
-                computed = req.num_computed_tokens + num_steps
-                req.num_computed_tokens = computed
-                req.high_water = computed
-                req.num_output_tokens += num_steps
-                req.processed_tokens += extra
-                req.appended_tokens = computed  # V0 block table: each step appended the previous token
-                blocks = -(-computed // block_size)
-                grown += blocks - req.blocks
-                req.blocks = blocks
-                if blocks > req.kv_blocks_peak:
-                    req.kv_blocks_peak = blocks
-                if req.num_output_tokens >= req.max_output:
-                    done.append(req)
+            run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
+            # The bulk entries' processed tokens were left to this method; the others' first was counted by
+            # ``_account`` at schedule time.
+            segments = ((scheduled, num_steps),) if bulk == len(scheduled) else \
+                ((scheduled[:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
+            for segment, extra in segments:
+                for req, _ in segment:
+                    # Gaps: from its previous token to the run's first, then each step (the last is the longest).
+                    gap = first_end_s - req.last_token_s
+                    if gap < last_gap_s:
+                        gap = last_gap_s
+                    if not gap <= req.max_itl_s:
+                        req.max_itl_s = gap
+                    req.last_token_s = end_s
+                    computed = req.num_computed_tokens + num_steps
+                    req.num_computed_tokens = computed
+                    req.high_water = computed
+                    req.num_output_tokens += num_steps
+                    req.processed_tokens += extra
+                    req.appended_tokens = computed  # V0 block table: each step appended the previous token
+                    blocks = -(-computed // block_size)
+                    grown += blocks - req.blocks
+                    req.blocks = blocks
+                    if blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = blocks
+                    if shares is not None:
+                        req.time_decode_s += run_decode
+                        req.time_overhead_s += run_overhead
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
             self.pool.allocate(grown)
             if self.blocks_hashed:
                 # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
                 cache_blocks = self.pool.cache_blocks
-                for req, _ in out.scheduled:
+                for req, _ in scheduled:
                     cache_blocks(req, req.num_computed_tokens)
         else:
-            if out.bulk_decode:
-                for req, _ in out.scheduled[:out.bulk_decode]:
-                    req.processed_tokens += 1
-            for req, num_new in out.scheduled:
-                computed = req.num_computed_tokens + num_new
-                req.num_computed_tokens = computed
-                if computed > req.high_water:
+            if bulk:
+                # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
+                # computed >= prompt and >= high_water, so none is a prefill chunk or a first token.  The same
+                # updates as the general loop below, without its branches.
+                per_dec, overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
+                for req, _ in scheduled if bulk == len(scheduled) else scheduled[:bulk]:
+                    computed = req.num_computed_tokens + 1
+                    req.num_computed_tokens = computed
                     req.high_water = computed
-                if req.blocks > req.kv_blocks_peak:
-                    req.kv_blocks_peak = req.blocks
-                if computed < req.prompt_tokens + req.num_output_tokens:
-                    continue  # a prefill chunk that did not reach the end: no token sampled
-                req.num_output_tokens += 1
-                if req.num_output_tokens == 1:
-                    req.first_token_s = req.last_token_s = end_s
-                    req.end_stall(end_s)  # preempted before its first token
-                else:
-                    gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                    req.appended_tokens = computed  # V0: what _schedule_running sets at schedule time
+                    req.processed_tokens += 1
+                    if req.blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = req.blocks
+                    gap = end_s - req.last_token_s
                     if not gap <= req.max_itl_s:
                         req.max_itl_s = gap
                     req.last_token_s = end_s
                     if req.stalled_since == req.stalled_since:
                         req.end_stall(end_s)
-                if req.num_output_tokens >= req.max_output:
-                    done.append(req)
+                    if shares is not None:
+                        req.time_decode_s += per_dec
+                        req.time_overhead_s += overhead
+                    req.num_output_tokens += 1
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
+            if bulk < len(scheduled):
+                rest = scheduled[bulk:] if bulk else scheduled
+                if shares is not None:
+                    per_new, per_rec, per_dec, overhead = shares
+                    for (req, _), (new, rec, dec) in zip(rest, out.splits):
+                        req.time_prefill_new_s += new * per_new
+                        req.time_recompute_s += rec * per_rec
+                        req.time_decode_s += dec * per_dec
+                        req.time_overhead_s += overhead
+                for req, num_new in rest:
+                    computed = req.num_computed_tokens + num_new
+                    req.num_computed_tokens = computed
+                    if computed > req.high_water:
+                        req.high_water = computed
+                    if req.blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = req.blocks
+                    if computed < req.prompt_tokens + req.num_output_tokens:
+                        continue  # a prefill chunk that did not reach the end: no token sampled
+                    req.num_output_tokens += 1
+                    if req.num_output_tokens == 1:
+                        req.first_token_s = req.last_token_s = end_s
+                        req.end_stall(end_s)  # preempted before its first token
+                    else:
+                        gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                        if not gap <= req.max_itl_s:
+                            req.max_itl_s = gap
+                        req.last_token_s = end_s
+                        if req.stalled_since == req.stalled_since:
+                            req.end_stall(end_s)
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
         if self.write_through:
             self._store_computed_blocks(out)
         for req in done:
@@ -366,8 +414,13 @@ class BaseScheduler(ABC):
                 shape.recompute_context += sign * (computed + recompute)
         if sign > 0:
             out.scheduled.append((req, num_new))
+            out.splits.append((prefill_new, recompute, decode))
         else:
-            out.scheduled.remove((req, num_new))
+            # Only entries after the bulk ones are taken back (the fast path is whole-batch under priority).
+            position = out.scheduled.index((req, num_new))
+            assert position >= out.bulk_decode, "a fast-path entry taken back"
+            del out.scheduled[position]
+            del out.splits[position - out.bulk_decode]
 
     def _mark_scheduled(self, req: Request, now: float) -> None:
         """First scheduling, or a resume after preemption (the wait since the preemption is accounted)."""
@@ -398,51 +451,76 @@ class BaseScheduler(ABC):
             self.waiting.prepend(victim)
         out.preempted.append(victim)
 
-    def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:
-        """Fast path for the common step, both flavors: every running request decodes one new token and the free
-        blocks cover every block boundary crossed, so no request preempts another.  Same decisions as the
-        general loop (V1 ``schedule``, V0 ``_schedule_running``: it then skips it), without its per-request
-        bookkeeping calls.  Returns False, changing nothing, when it does not apply.  The caller checked the
-        token budget covers one token per running request."""
+    def _schedule_decode_prefix(self, out: SchedulerOutput, limit: int, touch_one: bool, whole: bool = False) -> int:
+        """Fast path, both flavors: schedule the leading running requests that decode one token each, as far as
+        the general loop (V1 ``schedule``, V0 ``_schedule_running``) would schedule them without preempting
+        anyone, and return how many (0: nothing changed).  The general loop then goes on from there.
+
+        Same decisions as the general loop, which for each request in order takes the blocks its token
+        crosses into, preempting from the back while they do not fit: a leading decode is scheduled without a
+        preemption as long as the blocks of the decodes before it and its own fit the free blocks (V1:
+        ``need > num_free``), or, with ``touch_one`` (V0's can_append_slots: every decode needs a free block,
+        see V0Scheduler._append_touched), as long as a free block is left after the decodes before it.  Block
+        allocation is count-only (allocating a sum is allocating its parts in order).  At most ``limit``
+        requests (the token budget); with ``whole``, all of them or none (the priority policy may preempt a
+        request scheduled earlier in the step, which the general loop must then take back).  The entries'
+        token split is (0, 0, 1), their processed tokens are counted by update_from_output, and they are
+        the first entries of ``out.scheduled``."""
+        running = self.running
         block_size = self.block_size
+        free = self.pool.num_free
         need = 0
         context = 0
         min_remaining = 1 << 62
         growing = []
-        for req in self.running:
+        count = 0
+        for req in running:
+            if count >= limit:
+                break
             computed = req.num_computed_tokens
             if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
                     or computed < req.high_water):
-                return False
+                break
             blocks = (computed + block_size) // block_size
-            if blocks != req.blocks:
-                need += blocks - req.blocks
+            grow = blocks - req.blocks
+            if touch_one:
+                if need >= free or req.appended_tokens != computed:
+                    break  # (its block table has seen every token but the last: then it touches one block)
+            elif need + grow > free:
+                break
+            if grow:
+                if grow < 0:
+                    break  # holds more blocks than its tokens need: left to the general loop
+                need += grow
                 growing.append((req, blocks))
             context += computed + 1
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
                 min_remaining = remaining
-        if need > self.pool.num_free:
-            return False
+            count += 1
+        if not count or (whole and count < len(running)):
+            return 0
+        assert not out.scheduled, "the decode fast path schedules the step's first entries"
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
+        batch = running if count == len(running) else running[:count]
         if self.blocks_hashed:
             # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
             cache_blocks = self.pool.cache_blocks
-            for req in self.running:
+            for req in batch:
                 if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
                     cache_blocks(req, req.num_computed_tokens + 1)
-        count = len(self.running)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
-        out.scheduled = [(req, 1) for req in self.running]
+        out.scheduled = [(req, 1) for req in batch]
         out.decode_tokens += count
         shape = out.shape
         shape.num_seqs += count
         shape.num_decode += count
         shape.decode_context += context
-        out.min_remaining_outputs = min_remaining
-        return True
+        if count == len(running):
+            out.min_remaining_outputs = min_remaining
+        return count
 
     def _predicted_fits(self, req: Request, free: int) -> bool:
         """kvtune's predicted-memory admission: prompt + predicted remaining output must leave headroom."""
