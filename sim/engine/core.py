@@ -91,6 +91,8 @@ class EngineCore:
         clock by ``duration_s`` and then calls :meth:`end_step`.
         """
         scheduler = self.scheduler
+        if self.observer is not None and scheduler._columns is not None:
+            scheduler.stop_decode_columns()  # an observer may read any running request's state
         out = scheduler.schedule(now)
         # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
         # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
@@ -174,7 +176,7 @@ class EngineCore:
         batch = len(running)
         block_size = scheduler.block_size
         # Steps until the first request finishes (this step included).
-        k_finish = out.min_remaining_outputs or min(r.max_output - r.num_output_tokens for r in running)
+        k_finish = out.min_remaining_outputs or scheduler.min_remaining_outputs()
         limit = min(k_finish, MAX_RUN_STEPS)
         first = float(self.latency.step_time(out.shape))
         if limit <= 1:
@@ -193,7 +195,7 @@ class EngineCore:
         # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run
         # grows by are allocated by update_from_output.)
         if batch * -(-(limit - 1) // block_size) > free:
-            tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
+            tokens = scheduler.running_num_tokens()
             # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, then every
             # block_size steps.
             first_cross = (-tokens) % block_size + 1

@@ -10,12 +10,19 @@ import heapq
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
 
 from sim.engine.config import EngineConfig
+from sim.engine.decode_columns import DecodeColumns
 from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
 from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
+
+#: Smallest segment the decode columns take on (measured with benchmarks/sim_speed.py: see use_decode_columns).
+DECODE_COLUMNS_MIN = 32
 
 
 @dataclass
@@ -44,6 +51,8 @@ class SchedulerOutput:
     #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
     #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
     splits: list[tuple[int, int, int]] = field(default_factory=list)
+    #: How many of the bulk entries are the scheduler's decode columns (updated as arrays).
+    columnar: int = 0
 
 
 def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
@@ -150,6 +159,9 @@ class BaseScheduler(ABC):
         #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
         self.load_time = None
         self.loading: list[tuple[float, Request]] = []
+        #: The running batch's leading steady decodes as arrays (off unless :meth:`use_decode_columns`).
+        self._columns: DecodeColumns | None = None
+        self._columns_min = DECODE_COLUMNS_MIN
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -229,8 +241,13 @@ class BaseScheduler(ABC):
             run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
             # The bulk entries' processed tokens were left to this method; the others' first was counted by
             # ``_account`` at schedule time.
-            segments = ((scheduled, num_steps),) if bulk == len(scheduled) else \
-                ((scheduled[:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
+            cols, ncol = self._columns, out.columnar
+            crossed = None
+            if ncol:
+                # Fast path: the decode columns advance in one numpy pass (the loop below is the slow path).
+                grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
+                                              run_decode if shares is not None else None, run_overhead)
+            segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
                 for req, _ in segment:
                     # Gaps: from its previous token to the run's first, then each step (the last is the longest).
@@ -260,15 +277,27 @@ class BaseScheduler(ABC):
             if self.blocks_hashed:
                 # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
                 cache_blocks = self.pool.cache_blocks
-                for req, _ in scheduled:
+                if ncol:
+                    computed = cols.computed
+                    for i in crossed.tolist():
+                        cache_blocks(cols.requests[i], int(computed[i]))
+                for req, _ in scheduled[ncol:]:
                     cache_blocks(req, req.num_computed_tokens)
+            if ncol:
+                done[:0] = self._columns_finished()
         else:
-            if bulk:
+            ncol = out.columnar
+            if ncol:
+                # Fast path: the decode columns advance in one numpy pass (the loops below are the slow path).
+                self._columns.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
+                                      shares[3] if shares is not None else None)
+                done.extend(self._columns_finished())
+            if bulk > ncol:
                 # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
                 # computed >= prompt and >= high_water, so none is a prefill chunk or a first token.  The same
                 # updates as the general loop below, without its branches.
                 per_dec, overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
-                for req, _ in scheduled if bulk == len(scheduled) else scheduled[:bulk]:
+                for req, _ in scheduled if bulk == len(scheduled) and not ncol else scheduled[ncol:bulk]:
                     computed = req.num_computed_tokens + 1
                     req.num_computed_tokens = computed
                     req.high_water = computed
@@ -333,6 +362,19 @@ class BaseScheduler(ABC):
             self._end(req, Status.FINISHED, end_s)
         return grown
 
+    def _columns_finished(self) -> list[Request]:
+        """Segment requests whose last token came out: written back and taken out of the columns, in order."""
+        cols = self._columns
+        fin = cols.finished()
+        if not len(fin):
+            return []
+        positions = fin.tolist()
+        cols.sync(positions)
+        reqs = cols.requests
+        done = [reqs[i] for i in positions]
+        cols.drop(positions)
+        return done
+
     def _store_computed_blocks(self, out: SchedulerOutput) -> None:
         """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
         copies overlap compute, so the step's duration does not include them)."""
@@ -360,6 +402,13 @@ class BaseScheduler(ABC):
     def abort(self, req: Request, status: Status, now: float) -> None:
         """The client went away (timeout or cancel): free its blocks now and record the status."""
         if req.status in (Status.RUNNING,):
+            cols = self._columns
+            if cols is not None and len(cols):
+                for i, r in enumerate(cols.requests):
+                    if r is req:
+                        cols.sync([i])
+                        cols.drop([i])
+                        break
             self.running.remove(req)
         elif req.status == Status.WAITING:
             self.waiting.remove(req)
@@ -465,16 +514,36 @@ class BaseScheduler(ABC):
         requests (the token budget); with ``whole``, all of them or none (the priority policy may preempt a
         request scheduled earlier in the step, which the general loop must then take back).  The entries'
         token split is (0, 0, 1), their processed tokens are counted by update_from_output, and they are
-        the first entries of ``out.scheduled``."""
+        the first entries of ``out.scheduled``.
+
+        With decode columns (:meth:`use_decode_columns`), the segment of running requests kept as arrays leads
+        the prefix: it is checked and scheduled with a few numpy operations (its requests are steady decodes by
+        construction, so only its block demand is checked), and the steady decodes the loop finds after it
+        join it.  A segment that does not fit whole, or the budget, is written back first (the loop then
+        finds where the general loop would stop)."""
         running = self.running
         block_size = self.block_size
         free = self.pool.num_free
         need = 0
         context = 0
         min_remaining = 1 << 62
+        cols = self._columns
+        seg = 0
+        if cols is not None and len(cols):
+            seg = len(cols)
+            seg_need = cols.step_need()
+            if seg < self._columns_min // 2 or seg > limit or seg_need > free:
+                self.sync_requests()
+                seg = 0
+            else:
+                need = seg_need
+                context = int(cols.computed.sum()) + seg
+                min_remaining = int((cols.final - cols.computed).min())
         growing = []
-        count = 0
-        for req in running:
+        count = seg
+        joinable = 0  # steady decodes right after the segment, in a row, that may join it
+        hashed = self.blocks_hashed
+        for req in running if not seg else running[seg:]:
             if count >= limit:
                 break
             computed = req.num_computed_tokens
@@ -493,6 +562,11 @@ class BaseScheduler(ABC):
                     break  # holds more blocks than its tokens need: left to the general loop
                 need += grow
                 growing.append((req, blocks))
+            if cols is not None and joinable == count - seg:
+                # Joins in a state the columns derive everything from (see sim/engine/decode_columns.py).
+                if (-(-computed // block_size) == req.blocks and req.stalled_since != req.stalled_since
+                        and (not hashed or len(req.block_ids) == computed // block_size)):
+                    joinable += 1
             context += computed + 1
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
@@ -504,15 +578,25 @@ class BaseScheduler(ABC):
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
+        if joinable and (seg or joinable >= self._columns_min):
+            cols.join(running[seg:seg + joinable])
+            seg += joinable
         batch = running if count == len(running) else running[:count]
-        if self.blocks_hashed:
+        if hashed:
             # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
             cache_blocks = self.pool.cache_blocks
-            for req in batch:
+            if seg:
+                # A segment request at c computed holds c // B hashed blocks: the token fills one when
+                # (c + 1) % B == 0.
+                computed = cols.computed
+                for i in np.flatnonzero((computed + 1) % block_size == 0).tolist():
+                    cache_blocks(cols.requests[i], int(computed[i]) + 1)
+            for req in batch[seg:] if seg else batch:
                 if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
                     cache_blocks(req, req.num_computed_tokens + 1)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
-        out.scheduled = [(req, 1) for req in batch]
+        out.columnar = seg
+        out.scheduled = list(zip(batch, repeat(1, count)))
         out.decode_tokens += count
         shape = out.shape
         shape.num_seqs += count
@@ -521,6 +605,48 @@ class BaseScheduler(ABC):
         if count == len(running):
             out.min_remaining_outputs = min_remaining
         return count
+
+    # ---- decode columns (see sim/engine/decode_columns.py) ----------------------------------------------
+    def use_decode_columns(self, min_batch: int = DECODE_COLUMNS_MIN) -> None:
+        """Keep the leading steady decodes of the running batch as arrays once at least ``min_batch`` of them
+        run (a smaller segment is written back: below that a Python loop over the requests is cheaper).  Only
+        for a run loop that reads requests solely through the scheduler (no observer: Request attributes of
+        the segment are stale), and only where every step's reads are covered: not under the priority
+        policy (it may preempt any running request) nor with CPU-offload write-through (it reads every
+        scheduled request's blocks)."""
+        if self.write_through or self.waiting.priority or not getattr(self, "supports_decode_columns", False):
+            return
+        self._columns = DecodeColumns(self.block_size)
+        self._columns_min = max(2, int(min_batch))
+
+    def stop_decode_columns(self) -> None:
+        """Back to Request objects only (something else reads running requests now: an observer)."""
+        self.sync_requests()
+        self._columns = None
+
+    def sync_requests(self) -> None:
+        """Write the decode columns back to their requests and empty them (between steps)."""
+        cols = self._columns
+        if cols is not None and len(cols):
+            cols.sync()
+            cols.drop(None)
+
+    def running_num_tokens(self) -> np.ndarray:
+        """``num_tokens`` of every running request, in order."""
+        cols = self._columns
+        seg = len(cols) if cols is not None else 0
+        rest = np.fromiter((r.num_tokens for r in self.running[seg:]), dtype=np.int64, count=len(self.running) - seg)
+        return np.concatenate((cols.computed + 1, rest)) if seg else rest
+
+    def min_remaining_outputs(self) -> int:
+        """Fewest outputs any running request still has to produce."""
+        cols = self._columns
+        seg = len(cols) if cols is not None else 0
+        best = int((cols.final - cols.computed).min()) if seg else 1 << 62
+        for r in self.running[seg:]:
+            if r.max_output - r.num_output_tokens < best:
+                best = r.max_output - r.num_output_tokens
+        return best
 
     def _predicted_fits(self, req: Request, free: int) -> bool:
         """kvtune's predicted-memory admission: prompt + predicted remaining output must leave headroom."""

@@ -15,6 +15,9 @@ from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 class V1Scheduler(BaseScheduler):
     """The ``vllm-v1`` flavor."""
 
+    #: Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS).
+    supports_decode_columns = True
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
