@@ -69,11 +69,16 @@ class DecodeColumns:
             floats[:, :n] = self.floats[:, :n]
             self.ints, self.floats = ints, floats
         self.requests.extend(reqs)
-        self.ints[:, n:n + k] = np.array([
-            (r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
-             r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs], dtype=np.int64).T
-        self.floats[:, n:n + k] = np.array([
-            (r.last_token_s, r.max_itl_s, r.time_decode_s, r.time_overhead_s) for r in reqs], dtype=np.float64).T
+        ints = [(r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
+                 r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs]
+        floats = [(r.last_token_s, r.max_itl_s, r.time_decode_s, r.time_overhead_s) for r in reqs]
+        if k <= 8:  # a few: column by column (cheaper than building a matrix)
+            for j in range(k):
+                self.ints[:, n + j] = ints[j]
+                self.floats[:, n + j] = floats[j]
+        else:
+            self.ints[:, n:n + k] = np.array(ints, dtype=np.int64).T
+            self.floats[:, n:n + k] = np.array(floats, dtype=np.float64).T
 
     def sync(self, positions=None) -> None:
         """Write the arrays back to the requests at ``positions`` (all when ``None``), between steps."""
@@ -82,6 +87,7 @@ class DecodeColumns:
         reqs = self.requests
         if positions is None:
             positions = range(n)
+        if len(positions) > 8:
             ints = self.ints[:, :n].T.tolist()  # one (computed, final, prompt, proc_off, kv_join) per request
             floats = self.floats[:, :n].T.tolist()
         else:  # a few: their columns only
@@ -112,7 +118,25 @@ class DecodeColumns:
         self.ints[:, :m] = self.ints[:, :n][:, keep]
         self.floats[:, :m] = self.floats[:, :n][:, keep]
 
+    def truncate(self, keep: int) -> None:
+        """Write back the requests after the first ``keep`` and take them out of the segment."""
+        n = len(self.requests)
+        if keep < n:
+            self.sync(range(keep, n))
+            del self.requests[keep:]
+
     # ---- one step --------------------------------------------------------------------------------------
+    def fitting(self, free: int, limit: int) -> int:
+        """How many leading requests the general loop would schedule without preempting: the longest prefix,
+        at most ``limit`` long, whose blocks (one per request at a block boundary) fit ``free``."""
+        n = len(self.requests)
+        crossing = self.computed % self.block_size == 0
+        if int(np.count_nonzero(crossing)) <= free:
+            return min(n, limit)
+        # First position whose cumulative need exceeds the free blocks.
+        over = int(np.searchsorted(np.cumsum(crossing), free, side="right"))
+        return min(over, limit)
+
     def step_need(self) -> int:
         """Blocks this step's tokens cross into (a decode at ``c`` computed needs one when ``c % B == 0``)."""
         return int(np.count_nonzero(self.computed % self.block_size == 0))

@@ -21,8 +21,14 @@ from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
 
-#: Smallest segment the decode columns take on (measured with benchmarks/sim_speed.py: see use_decode_columns).
-DECODE_COLUMNS_MIN = 32
+#: Smallest segment the decode columns take on: their numpy calls cost a fixed ~100 us a step here, so they pay
+#: only for large batches.  Measured (one core of the 2-core machine, Llama-3-8B/H100, single steps, mixed
+#: with admissions; /work/notes/speed-engine-report.md): us per step without / with columns at a mean of 65
+#: running 90 / 98, 177 running 220 / 200, 378 running 391 / 248.
+DECODE_COLUMNS_MIN = 192
+#: Steady decodes that join an existing segment together (fewer wait in the object path: a join costs a few
+#: numpy calls whatever its size).
+DECODE_COLUMNS_JOIN = 4
 
 
 @dataclass
@@ -442,7 +448,10 @@ class BaseScheduler(ABC):
         prefill, recompute and decode, and add their compute and KV reads to the step's shape."""
         computed = req.num_computed_tokens
         end = computed + num_new
-        prefill_new, recompute, decode = split_tokens(req, num_new)
+        if num_new == 1 and computed >= req.prompt_tokens and computed >= req.high_water:
+            prefill_new, recompute, decode = 0, 0, 1  # a decode: split_tokens' answer without its calls
+        else:
+            prefill_new, recompute, decode = split_tokens(req, num_new)
         out.prefill_tokens_recompute += sign * recompute
         out.prefill_tokens_new += sign * prefill_new
         out.decode_tokens += sign * decode
@@ -531,12 +540,18 @@ class BaseScheduler(ABC):
         seg = 0
         if cols is not None and len(cols):
             seg = len(cols)
-            seg_need = cols.step_need()
-            if seg < self._columns_min // 2 or seg > limit or seg_need > free:
-                self.sync_requests()
+            if seg < self._columns_min // 2:
+                self.sync_requests()  # too small to pay for its numpy calls
                 seg = 0
             else:
-                need = seg_need
+                # The segment's first ``fit`` requests are scheduled as the general loop would (blocks within the
+                # free ones, tokens within the budget); the rest is written back and left to the loop.
+                fit = cols.fitting(free, limit)
+                if fit < seg:
+                    cols.truncate(fit)
+                    seg = fit
+            if seg:
+                need = cols.step_need()
                 context = int(cols.computed.sum()) + seg
                 min_remaining = int((cols.final - cols.computed).min())
         growing = []
@@ -578,7 +593,7 @@ class BaseScheduler(ABC):
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
-        if joinable and (seg or joinable >= self._columns_min):
+        if joinable and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
             cols.join(running[seg:seg + joinable])
             seg += joinable
         batch = running if count == len(running) else running[:count]

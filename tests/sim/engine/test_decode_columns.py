@@ -77,6 +77,7 @@ def test_the_columns_take_on_a_large_batch():
                      load_gpu("H100-SXM"), latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False)
     seen = []
     scheduler = sim.core.scheduler
+    scheduler.use_decode_columns(32)
     original = scheduler.update_from_output
 
     def spy(out, *args, **kwargs):
