@@ -116,11 +116,11 @@ class LatencyModel(ABC):
             return StepParts(transfer_s=transfer, overhead_s=total - transfer)
         overhead = self.overhead_time(shape) - self.hidden_overhead_time(shape)
         compute = total - transfer
+        if not shape.prefill_tokens:
+            return StepParts(decode_s=compute - overhead, transfer_s=transfer, overhead_s=overhead)
         decodes = StepShape(num_decode=shape.num_decode, decode_context=shape.decode_context, num_seqs=shape.num_decode)
         decode_only = self.step_time(decodes) if shape.num_decode else overhead
         prefill = compute - decode_only
-        if not shape.prefill_tokens:
-            return StepParts(decode_s=compute - overhead, transfer_s=transfer, overhead_s=overhead)
         recompute = 0.0
         if shape.recompute_tokens >= shape.prefill_tokens:
             recompute = prefill
