@@ -558,6 +558,7 @@ class BaseScheduler(ABC):
         count = seg
         joinable = 0  # steady decodes right after the segment, in a row, that may join it
         hashed = self.blocks_hashed
+        to_hash = []
         for req in running if not seg else running[seg:]:
             if count >= limit:
                 break
@@ -586,6 +587,8 @@ class BaseScheduler(ABC):
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
                 min_remaining = remaining
+            if hashed and (computed + 1) // block_size > len(req.block_ids):
+                to_hash.append((count, req))  # this step's token fills a block: hashed below
             count += 1
         if not count or (whole and count < len(running)):
             return 0
@@ -606,8 +609,8 @@ class BaseScheduler(ABC):
                 computed = cols.computed
                 for i in np.flatnonzero((computed + 1) % block_size == 0).tolist():
                     cache_blocks(cols.requests[i], int(computed[i]) + 1)
-            for req in batch[seg:] if seg else batch:
-                if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
+            for position, req in to_hash:
+                if position >= seg:  # (the segment's were hashed above, joiners included)
                     cache_blocks(req, req.num_computed_tokens + 1)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.columnar = seg
