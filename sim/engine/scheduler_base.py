@@ -10,12 +10,25 @@ import heapq
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
 
 from sim.engine.config import EngineConfig
+from sim.engine.decode_columns import DecodeColumns
 from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
 from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
+
+#: Smallest segment the decode columns take on: their numpy calls cost a fixed ~100 us a step here, so they pay
+#: only for large batches.  Measured (one core of the 2-core machine, Llama-3-8B/H100, single steps, mixed
+#: with admissions; /work/notes/speed-engine-report.md): us per step without / with columns at a mean of 65
+#: running 90 / 98, 177 running 220 / 200, 378 running 391 / 248.
+DECODE_COLUMNS_MIN = 192
+#: Steady decodes that join an existing segment together (fewer wait in the object path: a join costs a few
+#: numpy calls whatever its size).
+DECODE_COLUMNS_JOIN = 4
 
 
 @dataclass
@@ -37,9 +50,15 @@ class SchedulerOutput:
     steady_decode: bool = False
     #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
     min_remaining_outputs: int = 0
-    #: How many leading entries of ``scheduled`` the all-decode fast path scheduled; it leaves their
-    #: processed-token count to update_from_output.
+    #: How many leading entries of ``scheduled`` the decode fast path scheduled (one decode token each, see
+    #: :meth:`BaseScheduler._schedule_decode_prefix`); it leaves their processed-token count to
+    #: update_from_output.
     bulk_decode: int = 0
+    #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
+    #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
+    splits: list[tuple[int, int, int]] = field(default_factory=list)
+    #: How many of the bulk entries are the scheduler's decode columns (updated as arrays).
+    columnar: int = 0
 
 
 def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
@@ -146,6 +165,9 @@ class BaseScheduler(ABC):
         #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
         self.load_time = None
         self.loading: list[tuple[float, Request]] = []
+        #: The running batch's leading steady decodes as arrays (off unless :meth:`use_decode_columns`).
+        self._columns: DecodeColumns | None = None
+        self._columns_min = DECODE_COLUMNS_MIN
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -203,74 +225,135 @@ class BaseScheduler(ABC):
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
 
     def update_from_output(
-        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0
+        self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0,
+        shares: tuple[float, float, float, float] | None = None,
     ) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
         A run's first step ends at ``first_end_s`` and its last lasts ``last_gap_s`` (its longest, step times
         only grow along a run): the inter-token gaps.
+        ``shares`` (from the engine core, when it attributes step time to requests): seconds per new-prefill,
+        recompute and decode token and per scheduled request (overhead) of the step, or of the whole run
+        (a run's decode share is then per request, not per token); each request's ``time_*_s`` grow by them.
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
         grown = 0
+        scheduled = out.scheduled
+        bulk = out.bulk_decode
         if num_steps > 1:
             # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
             block_size = self.block_size
-            # A run is pure decode of every running request: all of them came from the fast path or none.
-            extra = num_steps if out.bulk_decode else num_steps - 1
-            for req, _ in out.scheduled:
-                # Gaps: from its previous token to the run's first, then each step (the last is the longest).
-                gap = first_end_s - req.last_token_s
-                if gap < last_gap_s:
-                    gap = last_gap_s
-                if not gap <= req.max_itl_s:
-                    req.max_itl_s = gap
-                req.last_token_s = end_s
-                computed = req.num_computed_tokens + num_steps
-                req.num_computed_tokens = computed
-                req.high_water = computed
-                req.num_output_tokens += num_steps
-                req.processed_tokens += extra
-                req.appended_tokens = computed  # V0 block table: each step appended the previous token
-                blocks = -(-computed // block_size)
-                grown += blocks - req.blocks
-                req.blocks = blocks
-                if blocks > req.kv_blocks_peak:
-                    req.kv_blocks_peak = blocks
-                if req.num_output_tokens >= req.max_output:
-                    done.append(req)
+            run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
+            # The bulk entries' processed tokens were left to this method; the others' first was counted by
+            # ``_account`` at schedule time.
+            cols, ncol = self._columns, out.columnar
+            crossed = None
+            if ncol:
+                # Fast path: the decode columns advance in one numpy pass (the loop below is the slow path).
+                grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
+                                              run_decode if shares is not None else None, run_overhead)
+            segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
+            for segment, extra in segments:
+                for req, _ in segment:
+                    # Gaps: from its previous token to the run's first, then each step (the last is the longest).
+                    gap = first_end_s - req.last_token_s
+                    if gap < last_gap_s:
+                        gap = last_gap_s
+                    if not gap <= req.max_itl_s:
+                        req.max_itl_s = gap
+                    req.last_token_s = end_s
+                    computed = req.num_computed_tokens + num_steps
+                    req.num_computed_tokens = computed
+                    req.high_water = computed
+                    req.num_output_tokens += num_steps
+                    req.processed_tokens += extra
+                    req.appended_tokens = computed  # V0 block table: each step appended the previous token
+                    blocks = -(-computed // block_size)
+                    grown += blocks - req.blocks
+                    req.blocks = blocks
+                    if blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = blocks
+                    if shares is not None:
+                        req.time_decode_s += run_decode
+                        req.time_overhead_s += run_overhead
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
             self.pool.allocate(grown)
             if self.blocks_hashed:
                 # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
                 cache_blocks = self.pool.cache_blocks
-                for req, _ in out.scheduled:
+                if ncol:
+                    computed = cols.computed
+                    for i in crossed.tolist():
+                        cache_blocks(cols.requests[i], int(computed[i]))
+                for req, _ in scheduled[ncol:]:
                     cache_blocks(req, req.num_computed_tokens)
+            if ncol:
+                done[:0] = self._columns_finished()
         else:
-            if out.bulk_decode:
-                for req, _ in out.scheduled[:out.bulk_decode]:
-                    req.processed_tokens += 1
-            for req, num_new in out.scheduled:
-                computed = req.num_computed_tokens + num_new
-                req.num_computed_tokens = computed
-                if computed > req.high_water:
+            ncol = out.columnar
+            if ncol:
+                # Fast path: the decode columns advance in one numpy pass (the loops below are the slow path).
+                self._columns.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
+                                      shares[3] if shares is not None else None)
+                done.extend(self._columns_finished())
+            if bulk > ncol:
+                # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
+                # computed >= prompt and >= high_water, so none is a prefill chunk or a first token.  The same
+                # updates as the general loop below, without its branches.
+                per_dec, overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
+                for req, _ in scheduled if bulk == len(scheduled) and not ncol else scheduled[ncol:bulk]:
+                    computed = req.num_computed_tokens + 1
+                    req.num_computed_tokens = computed
                     req.high_water = computed
-                if req.blocks > req.kv_blocks_peak:
-                    req.kv_blocks_peak = req.blocks
-                if computed < req.prompt_tokens + req.num_output_tokens:
-                    continue  # a prefill chunk that did not reach the end: no token sampled
-                req.num_output_tokens += 1
-                if req.num_output_tokens == 1:
-                    req.first_token_s = req.last_token_s = end_s
-                    req.end_stall(end_s)  # preempted before its first token
-                else:
-                    gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                    req.appended_tokens = computed  # V0: what _schedule_running sets at schedule time
+                    req.processed_tokens += 1
+                    if req.blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = req.blocks
+                    gap = end_s - req.last_token_s
                     if not gap <= req.max_itl_s:
                         req.max_itl_s = gap
                     req.last_token_s = end_s
                     if req.stalled_since == req.stalled_since:
                         req.end_stall(end_s)
-                if req.num_output_tokens >= req.max_output:
-                    done.append(req)
+                    if shares is not None:
+                        req.time_decode_s += per_dec
+                        req.time_overhead_s += overhead
+                    req.num_output_tokens += 1
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
+            if bulk < len(scheduled):
+                rest = scheduled[bulk:] if bulk else scheduled
+                if shares is not None:
+                    per_new, per_rec, per_dec, overhead = shares
+                    for (req, _), (new, rec, dec) in zip(rest, out.splits):
+                        req.time_prefill_new_s += new * per_new
+                        req.time_recompute_s += rec * per_rec
+                        req.time_decode_s += dec * per_dec
+                        req.time_overhead_s += overhead
+                for req, num_new in rest:
+                    computed = req.num_computed_tokens + num_new
+                    req.num_computed_tokens = computed
+                    if computed > req.high_water:
+                        req.high_water = computed
+                    if req.blocks > req.kv_blocks_peak:
+                        req.kv_blocks_peak = req.blocks
+                    if computed < req.prompt_tokens + req.num_output_tokens:
+                        continue  # a prefill chunk that did not reach the end: no token sampled
+                    req.num_output_tokens += 1
+                    if req.num_output_tokens == 1:
+                        req.first_token_s = req.last_token_s = end_s
+                        req.end_stall(end_s)  # preempted before its first token
+                    else:
+                        gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
+                        if not gap <= req.max_itl_s:
+                            req.max_itl_s = gap
+                        req.last_token_s = end_s
+                        if req.stalled_since == req.stalled_since:
+                            req.end_stall(end_s)
+                    if req.num_output_tokens >= req.max_output:
+                        done.append(req)
         if self.write_through:
             self._store_computed_blocks(out)
         for req in done:
@@ -284,6 +367,19 @@ class BaseScheduler(ABC):
                 self._free(req)
             self._end(req, Status.FINISHED, end_s)
         return grown
+
+    def _columns_finished(self) -> list[Request]:
+        """Segment requests whose last token came out: written back and taken out of the columns, in order."""
+        cols = self._columns
+        fin = cols.finished()
+        if not len(fin):
+            return []
+        positions = fin.tolist()
+        cols.sync(positions)
+        reqs = cols.requests
+        done = [reqs[i] for i in positions]
+        cols.drop(positions)
+        return done
 
     def _store_computed_blocks(self, out: SchedulerOutput) -> None:
         """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
@@ -312,6 +408,13 @@ class BaseScheduler(ABC):
     def abort(self, req: Request, status: Status, now: float) -> None:
         """The client went away (timeout or cancel): free its blocks now and record the status."""
         if req.status in (Status.RUNNING,):
+            cols = self._columns
+            if cols is not None and len(cols):
+                for i, r in enumerate(cols.requests):
+                    if r is req:
+                        cols.sync([i])
+                        cols.drop([i])
+                        break
             self.running.remove(req)
         elif req.status == Status.WAITING:
             self.waiting.remove(req)
@@ -345,7 +448,10 @@ class BaseScheduler(ABC):
         prefill, recompute and decode, and add their compute and KV reads to the step's shape."""
         computed = req.num_computed_tokens
         end = computed + num_new
-        prefill_new, recompute, decode = split_tokens(req, num_new)
+        if num_new == 1 and computed >= req.prompt_tokens and computed >= req.high_water:
+            prefill_new, recompute, decode = 0, 0, 1  # a decode: split_tokens' answer without its calls
+        else:
+            prefill_new, recompute, decode = split_tokens(req, num_new)
         out.prefill_tokens_recompute += sign * recompute
         out.prefill_tokens_new += sign * prefill_new
         out.decode_tokens += sign * decode
@@ -366,8 +472,13 @@ class BaseScheduler(ABC):
                 shape.recompute_context += sign * (computed + recompute)
         if sign > 0:
             out.scheduled.append((req, num_new))
+            out.splits.append((prefill_new, recompute, decode))
         else:
-            out.scheduled.remove((req, num_new))
+            # Only entries after the bulk ones are taken back (the fast path is whole-batch under priority).
+            position = out.scheduled.index((req, num_new))
+            assert position >= out.bulk_decode, "a fast-path entry taken back"
+            del out.scheduled[position]
+            del out.splits[position - out.bulk_decode]
 
     def _mark_scheduled(self, req: Request, now: float) -> None:
         """First scheduling, or a resume after preemption (the wait since the preemption is accounted)."""
@@ -398,51 +509,162 @@ class BaseScheduler(ABC):
             self.waiting.prepend(victim)
         out.preempted.append(victim)
 
-    def _schedule_all_decodes(self, out: SchedulerOutput) -> bool:
-        """Fast path for the common step, both flavors: every running request decodes one new token and the free
-        blocks cover every block boundary crossed, so no request preempts another.  Same decisions as the
-        general loop (V1 ``schedule``, V0 ``_schedule_running``: it then skips it), without its per-request
-        bookkeeping calls.  Returns False, changing nothing, when it does not apply.  The caller checked the
-        token budget covers one token per running request."""
+    def _schedule_decode_prefix(self, out: SchedulerOutput, limit: int, touch_one: bool, whole: bool = False) -> int:
+        """Fast path, both flavors: schedule the leading running requests that decode one token each, as far as
+        the general loop (V1 ``schedule``, V0 ``_schedule_running``) would schedule them without preempting
+        anyone, and return how many (0: nothing changed).  The general loop then goes on from there.
+
+        Same decisions as the general loop, which for each request in order takes the blocks its token
+        crosses into, preempting from the back while they do not fit: a leading decode is scheduled without a
+        preemption as long as the blocks of the decodes before it and its own fit the free blocks (V1:
+        ``need > num_free``), or, with ``touch_one`` (V0's can_append_slots: every decode needs a free block,
+        see V0Scheduler._append_touched), as long as a free block is left after the decodes before it.  Block
+        allocation is count-only (allocating a sum is allocating its parts in order).  At most ``limit``
+        requests (the token budget); with ``whole``, all of them or none (the priority policy may preempt a
+        request scheduled earlier in the step, which the general loop must then take back).  The entries'
+        token split is (0, 0, 1), their processed tokens are counted by update_from_output, and they are
+        the first entries of ``out.scheduled``.
+
+        With decode columns (:meth:`use_decode_columns`), the segment of running requests kept as arrays leads
+        the prefix: it is checked and scheduled with a few numpy operations (its requests are steady decodes by
+        construction, so only its block demand is checked), and the steady decodes the loop finds after it
+        join it.  A segment that does not fit whole, or the budget, is written back first (the loop then
+        finds where the general loop would stop)."""
+        running = self.running
         block_size = self.block_size
+        free = self.pool.num_free
         need = 0
         context = 0
         min_remaining = 1 << 62
+        cols = self._columns
+        seg = 0
+        if cols is not None and len(cols):
+            seg = len(cols)
+            if seg < self._columns_min // 2:
+                self.sync_requests()  # too small to pay for its numpy calls
+                seg = 0
+            else:
+                # The segment's first ``fit`` requests are scheduled as the general loop would (blocks within the
+                # free ones, tokens within the budget); the rest is written back and left to the loop.
+                fit = cols.fitting(free, limit)
+                if fit < seg:
+                    cols.truncate(fit)
+                    seg = fit
+            if seg:
+                need = cols.step_need()
+                context = int(cols.computed.sum()) + seg
+                min_remaining = int((cols.final - cols.computed).min())
         growing = []
-        for req in self.running:
+        count = seg
+        joinable = 0  # steady decodes right after the segment, in a row, that may join it
+        hashed = self.blocks_hashed
+        to_hash = []
+        for req in running if not seg else running[seg:]:
+            if count >= limit:
+                break
             computed = req.num_computed_tokens
             if (req.prompt_tokens + req.num_output_tokens - computed != 1 or computed < req.prompt_tokens
                     or computed < req.high_water):
-                return False
+                break
             blocks = (computed + block_size) // block_size
-            if blocks != req.blocks:
-                need += blocks - req.blocks
+            grow = blocks - req.blocks
+            if touch_one:
+                if need >= free or req.appended_tokens != computed:
+                    break  # (its block table has seen every token but the last: then it touches one block)
+            elif need + grow > free:
+                break
+            if grow:
+                if grow < 0:
+                    break  # holds more blocks than its tokens need: left to the general loop
+                need += grow
                 growing.append((req, blocks))
+            if cols is not None and joinable == count - seg:
+                # Joins in a state the columns derive everything from (see sim/engine/decode_columns.py).
+                if (-(-computed // block_size) == req.blocks and req.stalled_since != req.stalled_since
+                        and (not hashed or len(req.block_ids) == computed // block_size)):
+                    joinable += 1
             context += computed + 1
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
                 min_remaining = remaining
-        if need > self.pool.num_free:
-            return False
+            if hashed and (computed + 1) // block_size > len(req.block_ids):
+                to_hash.append((count, req))  # this step's token fills a block: hashed below
+            count += 1
+        if not count or (whole and count < len(running)):
+            return 0
+        assert not out.scheduled, "the decode fast path schedules the step's first entries"
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
-        if self.blocks_hashed:
+        if joinable and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
+            cols.join(running[seg:seg + joinable])
+            seg += joinable
+        batch = running if count == len(running) else running[:count]
+        if hashed:
             # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
             cache_blocks = self.pool.cache_blocks
-            for req in self.running:
-                if (req.num_computed_tokens + 1) // block_size > len(req.block_ids):
+            if seg:
+                # A segment request at c computed holds c // B hashed blocks: the token fills one when
+                # (c + 1) % B == 0.
+                computed = cols.computed
+                for i in np.flatnonzero((computed + 1) % block_size == 0).tolist():
+                    cache_blocks(cols.requests[i], int(computed[i]) + 1)
+            for position, req in to_hash:
+                if position >= seg:  # (the segment's were hashed above, joiners included)
                     cache_blocks(req, req.num_computed_tokens + 1)
-        count = len(self.running)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
-        out.scheduled = [(req, 1) for req in self.running]
+        out.columnar = seg
+        out.scheduled = list(zip(batch, repeat(1, count)))
         out.decode_tokens += count
         shape = out.shape
         shape.num_seqs += count
         shape.num_decode += count
         shape.decode_context += context
-        out.min_remaining_outputs = min_remaining
-        return True
+        if count == len(running):
+            out.min_remaining_outputs = min_remaining
+        return count
+
+    # ---- decode columns (see sim/engine/decode_columns.py) ----------------------------------------------
+    def use_decode_columns(self, min_batch: int = DECODE_COLUMNS_MIN) -> None:
+        """Keep the leading steady decodes of the running batch as arrays once at least ``min_batch`` of them
+        run (a smaller segment is written back: below that a Python loop over the requests is cheaper).  Only
+        for a run loop that reads requests solely through the scheduler (no observer: Request attributes of
+        the segment are stale), and only where every step's reads are covered: not under the priority
+        policy (it may preempt any running request) nor with CPU-offload write-through (it reads every
+        scheduled request's blocks)."""
+        if self.write_through or self.waiting.priority or not getattr(self, "supports_decode_columns", False):
+            return
+        self._columns = DecodeColumns(self.block_size)
+        self._columns_min = max(2, int(min_batch))
+
+    def stop_decode_columns(self) -> None:
+        """Back to Request objects only (something else reads running requests now: an observer)."""
+        self.sync_requests()
+        self._columns = None
+
+    def sync_requests(self) -> None:
+        """Write the decode columns back to their requests and empty them (between steps)."""
+        cols = self._columns
+        if cols is not None and len(cols):
+            cols.sync()
+            cols.drop(None)
+
+    def running_num_tokens(self) -> np.ndarray:
+        """``num_tokens`` of every running request, in order."""
+        cols = self._columns
+        seg = len(cols) if cols is not None else 0
+        rest = np.fromiter((r.num_tokens for r in self.running[seg:]), dtype=np.int64, count=len(self.running) - seg)
+        return np.concatenate((cols.computed + 1, rest)) if seg else rest
+
+    def min_remaining_outputs(self) -> int:
+        """Fewest outputs any running request still has to produce."""
+        cols = self._columns
+        seg = len(cols) if cols is not None else 0
+        best = int((cols.final - cols.computed).min()) if seg else 1 << 62
+        for r in self.running[seg:]:
+            if r.max_output - r.num_output_tokens < best:
+                best = r.max_output - r.num_output_tokens
+        return best
 
     def _predicted_fits(self, req: Request, free: int) -> bool:
         """kvtune's predicted-memory admission: prompt + predicted remaining output must leave headroom."""

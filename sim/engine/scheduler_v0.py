@@ -106,7 +106,8 @@ class V0Scheduler(BaseScheduler):
         for victim in out.preempted:
             if victim.status == Status.WAITING:
                 self.waiting.prepend(victim)
-        all_decode = all(n == 1 for _, n in out.scheduled) and all(r.num_computed_tokens >= r.prompt_tokens for r, _ in out.scheduled)
+        all_decode = out.bulk_decode == len(out.scheduled) or (
+            all(n == 1 for _, n in out.scheduled) and all(r.num_computed_tokens >= r.prompt_tokens for r, _ in out.scheduled))
         out.steady_decode = (
             bool(scheduled) and not unscheduled and not out.preempted and not swapped_in
             and out.num_admitted == admitted_before == 0 and all_decode
@@ -155,15 +156,19 @@ class V0Scheduler(BaseScheduler):
     def _schedule_running(self, out: SchedulerOutput, now: float, budget: int | None) -> tuple[list[Request], list[Request]]:
         """Decode (and, chunked, continue prefilling) running sequences in order, preempting the last one when
         a block is missing.  Returns (scheduled, left unscheduled for lack of budget)."""
-        queue = deque(self.running)
+        running = self.running
+        # Fast path: the leading decodes in one pass (see _schedule_decode_prefix: a decode touches one block);
+        # the loop goes on from there.  They are decodes (in ``_decoding``), so ``_finishing`` is not read.
+        count = self._schedule_decode_prefix(out, len(running) if budget is None else budget, True) if running else 0
+        scheduled: list[Request] = running[:count] if count < len(running) else running
+        queue = deque(running[count:]) if count < len(running) else deque()
         self.running = []
-        scheduled: list[Request] = []
         # Stage of each scheduled request (vllm/sequence.py: DECODE once its prompt, or recompute, was computed
         # whole: it has a token the block table has not seen), and whether a prefill chunk finishes it.
-        self._decoding: set[Request] = set()
+        self._decoding: set[Request] = set(scheduled)
         self._finishing: dict[int, bool] = {}
         pool = self.pool
-        used = 0
+        used = count
         while queue:
             req = queue[0]
             num_new = req.num_tokens - req.num_computed_tokens

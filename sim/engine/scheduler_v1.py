@@ -15,6 +15,9 @@ from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 class V1Scheduler(BaseScheduler):
     """The ``vllm-v1`` flavor."""
 
+    #: Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS).
+    supports_decode_columns = True
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
@@ -41,10 +44,9 @@ class V1Scheduler(BaseScheduler):
         hashed = self.blocks_hashed
         all_decode = True
         # ---- running requests ------------------------------------------------------------------------
-        index = 0
-        if running and budget >= len(running) and self._schedule_all_decodes(out):
-            index = len(running)
-            budget -= index
+        # Fast path: the leading decodes in one pass (see _schedule_decode_prefix); the loop goes on from there.
+        index = self._schedule_decode_prefix(out, budget, False, self.priority_policy) if running else 0
+        budget -= index
         while index < len(running) and budget > 0:
             req = running[index]
             num_new = req.num_tokens - req.num_computed_tokens

@@ -105,21 +105,22 @@ class LatencyModel(ABC):
         this from ``step_time``; :meth:`step_parts` subtracts it from the overhead part."""
         return 0.0
 
-    def step_parts(self, shape: StepShape) -> StepParts:
+    def step_parts(self, shape: StepShape, total_s: float | None = None) -> StepParts:
         """Split ``step_time(shape)`` into :class:`StepParts` by marginal costs, using only :meth:`step_time`,
         :meth:`swap_time` and the overhead hooks, so every latency model gets it.  The parts sum to the step
-        time up to float rounding; each is non-negative when step time grows with every shape field."""
-        total = self.step_time(shape)
+        time up to float rounding; each is non-negative when step time grows with every shape field.
+        ``total_s``: ``step_time(shape)``, when the caller has it already."""
+        total = self.step_time(shape) if total_s is None else total_s  # (the caller's step_time(shape))
         transfer = self.swap_time(shape.swap_blocks, shape.swap_copies) if shape.swap_blocks else 0.0
         if shape.prefill_tokens + shape.num_decode == 0:
             return StepParts(transfer_s=transfer, overhead_s=total - transfer)
         overhead = self.overhead_time(shape) - self.hidden_overhead_time(shape)
         compute = total - transfer
+        if not shape.prefill_tokens:
+            return StepParts(decode_s=compute - overhead, transfer_s=transfer, overhead_s=overhead)
         decodes = StepShape(num_decode=shape.num_decode, decode_context=shape.decode_context, num_seqs=shape.num_decode)
         decode_only = self.step_time(decodes) if shape.num_decode else overhead
         prefill = compute - decode_only
-        if not shape.prefill_tokens:
-            return StepParts(decode_s=compute - overhead, transfer_s=transfer, overhead_s=overhead)
         recompute = 0.0
         if shape.recompute_tokens >= shape.prefill_tokens:
             recompute = prefill
@@ -142,6 +143,6 @@ class LatencyModel(ABC):
         """Parts of a step (``num_steps`` 1) or of a run of ``num_steps`` pure-decode steps lasting ``duration_s``
         in all: a run's steps are decode and overhead only."""
         if num_steps == 1:
-            return self.step_parts(shape)
+            return self.step_parts(shape, duration_s)  # a single step's duration is step_time(shape)
         overhead = num_steps * (self.overhead_time(shape) - self.hidden_overhead_time(shape))
         return StepParts(decode_s=duration_s - overhead, overhead_s=overhead)

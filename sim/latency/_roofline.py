@@ -205,8 +205,10 @@ class RooflineModel(LatencyModel):
         if p is None:
             return np.maximum(flops_time, bytes_time)
         if p == 2.0:
-            # np.sqrt is correctly rounded for floats and arrays alike, so step_time and decode_run_times agree.
-            return np.sqrt(flops_time * flops_time + bytes_time * bytes_time)
+            # np.sqrt and math.sqrt are both correctly rounded, so step_time and decode_run_times agree; a float
+            # takes math.sqrt (a numpy call on a scalar costs microseconds on the hot path).
+            square = flops_time * flops_time + bytes_time * bytes_time
+            return math.sqrt(square) if isinstance(square, float) else np.sqrt(square)
         return (flops_time**p + bytes_time**p) ** (1.0 / p)
 
     def _body_weight_bytes(self, num_tokens):
@@ -232,6 +234,8 @@ class RooflineModel(LatencyModel):
         """Step time from its host and GPU parts: their sum, or with async scheduling the longer of the two
         plus the host time that cannot overlap (floats or arrays)."""
         if self.async_scheduling:
+            if isinstance(gpu, float) and isinstance(host, float):  # scalars: no numpy call (same value)
+                return (host if host > gpu else gpu) + self.coefficients.async_exposed_s
             return np.maximum(host, gpu) + self.coefficients.async_exposed_s
         return host + gpu
 

@@ -8,7 +8,8 @@ import pytest
 
 from replay.calibrate import CalibrationRun, calibrate, load_profile, probe_workload
 from optimizer.cli import main
-from replay_test_helpers import GPU, MODEL
+from replay.results import ReplayResult
+from replay_test_helpers import GPU, MODEL, replay_lag_s
 from sim.engine.config import EngineConfig
 from sim.latency import LatencyCoefficients
 from sim.profiles import load_gpu, load_model
@@ -19,6 +20,9 @@ TRUE = {"overhead_s": 0.004, "per_seq_overhead_s": 3e-5, "mfu": 0.45, "bw_eff": 
 # The probe's own settings (replay/cli.py PROBE_KNOBS): no async scheduling, so host and GPU time add up and
 # can be told apart, and one-step prefills.
 KNOBS = {"max_model_len": 4096, "async_scheduling": False, "max_num_batched_tokens": 8192}
+#: Most lag (trace seconds) a replay may show for its timings to be the twin's: a quiet machine lags by
+#: milliseconds, a loaded one by seconds.
+MAX_LAG_S = 0.5
 
 
 def test_probe_fit_is_exact_on_simulated_measurements():
@@ -40,6 +44,11 @@ def test_calibrate_recovers_a_perturbed_twin(tmp_path):
                "--speed", "2.5", "--out", str(out), "--sample-interval", "1", *coefs])
     assert rc == 0
     (result_dir,) = sorted(out.glob("trial-*/seed-0"))
+    lag = replay_lag_s(ReplayResult.load(result_dir)[0])
+    if lag > MAX_LAG_S:
+        # The twin's steps and the client's reads ran late by more than a probe step lasts: the timings measure
+        # this machine's load, not the twin's profile (a quiet 2-core machine lags by milliseconds).
+        pytest.skip(f"the replay lagged {lag:.3f} trace seconds (> {MAX_LAG_S}): machine too loaded to calibrate")
     profile = tmp_path / "profile.yaml"
     assert main(["calibrate", str(result_dir), "--out", str(profile)]) == 0
     fitted = load_profile(profile)

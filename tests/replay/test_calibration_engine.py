@@ -152,3 +152,34 @@ def test_simulate_reads_the_profile_and_its_model(tmp_path, capsys):
     assert main(["simulate", "--profile", str(bad), "--max-requests", "3", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "coefficients.mfu: must be a number" in err[0]
+
+
+def _timed_result(span_s: float, info: dict):
+    import pandas as pd
+
+    from replay.results import ReplayResult
+
+    requests = pd.DataFrame({"arrival_s": [0.0, 1.0], "end_s": [span_s / 2, span_s], "status": ["finished"] * 2})
+    return ReplayResult(requests=requests, steps=pd.DataFrame(), samples=pd.DataFrame(), info=info)
+
+
+def test_contended_share_counts_only_the_wait_for_a_core():
+    from replay.calibrate import contended_share, cpu_share
+
+    # Kernel schedstat recorded: run / (run + wait), whatever the engine's idle time in the span.
+    timed = _timed_result(10.0, {"engine_cpu_s": 4.0, "engine_run_s": 3.0, "engine_wait_s": 1.0})
+    assert contended_share(timed) == pytest.approx(0.75)
+    assert cpu_share(timed) == pytest.approx(0.4)  # the busy-span share counts the idle gaps too
+    assert math.isnan(contended_share(_timed_result(2.0, {"engine_cpu_s": 1.0})))
+
+
+def test_engine_sched_seconds_reads_this_process_group():
+    import os
+
+    from replay.calibrate import engine_sched_seconds
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("needs Linux /proc")
+    run, wait = engine_sched_seconds(os.getpgid(0), names=("python", "pytest"))
+    assert run > 0 and wait >= 0  # this test's own process has run
+    assert engine_sched_seconds(os.getpgid(0), names=("no-such-process",)) == (0.0, 0.0)

@@ -1,0 +1,91 @@
+"""Check that a change to the engine leaves every decision alone: run ``benchmarks/sim_speed.py``'s cases with
+two checkouts of kvtune and compare their request and step tables.
+
+Each (checkout, case) runs in its own process with that checkout first on ``sys.path``.  Integer and text
+columns must be equal; float columns equal up to ``--rtol`` (relative, default 1e-9: sums of per-step
+shares may be added in another order) with NaN equal to NaN.
+
+    python benchmarks/tools/compare_tables.py --base /path/to/other/checkout [--cases 1x,incident,...]
+
+Prints one line per case and exits 1 when any table differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+DEFAULT_CASES = "1x,4x,incident,overload-4x,reasoning,prefix,v0-swap"
+
+_DUMP = r"""
+import pickle, sys
+root, case, path = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, root + "/benchmarks"); sys.path.insert(0, root)
+import sim_speed
+from sim.profiles import load_gpu, load_model
+from sim.runner import simulate
+workload, config, model, gpu, kwargs = sim_speed._build(case)
+kwargs.pop("trial", None)
+result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
+with open(path, "wb") as f:
+    pickle.dump((result.requests, result.steps, result.num_iterations, result.aborted), f)
+"""
+
+
+def _dump(root: Path, case: str, out: Path) -> tuple:
+    subprocess.run([sys.executable, "-c", _DUMP, str(root), case, str(out)], check=True)
+    with open(out, "rb") as f:
+        return pickle.load(f)
+
+
+def _diff(name: str, a, b, rtol: float) -> list[str]:
+    import numpy as np
+
+    problems = []
+    if list(a.columns) != list(b.columns):
+        return [f"{name}: columns differ: {sorted(set(a.columns) ^ set(b.columns))}"]
+    if len(a) != len(b):
+        return [f"{name}: {len(a)} rows vs {len(b)}"]
+    for col in a.columns:
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            x, y = x.astype(float), y.astype(float)
+            same = (x == y) | (np.isnan(x) & np.isnan(y)) | (np.abs(x - y) <= rtol * np.maximum(np.abs(x), np.abs(y)))
+        else:
+            same = x == y
+        if not same.all():
+            i = int(np.argmin(same))
+            problems.append(f"{name}.{col}: {int((~same).sum())} rows differ, first row {i}: {x[i]!r} vs {y[i]!r}")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, type=Path, help="the other checkout (e.g. a `git archive` of main)")
+    ap.add_argument("--new", default=HERE, type=Path, help="the checkout under test (default: this one)")
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--rtol", type=float, default=1e-9)
+    args = ap.parse_args()
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases.split(","):
+            base = _dump(args.base, case, Path(tmp) / f"base-{case}.pkl")
+            new = _dump(args.new, case, Path(tmp) / f"new-{case}.pkl")
+            problems = _diff("requests", base[0], new[0], args.rtol) + _diff("steps", base[1], new[1], args.rtol)
+            if base[2:] != new[2:]:
+                problems.append(f"iterations/aborted: {base[2:]} vs {new[2:]}")
+            failed |= bool(problems)
+            print(f"{case}: {'identical' if not problems else 'DIFFERENT'} ({len(new[0])} requests, "
+                  f"{len(new[1])} step rows, {new[2]} iterations)", flush=True)
+            for line in problems[:20]:
+                print("  " + line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

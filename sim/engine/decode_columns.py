@@ -1,0 +1,176 @@
+"""The running batch's steady decodes as numpy columns, so that a step updates them in one pass.
+
+A large batch of the V1 flavor is mostly requests that decode one token per step, step after step.  Their
+per-step bookkeeping (computed tokens, inter-token gaps, time shares, finishing) is the same arithmetic for
+each of them, so :class:`DecodeColumns` keeps it as arrays for the leading requests of the running list (the
+*segment*): ``scheduler.running[:len(columns)]`` are exactly ``columns.requests``, in order.
+
+While a request is in the segment the arrays are its state and these ``Request`` attributes are stale:
+``num_computed_tokens``, ``high_water``, ``appended_tokens``, ``num_output_tokens``, ``processed_tokens``,
+``blocks``, ``kv_blocks_peak``, ``last_token_s``, ``max_itl_s``, ``time_decode_s``, ``time_overhead_s``.  A
+request joins only in a steady decode state, where most of them follow from its computed tokens ``c``
+between steps: ``num_output = c + 1 - prompt``, ``high_water = appended = c``, ``blocks = ceil(c / B)``,
+``processed = c + const``, ``kv_blocks_peak = max(at join, blocks)``.  :meth:`sync` writes them back, between
+steps; the scheduler calls it for a request that leaves the segment (finished, aborted) and for all of them
+before anything else reads them (a step that must preempt, a segment over the token budget or too small to
+pay, an observer attached, the end of the run).  The slow path, the same updates on ``Request`` objects one by one, is
+``BaseScheduler.update_from_output``'s loops; benchmarks/tools/compare_tables.py and
+tests/sim/engine/test_decode_columns.py check the two give identical tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.engine.request import Request
+
+#: Rows of the integer and the float matrix (one column per segment request, in running order).
+_INT = ("computed", "final", "prompt", "proc_off", "kv_join")
+_FLOAT = ("last_token", "max_itl", "time_decode", "time_overhead")
+_C, _FINAL, _PROMPT, _PROC, _KV = range(5)
+_LT, _ITL, _TD, _TO = range(4)
+
+
+class DecodeColumns:
+    """Columns of the segment; ``final`` = computed tokens at which a request has produced its last output.
+
+    Two matrices with spare capacity (rows above), so that joining writes into free columns and leaving
+    compacts them in one operation each."""
+
+    __slots__ = ("block_size", "requests", "ints", "floats")
+
+    def __init__(self, block_size: int, capacity: int = 256):
+        self.block_size = block_size
+        self.requests: list[Request] = []
+        self.ints = np.zeros((len(_INT), capacity), dtype=np.int64)
+        self.floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def computed(self) -> np.ndarray:
+        return self.ints[_C, :len(self.requests)]
+
+    @property
+    def final(self) -> np.ndarray:
+        return self.ints[_FINAL, :len(self.requests)]
+
+    # ---- joining and leaving ---------------------------------------------------------------------------
+    def join(self, reqs: list[Request]) -> None:
+        """Append requests in a steady decode state (checked by the caller: one token to compute, computed >=
+        prompt == high_water, blocks == ceil(computed / B), no stall) at the segment's end."""
+        n, k = len(self.requests), len(reqs)
+        if n + k > self.ints.shape[1]:
+            capacity = max(2 * self.ints.shape[1], n + k)
+            ints = np.zeros((len(_INT), capacity), dtype=np.int64)
+            floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)
+            ints[:, :n] = self.ints[:, :n]
+            floats[:, :n] = self.floats[:, :n]
+            self.ints, self.floats = ints, floats
+        self.requests.extend(reqs)
+        ints = [(r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
+                 r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs]
+        floats = [(r.last_token_s, r.max_itl_s, r.time_decode_s, r.time_overhead_s) for r in reqs]
+        if k <= 8:  # a few: column by column (cheaper than building a matrix)
+            for j in range(k):
+                self.ints[:, n + j] = ints[j]
+                self.floats[:, n + j] = floats[j]
+        else:
+            self.ints[:, n:n + k] = np.array(ints, dtype=np.int64).T
+            self.floats[:, n:n + k] = np.array(floats, dtype=np.float64).T
+
+    def sync(self, positions=None) -> None:
+        """Write the arrays back to the requests at ``positions`` (all when ``None``), between steps."""
+        n = len(self.requests)
+        block_size = self.block_size
+        reqs = self.requests
+        if positions is None:
+            positions = range(n)
+        if len(positions) > 8:
+            ints = self.ints[:, :n].T.tolist()  # one (computed, final, prompt, proc_off, kv_join) per request
+            floats = self.floats[:, :n].T.tolist()
+        else:  # a few: their columns only
+            ints = {i: self.ints[:, i].tolist() for i in positions}
+            floats = {i: self.floats[:, i].tolist() for i in positions}
+        for i in positions:
+            req = reqs[i]
+            c, _, prompt, proc_off, peak = ints[i]
+            req.num_computed_tokens = req.high_water = req.appended_tokens = c
+            req.num_output_tokens = c + 1 - prompt
+            req.processed_tokens = c + proc_off
+            req.blocks = blocks = -(-c // block_size)
+            req.kv_blocks_peak = blocks if blocks > peak else peak
+            req.last_token_s, req.max_itl_s, req.time_decode_s, req.time_overhead_s = floats[i]
+
+    def drop(self, positions: list[int] | None) -> None:
+        """Take the requests at ``positions`` (ascending) out of the segment (``None``: all of them)."""
+        if positions is None:
+            self.requests = []
+            return
+        n = len(self.requests)
+        reqs = self.requests
+        for i in reversed(positions):
+            del reqs[i]
+        keep = np.ones(n, dtype=bool)
+        keep[positions] = False
+        m = n - len(positions)
+        self.ints[:, :m] = self.ints[:, :n][:, keep]
+        self.floats[:, :m] = self.floats[:, :n][:, keep]
+
+    def truncate(self, keep: int) -> None:
+        """Write back the requests after the first ``keep`` and take them out of the segment."""
+        n = len(self.requests)
+        if keep < n:
+            self.sync(range(keep, n))
+            del self.requests[keep:]
+
+    # ---- one step --------------------------------------------------------------------------------------
+    def fitting(self, free: int, limit: int) -> int:
+        """How many leading requests the general loop would schedule without preempting: the longest prefix,
+        at most ``limit`` long, whose blocks (one per request at a block boundary) fit ``free``."""
+        n = len(self.requests)
+        crossing = self.computed % self.block_size == 0
+        if int(np.count_nonzero(crossing)) <= free:
+            return min(n, limit)
+        # First position whose cumulative need exceeds the free blocks.
+        over = int(np.searchsorted(np.cumsum(crossing), free, side="right"))
+        return min(over, limit)
+
+    def step_need(self) -> int:
+        """Blocks this step's tokens cross into (a decode at ``c`` computed needs one when ``c % B == 0``)."""
+        return int(np.count_nonzero(self.computed % self.block_size == 0))
+
+    def advance(self, end_s: float, num_steps: int, first_end_s: float, last_gap_s: float,
+                decode_share: float | None, overhead_share: float | None) -> tuple[int, np.ndarray | None]:
+        """Apply ``num_steps`` decode steps (a single one: ``num_steps`` 1, gaps ``end_s - last token``) and return
+        (blocks grown after the first step, positions that crossed into new full blocks, for hashing)."""
+        n = len(self.requests)
+        block_size = self.block_size
+        computed = self.ints[_C, :n]
+        floats = self.floats[:, :n]
+        last_token, max_itl = floats[_LT], floats[_ITL]
+        if num_steps == 1:
+            gap = end_s - last_token
+            grown = 0
+            crossed = None
+        else:
+            gap = np.maximum(first_end_s - last_token, last_gap_s)
+            after = computed + num_steps
+            # The first step's blocks were allocated by schedule(): ceil((c + 1) / B).
+            grown = int((-(-after // block_size) - -(-(computed + 1) // block_size)).sum())
+            crossed = np.flatnonzero(after // block_size > computed // block_size)
+        np.fmax(max_itl, gap, out=max_itl)
+        last_token.fill(end_s)
+        if decode_share is not None:
+            floats[_TD] += decode_share
+            floats[_TO] += overhead_share
+        computed += num_steps
+        return grown, crossed
+
+    def finished(self) -> np.ndarray:
+        """Positions whose last output token came out."""
+        return np.flatnonzero(self.computed >= self.final)
+
+
+__all__ = ["DecodeColumns"]

@@ -1,0 +1,90 @@
+"""The decode columns (sim/engine/decode_columns.py: the running batch's steady decodes as numpy arrays) give
+exactly the tables of the Request-object path, over random V1 workloads that exercise joining, finishing,
+timeouts and cancels (a running request aborted out of the columns), preemption (the columns written back
+before the general loop), shared prefixes (hashing from the columns), async scheduling and batched runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.engine.config import EngineConfig
+from sim.latency import LinearStepModel
+from sim.profiles import load_gpu, load_model
+from sim.runner import Simulation
+from sim.workload.classes import RequestClass
+from tests.sim.engine.conftest import make_workload
+
+MAX_MODEL_LEN = 256
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(10, 60))
+    rows, t = [], 0.0
+    for _ in range(n):
+        t += draw(st.sampled_from([0.0, 0.0, 0.0, 0.005, 0.05]))
+        rows.append((t, draw(st.integers(1, 150)), draw(st.integers(1, 100)), draw(st.sampled_from(["a", "b"]))))
+    classes = {
+        "a": RequestClass("a", timeout_s=draw(st.sampled_from([None, 0.2, 1.0]))),
+        "b": RequestClass("b", cancel_probability=draw(st.sampled_from([0.0, 0.3])), cancel_after_s=(0.0, 1.0)),
+    }
+    workload = make_workload(rows, classes)
+    shared = draw(st.booleans())
+    if shared:
+        workload.requests["hash_ids"] = [[i % 3, 10 + i % 2] if i % 4 else [] for i in range(n)]
+    block_size = draw(st.sampled_from([8, 16]))
+    min_blocks = MAX_MODEL_LEN // block_size + 1
+    config = EngineConfig(
+        block_size=block_size, max_model_len=MAX_MODEL_LEN,
+        num_gpu_blocks_override=draw(st.integers(min_blocks, min_blocks * 8)),
+        max_num_seqs=draw(st.integers(4, 48)),
+        max_num_batched_tokens=draw(st.sampled_from([64, 256, 1024])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 24])),
+        enable_prefix_caching=shared or draw(st.booleans()),
+        async_scheduling=draw(st.booleans()),
+        watermark=draw(st.sampled_from([0.0, 0.05])),
+    )
+    return workload, config, draw(st.booleans()), draw(st.integers(2, 8))
+
+
+def _run(workload, config, batch_runs, columns_min):
+    sim = Simulation(workload, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
+                     latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=batch_runs, hash_block_tokens=64,
+                     decode_columns=columns_min is not None)
+    if columns_min is not None:
+        sim.core.scheduler.use_decode_columns(columns_min)
+    return sim, sim.run()
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_decode_columns_give_the_object_paths_tables(case):
+    workload, config, batch_runs, columns_min = case
+    _, slow = _run(workload, config, batch_runs, None)
+    sim, fast = _run(workload, config, batch_runs, columns_min)
+    pd.testing.assert_frame_equal(slow.requests, fast.requests, check_exact=True)
+    pd.testing.assert_frame_equal(slow.steps, fast.steps, check_exact=True)
+    assert slow.num_iterations == fast.num_iterations
+    assert len(sim.core.scheduler._columns) == 0, "written back at the end of the run"
+
+
+def test_the_columns_take_on_a_large_batch():
+    # 64 requests decoding together: the columns hold them (the property above would pass vacuously if not).
+    workload = make_workload([(0.0, 20, 200)] * 64)
+    sim = Simulation(workload, EngineConfig(max_num_seqs=64, max_model_len=MAX_MODEL_LEN), load_model("Llama-3-8B"),
+                     load_gpu("H100-SXM"), latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False)
+    seen = []
+    scheduler = sim.core.scheduler
+    scheduler.use_decode_columns(32)
+    original = scheduler.update_from_output
+
+    def spy(out, *args, **kwargs):
+        seen.append(out.columnar)
+        return original(out, *args, **kwargs)
+
+    scheduler.update_from_output = spy
+    table = sim.run().requests
+    assert max(seen) == 64
+    assert (table["generated_tokens"] == 200).all()
