@@ -316,9 +316,15 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     storage = trial.storage
     backend = getattr(storage, "_backend", storage)  # the RDBStorage behind Optuna's cache
     dialect = getattr(getattr(backend, "engine", None), "name", None)
-    if isinstance(backend, optuna.storages.RDBStorage) and dialect in ("sqlite", "postgresql"):
-        _upsert_user_attrs(backend, dialect, trial._trial_id, attrs)  # noqa: SLF001
-    else:
+    bulk = isinstance(backend, optuna.storages.RDBStorage) and dialect in ("sqlite", "postgresql")
+    if bulk:
+        try:
+            _upsert_user_attrs(backend, dialect, trial._trial_id, attrs)  # noqa: SLF001
+        except (ImportError, AttributeError):
+            # Optuna's RDB internals moved (written against optuna 4.x ``storages/_rdb/models.py``): the public
+            # per-attribute path is slower but the same.
+            bulk = False
+    if not bulk:
         for key, value in attrs.items():
             storage.set_trial_user_attr(trial._trial_id, key, value)  # noqa: SLF001
     trial._cached_frozen_trial.user_attrs.update(attrs)  # noqa: SLF001  (what Trial.set_user_attr does too)
