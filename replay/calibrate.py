@@ -18,7 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -217,16 +217,15 @@ def run_probes(
     out_dir: str | Path | None = None,
     pause_s: float = 0.3,
     progress: Callable[[int, ProbeGroup, ReplayResult], None] | None = None,
-    engine_cpu: Callable[[], float] | None = None,
-    engine_sched: Callable[[], tuple[float, float]] | None = None,
+    engine_counters: Callable[[], dict[str, float]] | None = None,
     model_ref: str | None = None,
     gpu_ref: str | None = None,
 ) -> list["CalibrationRun"]:
     """Replay each probe group against the server at ``url`` (started with ``config``), one after the other;
-    the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_cpu``: returns the engine's
-    CPU seconds so far (e.g. :func:`engine_cpu_seconds` of its process group), recorded per run as
-    ``info["engine_cpu_s"]`` (see :func:`cpu_share`); ``engine_sched``: its worker's (on-CPU, waiting) seconds so
-    far (:func:`engine_sched_seconds`), recorded as ``info["engine_run_s"]`` / ``["engine_wait_s"]``.  ``model_ref`` / ``gpu_ref``: how the saved results name
+    the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_counters``: the engine's
+    counters so far (e.g. :func:`engine_times` of its process group), whose growth during each run is recorded in
+    its ``info`` (``engine_cpu_s``, see :func:`cpu_share`; ``engine_run_s`` / ``engine_wait_s``, see
+    :func:`contended_share`).  ``model_ref`` / ``gpu_ref``: how the saved results name
     the profiles for a later ``kvtune calibrate RESULTS`` (default their names; give the HF folder or device
     YAML path for profiles that are not built in)."""
     import time
@@ -237,14 +236,10 @@ def run_probes(
     options = ReplayOptions(sample_interval_wall_s=0.0, record_tokens=False, start_delay_wall_s=0.2)
     resolved = config.resolve(model.max_model_len)
     for i, group in enumerate(groups):
-        cpu0 = engine_cpu() if engine_cpu is not None else math.nan
-        sched0 = engine_sched() if engine_sched is not None else None
+        before = engine_counters() if engine_counters is not None else None
         result = replay(url, group.workload, options)
-        if engine_cpu is not None:
-            result.info["engine_cpu_s"] = engine_cpu() - cpu0
-        if sched0 is not None:
-            sched1 = engine_sched()
-            result.info["engine_run_s"], result.info["engine_wait_s"] = sched1[0] - sched0[0], sched1[1] - sched0[1]
+        if before is not None:
+            record_engine_times(result.info, before, engine_counters())
         bad = result.requests[result.requests["status"] != "finished"]
         if len(bad):
             first = result.info.get("errors") or [(None, "unfinished")]
@@ -289,17 +284,12 @@ class CalibrationRun:
 ENGINE_TIMES = ("queue_time", "prefill_time", "decode_time")
 
 
-def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> float:
-    """CPU seconds used so far by an engine's model worker (vLLM's ``VLLM::Worker`` process in process group
-    ``pgid``), from /proc (Linux; 0 elsewhere).  The worker runs the forward passes and nothing else, so its CPU
-    time grows only while the engine steps (the engine core process also polls while idle)."""
-    import os
-
+def _worker_processes(pgid: int, names: Sequence[str]):
+    """(``/proc/PID`` folder, the ``stat`` fields after the command name) of the processes in group ``pgid`` whose
+    command starts with one of ``names`` (Linux; none elsewhere)."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+        return
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -310,8 +300,17 @@ def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> f
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         rest = stat[stat.rindex(")") + 2:].split()
         if int(rest[2]) == pgid and any(comm.startswith(n[:15]) for n in names):
-            total += (int(rest[11]) + int(rest[12])) / tick
-    return total
+            yield entry, rest
+
+
+def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> float:
+    """CPU seconds used so far by an engine's model worker (vLLM's ``VLLM::Worker`` process in process group
+    ``pgid``), from /proc (Linux; 0 elsewhere).  The worker runs the forward passes, but its CPU seconds also
+    count the threads that poll while it waits for work (see :func:`engine_sched_seconds`)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(rest[11]) + int(rest[12])) / tick for _, rest in _worker_processes(pgid, names))
 
 
 def engine_sched_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> tuple[float, float]:
@@ -319,26 +318,30 @@ def engine_sched_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) ->
     model worker (``VLLM::Worker`` in process group ``pgid``), from the kernel's per-thread ``schedstat`` (Linux;
     ``(0, 0)`` elsewhere).  Unlike :func:`cpu_share`, whose span also holds the engine's idle gaps, the wait is
     time the worker wanted a core and another process had it: contention only."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return 0.0, 0.0
     run = wait = 0.0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry, _ in _worker_processes(pgid, names):
         try:
-            stat = (entry / "stat").read_text()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            rest = stat[stat.rindex(")") + 2:].split()
-            if int(rest[2]) != pgid or not any(comm.startswith(n[:15]) for n in names):
-                continue
             for task in (entry / "task").iterdir():
                 fields = (task / "schedstat").read_text().split()
                 run += int(fields[0]) / 1e9
                 wait += int(fields[1]) / 1e9
         except (OSError, ValueError, IndexError):
-            continue
+            continue  # the process ended meanwhile
     return run, wait
+
+
+def engine_times(pgid: int) -> dict[str, float]:
+    """The engine worker's counters so far, as a run records their deltas in ``ReplayResult.info``
+    (:func:`record_engine_times`): CPU seconds (:func:`engine_cpu_seconds`), and seconds on a CPU and waiting for
+    one (:func:`engine_sched_seconds`)."""
+    run, wait = engine_sched_seconds(pgid)
+    return {"engine_cpu_s": engine_cpu_seconds(pgid), "engine_run_s": run, "engine_wait_s": wait}
+
+
+def record_engine_times(info: dict, before: Mapping[str, float], after: Mapping[str, float]) -> None:
+    """Store in a run's ``info`` what the engine's counters (:func:`engine_times`) grew by during it."""
+    for key, value in after.items():
+        info[key] = value - before[key]
 
 
 def contended_share(result: ReplayResult) -> float:
@@ -892,6 +895,8 @@ __all__ = [
     "cpu_share",
     "engine_cpu_seconds",
     "engine_sched_seconds",
+    "engine_times",
+    "record_engine_times",
     "contended_share",
     "engine_errors",
     "engine_means",

@@ -208,7 +208,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def _probe_runs(args: argparse.Namespace):
     """Replay the calibration probe (prefill sweep, decode batch sweep, mixed steps) against ``--url`` or an
     engine launched with ``--set``'s config, one probe at a time, and return the runs to fit."""
-    from replay.calibrate import engine_cpu_seconds, engine_sched_seconds, probe_groups, run_probes
+    from replay.calibrate import engine_times, probe_groups, run_probes
     from sim.profiles import load_gpu, load_model
 
     if not args.model or not args.gpu:
@@ -225,10 +225,9 @@ def _probe_runs(args: argparse.Namespace):
 
     if args.url:
         pgid = args.engine_pgid
-        cpu = (lambda: engine_cpu_seconds(pgid)) if pgid else None
-        sched = (lambda: engine_sched_seconds(pgid)) if pgid else None
-        return run_probes(args.url, groups, config, model, gpu, out_dir=out_dir, progress=progress, engine_cpu=cpu,
-                          engine_sched=sched, model_ref=args.model, gpu_ref=args.gpu)
+        counters = (lambda: engine_times(pgid)) if pgid else None
+        return run_probes(args.url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
+                          engine_counters=counters, model_ref=args.model, gpu_ref=args.gpu)
     from replay.flags import serve_command
     from replay.launcher import EngineProcess, free_port
     from replay.vllm_env import find_vllm
@@ -241,8 +240,7 @@ def _probe_runs(args: argparse.Namespace):
     with EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log) as engine:
         pgid = engine.proc.pid
         return run_probes(engine.base_url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
-                          engine_cpu=lambda: engine_cpu_seconds(pgid), engine_sched=lambda: engine_sched_seconds(pgid),
-                          model_ref=args.model, gpu_ref=args.gpu)
+                          engine_counters=lambda: engine_times(pgid), model_ref=args.model, gpu_ref=args.gpu)
 
 
 # ---- registration --------------------------------------------------------------------------------------

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
 
-from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, engine_cpu_seconds,  # noqa: E402
-                              cpu_share, engine_sched_seconds, with_client_latency)
+from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
+                              engine_times, record_engine_times, with_client_latency)
 from replay.flags import serve_command  # noqa: E402
 from replay.launcher import EngineProcess  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
@@ -87,20 +87,20 @@ ALL = ("azure", "reasoning", "prefix")
 #: What a config replays (engine time is the budget: a start takes about a minute on a quiet core, a replay
 #: up to 40 s): the three quick-mode configs everything, the others the Azure slice and the long-output workload,
 #: so that both workloads rank every config.
-SCARCE = ROOMY = ("azure", "reasoning")
+BOTH = ("azure", "reasoning")
 CONFIGS = [
     BenchConfig("default", 128, 2048, 70, True, ALL),
     BenchConfig("s8-b256-scarce", 8, 256, 70, False, ALL),
     BenchConfig("s128-b2048-ample", 128, 2048, 2000, False, ALL),
-    BenchConfig("default-k100", 128, 2048, 100, True, SCARCE),
-    BenchConfig("s64-b1024-k100-pc", 64, 1024, 100, True, SCARCE),
-    BenchConfig("s16-b2048-k100", 16, 2048, 100, False, SCARCE),
-    BenchConfig("s48-b768-scarce-pc", 48, 768, 70, True, SCARCE),
-    BenchConfig("s16-b1024-ample-pc", 16, 1024, 2000, True, ROOMY),
-    BenchConfig("s32-b512-k150", 32, 512, 150, False, ROOMY),
-    BenchConfig("s8-b512-ample", 8, 512, 2000, False, ROOMY),
-    BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True, ROOMY),
-    BenchConfig("s1-b256-ample", 1, 256, 2000, False, SCARCE),
+    BenchConfig("default-k100", 128, 2048, 100, True, BOTH),
+    BenchConfig("s64-b1024-k100-pc", 64, 1024, 100, True, BOTH),
+    BenchConfig("s16-b2048-k100", 16, 2048, 100, False, BOTH),
+    BenchConfig("s48-b768-scarce-pc", 48, 768, 70, True, BOTH),
+    BenchConfig("s16-b1024-ample-pc", 16, 1024, 2000, True, BOTH),
+    BenchConfig("s32-b512-k150", 32, 512, 150, False, BOTH),
+    BenchConfig("s8-b512-ample", 8, 512, 2000, False, BOTH),
+    BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True, BOTH),
+    BenchConfig("s1-b256-ample", 1, 256, 2000, False, BOTH),
 ]
 QUICK_CONFIGS = ["default", "s1-b256-ample", "s128-b2048-ample"]
 #: The closed loop's scenario: the scarce-KV reasoning workload, replayed this many times per config.
@@ -164,14 +164,10 @@ def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
                 workload = WORKLOADS[w]()
                 options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
                                         drain_timeout_s=args.drain_timeout, hash_block_tokens=HASH_BLOCK_TOKENS)
-                cpu0, wall0 = engine_cpu_seconds(pgid), time.time()
-                sched0 = engine_sched_seconds(pgid)
+                before, wall0 = engine_times(pgid), time.time()
                 result = replay(url, workload, options)
-                cpu = engine_cpu_seconds(pgid) - cpu0
-                sched1 = engine_sched_seconds(pgid)
-                result.info["engine_cpu_s"] = cpu
-                result.info["engine_run_s"] = sched1[0] - sched0[0]
-                result.info["engine_wait_s"] = sched1[1] - sched0[1]
+                record_engine_times(result.info, before, engine_times(pgid))
+                cpu = result.info["engine_cpu_s"]
                 result.info["load_avg_1m"] = os.getloadavg()[0]
                 path = run_dir(args.out, cfg.name, w, rep)
                 result.save(path, extra={"engine": {"config": cfg.engine_config().explicit_knobs()},
@@ -247,6 +243,13 @@ def error(pred: float, meas: float, metric: str) -> float:
     return (pred - meas) / meas if meas else math.nan
 
 
+def overlapping_pairs(rows: pd.DataFrame, metric: str) -> int:
+    """Pairs of configs whose measured [min, max] of ``metric`` over the repeats overlap."""
+    lo, hi = rows[f"{metric}.meas_min"].to_numpy(), rows[f"{metric}.meas_max"].to_numpy()
+    overlap = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None])
+    return int(np.triu(overlap, k=1).sum())
+
+
 def spearman(a, b) -> float:
     a, b = pd.Series(a, dtype=float), pd.Series(b, dtype=float)
     ok = a.notna() & b.notna()
@@ -320,6 +323,9 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
                     "throughput": spearman(g["output_tok_s.pred"], g["output_tok_s.meas"]),
                     "e2e_p99": spearman(g["e2e_p99.pred"], g["e2e_p99.meas"]),
                     "configs": int(len(g)),
+                    # How many config pairs the engine itself cannot order: their measured ranges overlap.
+                    "overlapping_pairs": {m: overlapping_pairs(g, m) for m in ("output_tok_s", "e2e_p99")},
+                    "pairs": int(len(g) * (len(g) - 1) // 2),
                 }
         doc["modes"][mode] = {"rows": rows[mode], "summary": summary}
     return doc
@@ -358,8 +364,10 @@ def _format_part(doc: dict) -> list[str]:
     lines.append("median |error| over configs x workloads: " + ", ".join(
         f"{short[m]} {v:.0%}" for m, v in s["median_abs_error"].items() if v == v))
     for w, sp in s["spearman"].items():
+        ov = sp["overlapping_pairs"]
         lines.append(f"Spearman ({w}, {sp['configs']} configs): throughput {sp['throughput']:+.2f}, "
-                     f"p99 E2E {sp['e2e_p99']:+.2f}")
+                     f"p99 E2E {sp['e2e_p99']:+.2f}; measured ranges overlap for {ov['output_tok_s']} / "
+                     f"{ov['e2e_p99']} of {sp['pairs']} config pairs")
     return lines
 
 
