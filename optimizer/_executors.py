@@ -200,7 +200,9 @@ class _TrialWorker:
         # Imports paid once, at warm-up, while the driver prepares: what every simulated trial imports.
         import objectives  # noqa: F401
         import sim.runner  # noqa: F401
+        from sim.engine.decode_columns import warm_up
 
+        warm_up()  # the engine's compiled kernels (numba loads them in about a second)
         return os.getpid()
 
     def run(self, key: int, backend_ref: list, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The running batch's steady decodes as numpy columns, so that a step updates them in one pass.
+"""The running batch's steady decodes as numpy columns, so that a step updates them in one compiled pass.
 
 A large batch of the V1 flavor is mostly requests that decode one token per step, step after step.  Their
 per-step bookkeeping (computed tokens, inter-token gaps, time shares, finishing) is the same arithmetic for
@@ -37,13 +37,15 @@ class DecodeColumns:
     Two matrices with spare capacity (rows above), so that joining writes into free columns and leaving
     compacts them in one operation each."""
 
-    __slots__ = ("block_size", "requests", "ints", "floats")
+    __slots__ = ("block_size", "requests", "ints", "floats", "_positions", "_k")
 
     def __init__(self, block_size: int, capacity: int = 256):
         self.block_size = block_size
         self.requests: list[Request] = []
         self.ints = np.zeros((len(_INT), capacity), dtype=np.int64)
         self.floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)
+        self._positions = np.zeros(capacity, dtype=np.int64)  # the kernels' output positions
+        self._k = None  # sim.engine._column_kernels, imported when the first request joins (numba loads then)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -60,6 +62,8 @@ class DecodeColumns:
     def join(self, reqs: list[Request]) -> None:
         """Append requests in a steady decode state (checked by the caller: one token to compute, computed >=
         prompt == high_water, blocks == ceil(computed / B), no stall) at the segment's end."""
+        if self._k is None:
+            self._k = _kernels()
         n, k = len(self.requests), len(reqs)
         if n + k > self.ints.shape[1]:
             capacity = max(2 * self.ints.shape[1], n + k)
@@ -68,6 +72,7 @@ class DecodeColumns:
             ints[:, :n] = self.ints[:, :n]
             floats[:, :n] = self.floats[:, :n]
             self.ints, self.floats = ints, floats
+            self._positions = np.zeros(capacity, dtype=np.int64)
         self.requests.extend(reqs)
         ints = [(r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
                  r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs]
@@ -112,11 +117,9 @@ class DecodeColumns:
         reqs = self.requests
         for i in reversed(positions):
             del reqs[i]
-        keep = np.ones(n, dtype=bool)
-        keep[positions] = False
-        m = n - len(positions)
-        self.ints[:, :m] = self.ints[:, :n][:, keep]
-        self.floats[:, :m] = self.floats[:, :n][:, keep]
+        k = len(positions)
+        self._positions[:k] = positions
+        self._k.compact(self.ints, self.floats, n, self._positions, k)
 
     def truncate(self, keep: int) -> None:
         """Write back the requests after the first ``keep`` and take them out of the segment."""
@@ -126,51 +129,44 @@ class DecodeColumns:
             del self.requests[keep:]
 
     # ---- one step --------------------------------------------------------------------------------------
-    def fitting(self, free: int, limit: int) -> int:
-        """How many leading requests the general loop would schedule without preempting: the longest prefix,
-        at most ``limit`` long, whose blocks (one per request at a block boundary) fit ``free``."""
-        n = len(self.requests)
-        crossing = self.computed % self.block_size == 0
-        if int(np.count_nonzero(crossing)) <= free:
-            return min(n, limit)
-        # First position whose cumulative need exceeds the free blocks.
-        over = int(np.searchsorted(np.cumsum(crossing), free, side="right"))
-        return min(over, limit)
+    def scan(self, free: int, limit: int) -> tuple[int, int, int, int]:
+        """``(fit, need, context, min_remaining)``: how many leading requests the general loop would schedule
+        without preempting (the longest prefix, at most ``limit`` long, whose blocks, one per request at a
+        block boundary, fit ``free``), the blocks they need, their decode context and fewest remaining
+        outputs."""
+        return self._k.scan(self.ints, len(self.requests), self.block_size, free, limit)
 
-    def step_need(self) -> int:
-        """Blocks this step's tokens cross into (a decode at ``c`` computed needs one when ``c % B == 0``)."""
-        return int(np.count_nonzero(self.computed % self.block_size == 0))
+    def filling(self) -> np.ndarray:
+        """Positions whose next token fills a block (hashed when the step's token is appended)."""
+        k = self._k.filling(self.ints, len(self.requests), self.block_size, self._positions)
+        return self._positions[:k]
 
     def advance(self, end_s: float, num_steps: int, first_end_s: float, last_gap_s: float,
                 decode_share: float | None, overhead_share: float | None) -> tuple[int, np.ndarray | None]:
         """Apply ``num_steps`` decode steps (a single one: ``num_steps`` 1, gaps ``end_s - last token``) and return
         (blocks grown after the first step, positions that crossed into new full blocks, for hashing)."""
-        n = len(self.requests)
-        block_size = self.block_size
-        computed = self.ints[_C, :n]
-        floats = self.floats[:, :n]
-        last_token, max_itl = floats[_LT], floats[_ITL]
-        if num_steps == 1:
-            gap = end_s - last_token
-            grown = 0
-            crossed = None
-        else:
-            gap = np.maximum(first_end_s - last_token, last_gap_s)
-            after = computed + num_steps
-            # The first step's blocks were allocated by schedule(): ceil((c + 1) / B).
-            grown = int((-(-after // block_size) - -(-(computed + 1) // block_size)).sum())
-            crossed = np.flatnonzero(after // block_size > computed // block_size)
-        np.fmax(max_itl, gap, out=max_itl)
-        last_token.fill(end_s)
-        if decode_share is not None:
-            floats[_TD] += decode_share
-            floats[_TO] += overhead_share
-        computed += num_steps
-        return grown, crossed
+        shares = decode_share is not None
+        grown, k = self._k.advance(self.ints, self.floats, len(self.requests), self.block_size, end_s, num_steps,
+                                   first_end_s, last_gap_s, shares, decode_share if shares else 0.0,
+                                   overhead_share if shares else 0.0, self._positions)
+        return grown, (self._positions[:k].copy() if num_steps > 1 else None)
 
     def finished(self) -> np.ndarray:
         """Positions whose last output token came out."""
-        return np.flatnonzero(self.computed >= self.final)
+        k = self._k.finished(self.ints, len(self.requests), self._positions)
+        return self._positions[:k].copy()
 
 
-__all__ = ["DecodeColumns"]
+def _kernels():
+    from sim.engine import _column_kernels
+
+    return _column_kernels
+
+
+def warm_up() -> None:
+    """Load the compiled kernels now (numba: ~1 s the first time in a process, compiling them once per machine),
+    so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it."""
+    _kernels().warm_up()
+
+
+__all__ = ["DecodeColumns", "warm_up"]

@@ -21,11 +21,12 @@ from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
 from sim.latency import StepShape
 
-#: Smallest segment the decode columns take on: their numpy calls cost a fixed ~100 us a step here, so they pay
-#: only for large batches.  Measured (one core of the 2-core machine, Llama-3-8B/H100, single steps, mixed
-#: with admissions; /work/notes/speed-engine-report.md): us per step without / with columns at a mean of 65
-#: running 90 / 98, 177 running 220 / 200, 378 running 391 / 248.
-DECODE_COLUMNS_MIN = 192
+#: Smallest segment the decode columns take on.  Their per-step work is a few compiled calls
+#: (sim/engine/_column_kernels.py, ~1 us each), but joining and writing back cost Python per request, so a
+#: small batch stays on Request objects.  Measured (``taskset -c 1 python benchmarks/sim_speed.py --no-profile
+#: --repeats 5``, CPU s, minimum 192 / 48 / 24): incident 1.96 / 0.77 / 0.76, overload-4x 0.59 / 0.43 / 0.42,
+#: reasoning 2.53 / 1.88 / 1.87, prefix 2.63 / 1.67 / 1.68, 1x 3.52 / 3.64 / 3.78.
+DECODE_COLUMNS_MIN = 32
 #: Steady decodes that join an existing segment together (fewer wait in the object path: a join costs a few
 #: numpy calls whatever its size).
 DECODE_COLUMNS_JOIN = 4
@@ -250,7 +251,7 @@ class BaseScheduler(ABC):
             cols, ncol = self._columns, out.columnar
             crossed = None
             if ncol:
-                # Fast path: the decode columns advance in one numpy pass (the loop below is the slow path).
+                # Fast path: the decode columns advance in one compiled pass (the loop below is the slow path).
                 grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
                                               run_decode if shares is not None else None, run_overhead)
             segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
@@ -294,7 +295,7 @@ class BaseScheduler(ABC):
         else:
             ncol = out.columnar
             if ncol:
-                # Fast path: the decode columns advance in one numpy pass (the loops below are the slow path).
+                # Fast path: the decode columns advance in one compiled pass (the loops below are the slow path).
                 self._columns.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
                                       shares[3] if shares is not None else None)
                 done.extend(self._columns_finished())
@@ -526,7 +527,7 @@ class BaseScheduler(ABC):
         the first entries of ``out.scheduled``.
 
         With decode columns (:meth:`use_decode_columns`), the segment of running requests kept as arrays leads
-        the prefix: it is checked and scheduled with a few numpy operations (its requests are steady decodes by
+        the prefix: it is checked and scheduled with one compiled pass (its requests are steady decodes by
         construction, so only its block demand is checked), and the steady decodes the loop finds after it
         join it.  A segment that does not fit whole, or the budget, is written back first (the loop then
         finds where the general loop would stop)."""
@@ -541,19 +542,15 @@ class BaseScheduler(ABC):
         if cols is not None and len(cols):
             seg = len(cols)
             if seg < self._columns_min // 2:
-                self.sync_requests()  # too small to pay for its numpy calls
+                self.sync_requests()  # too small to pay for joining and writing back
                 seg = 0
             else:
                 # The segment's first ``fit`` requests are scheduled as the general loop would (blocks within the
                 # free ones, tokens within the budget); the rest is written back and left to the loop.
-                fit = cols.fitting(free, limit)
+                fit, need, context, min_remaining = cols.scan(free, limit)
                 if fit < seg:
                     cols.truncate(fit)
                     seg = fit
-            if seg:
-                need = cols.step_need()
-                context = int(cols.computed.sum()) + seg
-                min_remaining = int((cols.final - cols.computed).min())
         growing = []
         count = seg
         joinable = 0  # steady decodes right after the segment, in a row, that may join it
@@ -607,7 +604,7 @@ class BaseScheduler(ABC):
                 # A segment request at c computed holds c // B hashed blocks: the token fills one when
                 # (c + 1) % B == 0.
                 computed = cols.computed
-                for i in np.flatnonzero((computed + 1) % block_size == 0).tolist():
+                for i in cols.filling().tolist():
                     cache_blocks(cols.requests[i], int(computed[i]) + 1)
             for position, req in to_hash:
                 if position >= seg:  # (the segment's were hashed above, joiners included)
