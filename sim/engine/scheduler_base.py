@@ -510,7 +510,8 @@ class BaseScheduler(ABC):
             self.waiting.prepend(victim)
         out.preempted.append(victim)
 
-    def _schedule_decode_prefix(self, out: SchedulerOutput, limit: int, touch_one: bool, whole: bool = False) -> int:
+    def _schedule_decode_prefix(self, out: SchedulerOutput, limit: int, touch_one: bool, whole: bool = False,
+                                now: float | None = None) -> int:
         """Fast path, both flavors: schedule the leading running requests that decode one token each, as far as
         the general loop (V1 ``schedule``, V0 ``_schedule_running``) would schedule them without preempting
         anyone, and return how many (0: nothing changed).  The general loop then goes on from there.
@@ -530,7 +531,9 @@ class BaseScheduler(ABC):
         the prefix: it is checked and scheduled with one compiled pass (its requests are steady decodes by
         construction, so only its block demand is checked), and the steady decodes the loop finds after it
         join it.  A segment that does not fit whole, or the budget, is written back first (the loop then
-        finds where the general loop would stop)."""
+        finds where the general loop would stop).  Given ``now`` (V1, FCFS), a segment request whose block does
+        not fit first preempts from the back as V1's running loop would (:meth:`_preempt_for_columns`), so that
+        only the victims are written back, not the rest of the segment."""
         running = self.running
         block_size = self.block_size
         free = self.pool.num_free
@@ -548,6 +551,11 @@ class BaseScheduler(ABC):
                 # The segment's first ``fit`` requests are scheduled as the general loop would (blocks within the
                 # free ones, tokens within the budget); the rest is written back and left to the loop.
                 fit, need, context, min_remaining = cols.scan(free, limit)
+                if fit < seg and fit < limit and now is not None:
+                    fit, need, context, min_remaining = self._preempt_for_columns(
+                        out, now, (fit, need, context, min_remaining), limit)
+                    seg = len(cols)
+                    free = self.pool.num_free
                 if fit < seg:
                     cols.truncate(fit)
                     seg = fit
@@ -620,6 +628,28 @@ class BaseScheduler(ABC):
         if count == len(running):
             out.min_remaining_outputs = min_remaining
         return count
+
+    def _preempt_for_columns(self, out: SchedulerOutput, now: float, scan: tuple[int, int, int, int],
+                             limit: int) -> tuple[int, int, int, int]:
+        """V1's running loop (0.33.0 v1/core/sched/scheduler.py) reaching segment request ``scan[0]`` (the first
+        whose block :meth:`DecodeColumns.scan` found not to fit): it preempts the last running request until the
+        block fits.  Done here on the columns: a victim in the segment (once the tail of objects is gone) is
+        written back and dropped alone, and the segment is scanned again with the freed blocks, until it fits up
+        to ``limit`` or the request itself was the last and was preempted (the general loop then stops, with
+        nothing left after it).  Returns the new scan."""
+        cols = self._columns
+        running = self.running
+        fit = scan[0]
+        while fit < len(cols) and fit < limit:
+            last = len(cols) - 1
+            if len(running) == len(cols):  # the victim is the segment's last request (perhaps request fit)
+                cols.sync([last])
+                cols.drop([last])
+            victim = running.pop()
+            self._preempt_recompute(out, victim, now)
+            scan = cols.scan(self.pool.num_free, limit)
+            fit = scan[0]
+        return scan
 
     # ---- decode columns (see sim/engine/decode_columns.py) ----------------------------------------------
     def use_decode_columns(self, min_batch: int = DECODE_COLUMNS_MIN) -> None:
