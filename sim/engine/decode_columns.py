@@ -151,10 +151,10 @@ class DecodeColumns:
                                    overhead_share if shares else 0.0, self._positions)
         return grown, (self._positions[:k].copy() if num_steps > 1 else None)
 
-    def finished(self) -> np.ndarray:
-        """Positions whose last output token came out."""
+    def finished(self) -> list[int]:
+        """Positions whose last output token came out, ascending."""
         k = self._k.finished(self.ints, len(self.requests), self._positions)
-        return self._positions[:k].copy()
+        return self._positions[:k].tolist() if k else []
 
 
 def _kernels():

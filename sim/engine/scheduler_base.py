@@ -372,10 +372,9 @@ class BaseScheduler(ABC):
     def _columns_finished(self) -> list[Request]:
         """Segment requests whose last token came out: written back and taken out of the columns, in order."""
         cols = self._columns
-        fin = cols.finished()
-        if not len(fin):
-            return []
-        positions = fin.tolist()
+        positions = cols.finished()
+        if not positions:
+            return positions
         cols.sync(positions)
         reqs = cols.requests
         done = [reqs[i] for i in positions]
