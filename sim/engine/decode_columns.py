@@ -12,8 +12,8 @@ request joins only in a steady decode state, where most of them follow from its 
 between steps: ``num_output = c + 1 - prompt``, ``high_water = appended = c``, ``blocks = ceil(c / B)``,
 ``processed = c + const``, ``kv_blocks_peak = max(at join, blocks)``.  :meth:`sync` writes them back, between
 steps; the scheduler calls it for a request that leaves the segment (finished, aborted, preempted) and for
-the rest of the segment before anything else reads them (a segment over the token budget, or a step whose
-preemption V1 cannot take on the columns; a segment too small to pay, an observer attached, the end of the run).
+the rest of the segment before anything else reads them (a segment over the token budget, a segment too
+small to pay, an observer attached, the end of the run).
 The per-step passes are compiled (``sim/engine/_column_kernels.py``).  The slow path, the same updates on
 ``Request`` objects one by one, is ``BaseScheduler.update_from_output``'s loops; benchmarks/tools/compare_tables.py
 and tests/sim/engine/test_decode_columns.py check the two give identical tables, and
