@@ -12,17 +12,29 @@ path's (``BaseScheduler.update_from_output``), in the same IEEE doubles, so the 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+import numba
 
 _C, _FINAL = 0, 1
 _LT, _ITL, _TD, _TO = 0, 1, 2, 3
 
 
-@njit(cache=True, nogil=True)
-def scan(ints, n, block_size, free, limit):
+def _compiled(fn):
+    """``numba.njit`` with the on-disk cache (next to this file, else numba's user-wide cache directory); where
+    neither is writable numba refuses to cache, and the kernel is compiled in each process instead (a few
+    seconds at the first call; same results)."""
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True)(fn)
+
+
+@_compiled
+def scan(ints, n, block_size, free, limit, touch_one):
     """``(fit, need, context, min_remaining)``: the longest leading run, at most ``limit`` long, whose new blocks
     (one for a request at a block boundary, ``c % B == 0``) fit ``free``, as the general loop takes them in
-    order; the blocks it needs, its decode context (sum of ``c + 1``) and its fewest remaining outputs."""
+    order; the blocks it needs, its decode context (sum of ``c + 1``) and its fewest remaining outputs.
+    ``touch_one`` (V0's can_append_slots): a request fits while a free block is left after the ones before it,
+    whether or not it needs one."""
     need = 0
     context = 0
     min_remaining = 1 << 62
@@ -31,7 +43,10 @@ def scan(ints, n, block_size, free, limit):
     for i in range(stop):
         c = ints[_C, i]
         grow = 1 if c % block_size == 0 else 0
-        if need + grow > free:
+        if touch_one:
+            if need >= free:
+                break
+        elif need + grow > free:
             break
         need += grow
         context += c + 1
@@ -42,7 +57,7 @@ def scan(ints, n, block_size, free, limit):
     return fit, need, context, min_remaining
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def advance(ints, floats, n, block_size, end_s, num_steps, first_end_s, last_gap_s, shares, decode_share,
             overhead_share, crossed):
     """Apply ``num_steps`` decode steps ending at ``end_s`` to the first ``n`` columns.  A single step's gap is
@@ -79,7 +94,7 @@ def advance(ints, floats, n, block_size, end_s, num_steps, first_end_s, last_gap
     return grown, ncrossed
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def finished(ints, n, out):
     """Positions (into ``out``, ascending) whose last output token came out: computed >= final; their count."""
     k = 0
@@ -90,7 +105,7 @@ def finished(ints, n, out):
     return k
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def filling(ints, n, block_size, out):
     """Positions (into ``out``) whose next token fills a block (``(c + 1) % B == 0``); their count."""
     k = 0
@@ -101,7 +116,7 @@ def filling(ints, n, block_size, out):
     return k
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def compact(ints, floats, n, positions, k):
     """Take the columns at ``positions[:k]`` (ascending) out, shifting the others left in order."""
     write = 0
@@ -124,7 +139,8 @@ def warm_up() -> None:
     ints = np.zeros((5, 4), dtype=np.int64)
     floats = np.zeros((4, 4), dtype=np.float64)
     positions = np.zeros(4, dtype=np.int64)
-    scan(ints, 2, 16, 4, 4)
+    scan(ints, 2, 16, 4, 4, False)
+    scan(ints, 2, 16, 4, 4, True)
     advance(ints, floats, 2, 16, 1.0, 1, 0.0, 0.0, True, 0.0, 0.0, positions)
     advance(ints, floats, 2, 16, 1.0, 2, 0.5, 0.5, False, 0.0, 0.0, positions)
     finished(ints, 2, positions)

@@ -131,12 +131,13 @@ class DecodeColumns:
             del self.requests[keep:]
 
     # ---- one step --------------------------------------------------------------------------------------
-    def scan(self, free: int, limit: int) -> tuple[int, int, int, int]:
+    def scan(self, free: int, limit: int, touch_one: bool = False) -> tuple[int, int, int, int]:
         """``(fit, need, context, min_remaining)``: how many leading requests the general loop would schedule
         without preempting (the longest prefix, at most ``limit`` long, whose blocks, one per request at a
-        block boundary, fit ``free``), the blocks they need, their decode context and fewest remaining
+        block boundary, fit ``free``; with ``touch_one``, V0's rule: while a free block is left after the
+        blocks of the requests before), the blocks they need, their decode context and fewest remaining
         outputs."""
-        return self._k.scan(self.ints, len(self.requests), self.block_size, free, limit)
+        return self._k.scan(self.ints, len(self.requests), self.block_size, free, limit, touch_one)
 
     def filling(self) -> np.ndarray:
         """Positions whose next token fills a block (hashed when the step's token is appended)."""

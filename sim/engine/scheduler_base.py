@@ -530,9 +530,9 @@ class BaseScheduler(ABC):
         the prefix: it is checked and scheduled with one compiled pass (its requests are steady decodes by
         construction, so only its block demand is checked), and the steady decodes the loop finds after it
         join it.  A segment that does not fit whole, or the budget, is written back first (the loop then
-        finds where the general loop would stop).  Given ``now`` (V1, FCFS), a segment request whose block does
-        not fit first preempts from the back as V1's running loop would (:meth:`_preempt_for_columns`), so that
-        only the victims are written back, not the rest of the segment."""
+        finds where the general loop would stop).  Given ``now`` (FCFS), a segment request whose block does not
+        fit first preempts from the back as the general loop would (:meth:`_preempt_for_columns`), so that only
+        the victims are written back, not the rest of the segment."""
         running = self.running
         block_size = self.block_size
         free = self.pool.num_free
@@ -549,10 +549,10 @@ class BaseScheduler(ABC):
             else:
                 # The segment's first ``fit`` requests are scheduled as the general loop would (blocks within the
                 # free ones, tokens within the budget); the rest is written back and left to the loop.
-                fit, need, context, min_remaining = cols.scan(free, limit)
+                fit, need, context, min_remaining = cols.scan(free, limit, touch_one)
                 if fit < seg and fit < limit and now is not None:
                     fit, need, context, min_remaining = self._preempt_for_columns(
-                        out, now, (fit, need, context, min_remaining), limit)
+                        out, now, (fit, need, context, min_remaining), limit, touch_one)
                     seg = len(cols)
                     free = self.pool.num_free
                 if fit < seg:
@@ -629,10 +629,11 @@ class BaseScheduler(ABC):
         return count
 
     def _preempt_for_columns(self, out: SchedulerOutput, now: float, scan: tuple[int, int, int, int],
-                             limit: int) -> tuple[int, int, int, int]:
-        """V1's running loop (0.33.0 v1/core/sched/scheduler.py) reaching segment request ``scan[0]`` (the first
-        whose block :meth:`DecodeColumns.scan` found not to fit): it preempts the last running request until the
-        block fits.  Done here on the columns: a victim in the segment (once the tail of objects is gone) is
+                             limit: int, touch_one: bool = False) -> tuple[int, int, int, int]:
+        """The general running loop (V1: 0.33.0 v1/core/sched/scheduler.py; V0: 0.8.5 core/scheduler.py
+        ``_schedule_running``) reaching segment request ``scan[0]`` (the first whose block
+        :meth:`DecodeColumns.scan` found not to fit): it preempts the last running request
+        (:meth:`_preempt_running`) until the block fits.  Done here on the columns: a victim in the segment (once the tail of objects is gone) is
         written back and dropped alone, and the segment is scanned again with the freed blocks, until it fits up
         to ``limit`` or the request itself was the last and was preempted (the general loop then stops, with
         nothing left after it).  Returns the new scan."""
@@ -645,10 +646,14 @@ class BaseScheduler(ABC):
                 cols.sync([last])
                 cols.drop([last])
             victim = running.pop()
-            self._preempt_recompute(out, victim, now)
-            scan = cols.scan(self.pool.num_free, limit)
+            self._preempt_running(out, victim, now)
+            scan = cols.scan(self.pool.num_free, limit, touch_one)
             fit = scan[0]
         return scan
+
+    def _preempt_running(self, out: SchedulerOutput, victim: Request, now: float) -> None:
+        """Preempt a running request that the running loop picked as its victim (V1: by recompute)."""
+        self._preempt_recompute(out, victim, now)
 
     # ---- decode columns (see sim/engine/decode_columns.py) ----------------------------------------------
     def use_decode_columns(self, min_batch: int = DECODE_COLUMNS_MIN) -> None:

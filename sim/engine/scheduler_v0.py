@@ -38,6 +38,13 @@ class V0Scheduler(BaseScheduler):
             self.max_model_len if self.chunked else min(self.max_model_len, self.max_num_batched_tokens)
         )
 
+    @property
+    def supports_decode_columns(self) -> bool:
+        """Without chunked prefill the running order survives a step (``unscheduled + scheduled + swapped_in``
+        with nothing unscheduled: decodes have no budget), so the leading decodes can be kept as columns; the
+        chunked path reorders running by stage every step."""
+        return not self.chunked
+
     def share_prefixes(self) -> None:
         """The V0 flavor models no cross-request prefix cache: shared prefixes are ignored."""
 
@@ -76,6 +83,9 @@ class V0Scheduler(BaseScheduler):
         if out.num_admitted:
             return  # "Don't schedule decodes if prefills are scheduled."
         scheduled, unscheduled = self._schedule_running(out, now, budget=None)
+        # Without a budget nothing is left unscheduled (the loop stops only when a request preempted itself, the
+        # queue empty), so the running order's head stays put: the decode columns rely on it.
+        assert not unscheduled
         swapped_in: list[Request] = []
         if not out.preempted:
             swapped_in = self._schedule_swapped(out, now, self.max_num_batched_tokens - out.decode_tokens, len(scheduled))
@@ -159,7 +169,9 @@ class V0Scheduler(BaseScheduler):
         running = self.running
         # Fast path: the leading decodes in one pass (see _schedule_decode_prefix: a decode touches one block);
         # the loop goes on from there.  They are decodes (in ``_decoding``), so ``_finishing`` is not read.
-        count = self._schedule_decode_prefix(out, len(running) if budget is None else budget, True) if running else 0
+        count = (self._schedule_decode_prefix(out, len(running) if budget is None else budget, True,
+                                              now=None if self.chunked else now) if running else 0)
+        running = self.running  # (victims preempted on the decode columns have left it)
         scheduled: list[Request] = running[:count] if count < len(running) else running
         queue = deque(running[count:]) if count < len(running) else deque()
         self.running = []
@@ -243,6 +255,9 @@ class V0Scheduler(BaseScheduler):
         slots = req.appended_tokens
         room = block_size - slots % block_size
         return 1 + -(-(req.num_tokens - slots - room) // block_size)
+
+    def _preempt_running(self, out: SchedulerOutput, victim: Request, now: float) -> None:
+        self._preempt(out, victim, now)
 
     def _preempt(self, out: SchedulerOutput, victim: Request, now: float) -> None:
         if not self.swap_mode:

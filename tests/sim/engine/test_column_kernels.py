@@ -30,15 +30,19 @@ def segments(draw):
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
-@given(seg=segments(), free=st.integers(0, 50), limit=st.integers(0, 60))
-def test_scan_is_the_longest_fitting_prefix(seg, free, limit):
+@given(seg=segments(), free=st.integers(0, 50), limit=st.integers(0, 60), touch_one=st.booleans())
+def test_scan_is_the_longest_fitting_prefix(seg, free, limit, touch_one):
     ints, _, n, block_size = seg
     computed, final = ints[0, :n], ints[1, :n]
     crossing = computed % block_size == 0
-    fit = min(n, limit, int(np.searchsorted(np.cumsum(crossing), free, side="right")))
+    if touch_one:  # V0: a free block must be left after the blocks of the requests before
+        fits = int(np.searchsorted(np.cumsum(crossing) - crossing, free, side="left"))
+    else:  # V1: the blocks up to and including the request's own must fit
+        fits = int(np.searchsorted(np.cumsum(crossing), free, side="right"))
+    fit = min(n, limit, fits)
     expected = (fit, int(crossing[:fit].sum()), int((computed[:fit] + 1).sum()),
                 int((final[:fit] - computed[:fit]).min()) if fit else 1 << 62)
-    assert kernels.scan(ints, n, block_size, free, limit) == expected
+    assert kernels.scan(ints, n, block_size, free, limit, touch_one) == expected
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -87,3 +91,28 @@ def test_compact_keeps_the_others_in_order(seg, data):
     assert kernels.compact(ints, floats, n, positions, len(drop)) == len(keep)
     np.testing.assert_array_equal(ints[:, :len(keep)], want_i)
     np.testing.assert_array_equal(floats[:, :len(keep)], want_f)
+
+
+def test_kernels_compile_where_numba_cannot_cache(monkeypatch):
+    # A read-only install with no writable home: numba's njit(cache=True) raises "no locator available"; the
+    # kernels are then compiled without the on-disk cache and give the same answers.
+    import importlib
+
+    import numba
+
+    real = numba.njit
+
+    def njit(*args, **kwargs):
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function 'scan': no locator available for file '...'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", njit)
+    fresh = importlib.reload(kernels)
+    try:
+        ints = np.array([[16, 17, 32], [20, 40, 33], [0, 0, 0], [0, 0, 0], [0, 0, 0]], dtype=np.int64)
+        assert fresh.scan(ints, 3, 16, 1, 3, False) == (2, 1, 35, 4)
+        assert type(fresh.scan._cache).__name__ == "NullCache"  # compiled in this process, not cached
+    finally:
+        monkeypatch.undo()
+        importlib.reload(kernels)

@@ -1,11 +1,13 @@
 """The decode columns (sim/engine/decode_columns.py: the running batch's steady decodes as numpy arrays) give
-exactly the tables of the Request-object path, over random V1 workloads that exercise joining, finishing,
-timeouts and cancels (a running request aborted out of the columns), preemption (the columns written back
-before the general loop), shared prefixes (hashing from the columns), async scheduling and batched runs."""
+exactly the tables of the Request-object path, over random V1 workloads (and V0 ones without chunked prefill,
+recompute or swap) that exercise joining, finishing, timeouts and cancels (a running request aborted out of the
+columns), preemption (on the columns in V1; the columns written back before the general loop in V0), shared
+prefixes (hashing from the columns), async scheduling and batched runs."""
 
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -58,9 +60,21 @@ def _run(workload, config, batch_runs, columns_min):
     return sim, sim.run()
 
 
-@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(case=cases())
-def test_decode_columns_give_the_object_paths_tables(case):
+@st.composite
+def v0_cases(draw):
+    """The V0 flavor without chunked prefill (where it keeps columns), recompute or swap preemption."""
+    workload, v1, batch_runs, columns_min = draw(cases())
+    workload = workload.with_requests(workload.requests.drop(columns=["hash_ids"], errors="ignore"))
+    config = EngineConfig(
+        flavor="vllm-v0", block_size=v1.block_size, max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=False,
+        num_gpu_blocks_override=v1.num_gpu_blocks_override, max_num_seqs=v1.max_num_seqs,
+        max_num_batched_tokens=max(MAX_MODEL_LEN, v1.max_num_batched_tokens),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])), swap_space_gb=4,
+    )
+    return workload, config, batch_runs, columns_min
+
+
+def _check(case):
     workload, config, batch_runs, columns_min = case
     _, slow = _run(workload, config, batch_runs, None)
     sim, fast = _run(workload, config, batch_runs, columns_min)
@@ -70,10 +84,24 @@ def test_decode_columns_give_the_object_paths_tables(case):
     assert len(sim.core.scheduler._columns) == 0, "written back at the end of the run"
 
 
-def test_the_columns_take_on_a_large_batch():
-    # 64 requests decoding together: the columns hold them (the property above would pass vacuously if not).
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_decode_columns_give_the_object_paths_tables(case):
+    _check(case)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=v0_cases())
+def test_v0_decode_columns_give_the_object_paths_tables(case):
+    _check(case)
+
+
+@pytest.mark.parametrize("flavor", ["vllm-v1", "vllm-v0"])
+def test_the_columns_take_on_a_large_batch(flavor):
+    # 64 requests decoding together: the columns hold them (the properties above would pass vacuously if not).
     workload = make_workload([(0.0, 20, 200)] * 64)
-    sim = Simulation(workload, EngineConfig(max_num_seqs=64, max_model_len=MAX_MODEL_LEN), load_model("Llama-3-8B"),
+    config = EngineConfig(flavor=flavor, max_num_seqs=64, max_model_len=MAX_MODEL_LEN)
+    sim = Simulation(workload, config, load_model("Llama-3-8B"),
                      load_gpu("H100-SXM"), latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False)
     seen = []
     scheduler = sim.core.scheduler
