@@ -661,8 +661,8 @@ class BaseScheduler(ABC):
         run (a smaller segment is written back: below that a Python loop over the requests is cheaper).  Only
         for a run loop that reads requests solely through the scheduler (no observer: Request attributes of
         the segment are stale), and only where every step's reads are covered: not under the priority
-        policy (it may preempt any running request) nor with CPU-offload write-through (it reads every
-        scheduled request's blocks)."""
+        policy (it may preempt any running request), nor with CPU-offload write-through (it reads every
+        scheduled request's blocks), nor for V0 with chunked prefill (it reorders running every step)."""
         if self.write_through or self.waiting.priority or not getattr(self, "supports_decode_columns", False):
             return
         self._columns = DecodeColumns(self.block_size)

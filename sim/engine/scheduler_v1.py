@@ -15,7 +15,8 @@ from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 class V1Scheduler(BaseScheduler):
     """The ``vllm-v1`` flavor."""
 
-    #: Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS).
+    #: Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS; the
+    #: priority policy keeps no columns, see use_decode_columns).
     supports_decode_columns = True
 
     def __init__(self, *args, **kwargs):
