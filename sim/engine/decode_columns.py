@@ -2,8 +2,8 @@
 
 A large batch (V1, or V0 without chunked prefill) is mostly requests that decode one token per step, step after
 step.  Their per-step bookkeeping (computed tokens, inter-token gaps, time shares, finishing) is the same
-arithmetic for each of them, so :class:`DecodeColumns` keeps it as arrays for the leading requests of the running list (the
-*segment*): ``scheduler.running[:len(columns)]`` are exactly ``columns.requests``, in order.
+arithmetic for each of them, so :class:`DecodeColumns` keeps it as arrays for the leading requests of the
+running list (the *segment*): ``scheduler.running[:len(columns)]`` are exactly ``columns.requests``, in order.
 
 While a request is in the segment the arrays are its state and these ``Request`` attributes are stale:
 ``num_computed_tokens``, ``high_water``, ``appended_tokens``, ``num_output_tokens``, ``processed_tokens``,
