@@ -633,10 +633,10 @@ class BaseScheduler(ABC):
         """The general running loop (V1: 0.33.0 v1/core/sched/scheduler.py; V0: 0.8.5 core/scheduler.py
         ``_schedule_running``) reaching segment request ``scan[0]`` (the first whose block
         :meth:`DecodeColumns.scan` found not to fit): it preempts the last running request
-        (:meth:`_preempt_running`) until the block fits.  Done here on the columns: a victim in the segment (once the tail of objects is gone) is
-        written back and dropped alone, and the segment is scanned again with the freed blocks, until it fits up
-        to ``limit`` or the request itself was the last and was preempted (the general loop then stops, with
-        nothing left after it).  Returns the new scan."""
+        (:meth:`_preempt_running`) until the block fits.  Done here on the columns: a victim in the segment (once
+        the tail of objects is gone) is written back and dropped alone, and the segment is scanned again with the
+        freed blocks, until it fits up to ``limit`` or the request itself was the last and was preempted (the
+        general loop then stops, with nothing left after it).  Returns the new scan."""
         cols = self._columns
         running = self.running
         fit = scan[0]

@@ -46,8 +46,8 @@ class V1Scheduler(BaseScheduler):
         all_decode = True
         # ---- running requests ------------------------------------------------------------------------
         # Fast path: the leading decodes in one pass (see _schedule_decode_prefix); the loop goes on from there.
-        index = (self._schedule_decode_prefix(out, budget, False, self.priority_policy, None if self.priority_policy else now)
-                 if running else 0)
+        fcfs_now = None if self.priority_policy else now  # (preempting on the decode columns is FCFS only)
+        index = self._schedule_decode_prefix(out, budget, False, self.priority_policy, fcfs_now) if running else 0
         budget -= index
         while index < len(running) and budget > 0:
             req = running[index]
