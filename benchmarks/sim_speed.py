@@ -26,7 +26,8 @@ CPU time less so), simulated requests per CPU second, engine iterations per CPU 
 process, and, from a second run of the same case under cProfile, the share of ``simulate`` spent in the
 scheduler (``schedule``, ``update_from_output``, admission and aborts), the latency model (every
 ``LatencyModel`` method) and building the result tables.  cProfile slows Python calls unevenly, so the shares
-are indicative.
+are indicative.  ``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its
+on-disk cache), done before the clock starts, as a study worker does at its warm-up.
 
     python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N]
 """
