@@ -11,8 +11,8 @@ path's (``BaseScheduler.update_from_output``), in the same IEEE doubles, so the 
 
 from __future__ import annotations
 
-import numpy as np
 import numba
+import numpy as np
 
 _C, _FINAL = 0, 1
 _LT, _ITL, _TD, _TO = 0, 1, 2, 3
