@@ -25,8 +25,9 @@ from sim.latency import StepShape
 #: (sim/engine/_column_kernels.py, ~1 us each), but joining and writing back cost Python per request, so a
 #: small batch stays on Request objects.  Measured (``taskset -c 1 python benchmarks/sim_speed.py --no-profile
 #: --repeats 5``, CPU s, minimum 192 / 48 / 24): incident 1.96 / 0.77 / 0.76, overload-4x 0.59 / 0.43 / 0.42,
-#: reasoning 2.53 / 1.88 / 1.87, prefix 2.63 / 1.67 / 1.68, 1x 3.52 / 3.64 / 3.78.
-DECODE_COLUMNS_MIN = 32
+#: reasoning 2.53 / 1.88 / 1.87, prefix 2.63 / 1.67 / 1.68, 1x 3.52 / 3.64 / 3.78.  48 rather than a lower value:
+#: the bundled trace's batch (1x on H100) peaks at 32, and loading the kernels costs ~1 s of a 4 s ``simulate``.
+DECODE_COLUMNS_MIN = 48
 #: Steady decodes that join an existing segment together (fewer wait in the object path: a join costs a few
 #: numpy calls whatever its size).
 DECODE_COLUMNS_JOIN = 4
