@@ -68,7 +68,7 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
         from optimizer._storage import prepare
 
         ctx = prepare(spec)
-        sim = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
+        sim = SimBackend.for_spec(spec, ctx.workloads)
         backend = _StoredMetrics(sim.run({}, ctx.seeds))
     cpu0 = time.process_time()
     with tempfile.TemporaryDirectory() as out:

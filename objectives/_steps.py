@@ -77,23 +77,12 @@ def kv_utilization(steps: pd.DataFrame) -> float:
     return step_stats(steps).kv_utilization
 
 
-def step_itl(steps: pd.DataFrame) -> tuple[float, ...]:
-    """p50/p90/p99 inter-token latency of running decodes (see ``StepStats``)."""
-    values, weights = _itl_pairs(steps)
-    return weighted_percentiles(values, weights)
-
-
 def _itl_pairs(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per decode step (or run), its time per step and its decode tokens: the weighted samples of the ITL."""
     decode = column(steps, "decode_tokens")
     per_step = column(steps, "duration_s") / column(steps, "num_steps").where(lambda n: n > 0)
     rows = (decode > 0).to_numpy()
     return per_step.to_numpy()[rows], decode.to_numpy()[rows]
-
-
-def _nanmax(values: list[float]) -> float:
-    """Max that any NaN makes NaN (pandas' ``max(skipna=False)``); NaN when there are none."""
-    return float(np.max(values)) if values else NAN
 
 
 @dataclass
@@ -116,7 +105,8 @@ class _Partial:
     has_start: bool = True
     start_min: float = math.inf
     end_max: float = -math.inf
-    kv_peak: list = field(default_factory=list)
+    #: Highest KV share of a step; any NaN makes it NaN (pandas' ``max(skipna=False)``); -inf: no rows yet.
+    kv_peak: float = -math.inf
     #: Sums of the ``time_*_s`` parts (``None``: some chunk had no parts, so they are unknown).
     parts: tuple[float, ...] | None = (0.0,) * len(STEP_TIME_COLUMNS)
     itl_values: list = field(default_factory=list)
@@ -135,7 +125,7 @@ class _Partial:
                    kv_weighted=_total(duration * kv), swap_out_blocks=_total(column(steps, "swap_out_blocks")),
                    swap_in_blocks=_total(column(steps, "swap_in_blocks")), has_start="start_s" in steps.columns)
         if len(steps):
-            part.kv_peak = [float(kv.max(skipna=False))]
+            part.kv_peak = float(kv.max(skipna=False))
             if part.has_start:
                 start = column(steps, "start_s")
                 part.start_min = float(start.min())
@@ -156,7 +146,7 @@ class _Partial:
         self.has_start = self.has_start and other.has_start
         self.start_min = float(np.fmin(self.start_min, other.start_min))  # a chunk of NaN ends has NaN: skipped
         self.end_max = float(np.fmax(self.end_max, other.end_max))
-        self.kv_peak = [_nanmax(self.kv_peak + other.kv_peak)] if self.kv_peak or other.kv_peak else []
+        self.kv_peak = float(np.maximum(self.kv_peak, other.kv_peak))  # (NaN wins, as in the whole table)
         self.parts = None if self.parts is None or other.parts is None else tuple(
             a + b for a, b in zip(self.parts, other.parts))
         self.itl_values += other.itl_values
@@ -200,7 +190,7 @@ class _Partial:
             new_token_token_share=_ratio(self.tokens_new, self.tokens_all),
             recompute_token_share=_ratio(self.tokens_recompute, self.tokens_all),
             kv_utilization=_ratio(self.kv_weighted, self.busy_s),
-            kv_utilization_peak=_nanmax(self.kv_peak),
+            kv_utilization_peak=self.kv_peak if self.kv_peak != -math.inf else NAN,
             swap_out_blocks=self.swap_out_blocks,
             swap_in_blocks=self.swap_in_blocks,
             **dict(zip(("itl_s_p50", "itl_s_p90", "itl_s_p99"), itl)),

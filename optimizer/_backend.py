@@ -117,6 +117,14 @@ class SimBackend(TrialBackend):
         self.time_scale = float(time_scale)
         self._workloads: dict[int, "Workload"] = {}
 
+    @classmethod
+    def for_spec(cls, spec: Any, workload: Any, *, gpu: str | None = None, **kwargs: Any) -> "SimBackend":
+        """The backend a study's trials are simulated on: the spec's model on ``gpu`` (default the spec's), with
+        the latency coefficients of its ``latency_profile`` (``StudySpec.coefficients``), so that every
+        re-simulation of the study (export, robustness, report) predicts with the model its trials were scored
+        by.  ``kwargs``: ``record_steps``, ``kv_scale``, ``time_scale``."""
+        return cls(workload, spec.model, gpu or spec.gpu, coefficients=spec.coefficients(), **kwargs)
+
     def workload(self, seed: int) -> "Workload":
         from sim.workload.workload import Workload
 

@@ -392,7 +392,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
 
     knobs = dict(pick.trial.user_attrs["knobs"])
     flags, policies, notes = vllm_config(knobs, spec)
-    backend = SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
+    backend = SimBackend.for_spec(spec, ctx.workloads)
     results: dict[str, dict[str, Any]] = {}
     fresh: dict[str, Any] = {}
     for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):
@@ -406,7 +406,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     unused = unused_host_tier(knobs, fresh.get("recommended"))
     if unused:
         notes.append(unused)
-    robust = robustness(ctx, spec.model, spec.gpu, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
+    robust = robustness(ctx, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
 
     model_id = hf_model_id(spec.model)
     target = spec.vllm_version

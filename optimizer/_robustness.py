@@ -32,15 +32,15 @@ def _throughput(metrics: Mapping[str, Any], objective_names: Sequence[str]) -> t
     return "output_tokens_per_s", math.nan
 
 
-def robustness(ctx: Any, model: str, gpu: str, recommended: Mapping[str, Any], default: Mapping[str, Any],
-               shortfalls, perturbations=PERTURBATIONS) -> dict[str, Any]:
+def robustness(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, Any], shortfalls,
+               perturbations=PERTURBATIONS) -> dict[str, Any]:
     """Per perturbation: whether the recommendation meets every SLO and beats the default (higher throughput
     under the same perturbation), with both throughputs; and overall verdicts.  ``shortfalls(metrics)`` lists the
     SLOs a metrics mapping misses."""
     names = list(ctx.spec.objectives)
     rows = []
     for label, kv, time in perturbations:
-        backend = SimBackend(ctx.workloads, model, gpu, kv_scale=kv, time_scale=time, record_steps=False)
+        backend = SimBackend.for_spec(ctx.spec, ctx.workloads, kv_scale=kv, time_scale=time, record_steps=False)
         row: dict[str, Any] = {"perturbation": label, "kv_scale": kv, "time_scale": time}
         try:
             rec = backend.run(dict(recommended), ctx.seeds)

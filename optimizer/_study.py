@@ -225,7 +225,7 @@ class Tuner:
         kind (``replay``: the replay package's, results under ``<out>/replays``)."""
         spec = self.spec
         if not spec.backend.is_replay:
-            return SimBackend(ctx.workloads, spec.model, spec.gpu, coefficients=spec.coefficients())
+            return SimBackend.for_spec(spec, ctx.workloads)
         return backend_factory(spec.backend.kind)(spec, ctx, self.out)
 
     def _check_config(self, knobs: Mapping[str, Any]) -> str | None:

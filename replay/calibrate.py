@@ -303,6 +303,24 @@ def _worker_processes(pgid: int, names: Sequence[str]):
             yield entry, rest
 
 
+def _cpu_seconds(rest: list[str], tick: int) -> float:
+    """User + system CPU seconds of a process from its ``stat`` fields after the command name."""
+    return (int(rest[11]) + int(rest[12])) / tick
+
+
+def _sched_seconds(entry: Path) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) summed over the threads of process ``entry``."""
+    run = wait = 0.0
+    try:
+        for task in (entry / "task").iterdir():
+            fields = (task / "schedstat").read_text().split()
+            run += int(fields[0]) / 1e9
+            wait += int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass  # the process ended meanwhile
+    return run, wait
+
+
 def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> float:
     """CPU seconds used so far by an engine's model worker (vLLM's ``VLLM::Worker`` process in process group
     ``pgid``), from /proc (Linux; 0 elsewhere).  The worker runs the forward passes, but its CPU seconds also
@@ -310,7 +328,7 @@ def engine_cpu_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> f
     import os
 
     tick = os.sysconf("SC_CLK_TCK")
-    return sum((int(rest[11]) + int(rest[12])) / tick for _, rest in _worker_processes(pgid, names))
+    return sum(_cpu_seconds(rest, tick) for _, rest in _worker_processes(pgid, names))
 
 
 def engine_sched_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> tuple[float, float]:
@@ -318,24 +336,23 @@ def engine_sched_seconds(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) ->
     model worker (``VLLM::Worker`` in process group ``pgid``), from the kernel's per-thread ``schedstat`` (Linux;
     ``(0, 0)`` elsewhere).  Unlike :func:`cpu_share`, whose span also holds the engine's idle gaps, the wait is
     time the worker wanted a core and another process had it: contention only."""
-    run = wait = 0.0
-    for entry, _ in _worker_processes(pgid, names):
-        try:
-            for task in (entry / "task").iterdir():
-                fields = (task / "schedstat").read_text().split()
-                run += int(fields[0]) / 1e9
-                wait += int(fields[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue  # the process ended meanwhile
-    return run, wait
+    times = [_sched_seconds(entry) for entry, _ in _worker_processes(pgid, names)]
+    return sum(r for r, _ in times), sum(w for _, w in times)
 
 
-def engine_times(pgid: int) -> dict[str, float]:
+def engine_times(pgid: int, names: Sequence[str] = ("VLLM::Worker",)) -> dict[str, float]:
     """The engine worker's counters so far, as a run records their deltas in ``ReplayResult.info``
     (:func:`record_engine_times`): CPU seconds (:func:`engine_cpu_seconds`), and seconds on a CPU and waiting for
-    one (:func:`engine_sched_seconds`)."""
-    run, wait = engine_sched_seconds(pgid)
-    return {"engine_cpu_s": engine_cpu_seconds(pgid), "engine_run_s": run, "engine_wait_s": wait}
+    one (:func:`engine_sched_seconds`), from one walk of /proc."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = run = wait = 0.0
+    for entry, rest in _worker_processes(pgid, names):
+        cpu += _cpu_seconds(rest, tick)
+        r, w = _sched_seconds(entry)
+        run, wait = run + r, wait + w
+    return {"engine_cpu_s": cpu, "engine_run_s": run, "engine_wait_s": wait}
 
 
 def record_engine_times(info: dict, before: Mapping[str, float], after: Mapping[str, float]) -> None:

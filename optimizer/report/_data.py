@@ -144,7 +144,7 @@ def simulate_config(label: str, knobs: Mapping[str, Any], spec: StudySpec, ctx: 
     """``knobs`` simulated on the spec's workload (its first replicate seed) and ``gpu`` (default the spec's);
     ``record_lifelines`` also follows the most preempted requests (``optimizer.report._lifelines``)."""
     gpu = gpu or spec.gpu
-    backend = backend or SimBackend(ctx.workloads, spec.model, gpu)
+    backend = backend or SimBackend.for_spec(spec, ctx.workloads, gpu=gpu)
     run = ConfigRun(label, dict(knobs), gpu, tensor_parallel_size=int(knobs.get("tensor_parallel_size", 1) or 1))
     recorder = LifelineRecorder() if record_lifelines else None
     try:
@@ -365,14 +365,14 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
                           "recommended point is the trial closest to feasible.")
     if not simulate:
         return data
-    backend = SimBackend(ctx.workloads, spec.model, spec.gpu)
+    backend = SimBackend.for_spec(spec, ctx.workloads)
     data.default = simulate_config("default", spec.fixed_knobs(), spec, ctx, backend=backend, record_lifelines=True)
     if pick is not None:
         data.recommended = simulate_config(f"recommended (trial {pick.trial.number})",
                                            dict(pick.trial.user_attrs.get("knobs") or {}), spec, ctx, backend=backend,
                                            record_lifelines=True)
         try:
-            data.robustness = robustness(ctx, spec.model, spec.gpu, dict(pick.trial.user_attrs.get("knobs") or {}),
+            data.robustness = robustness(ctx, dict(pick.trial.user_attrs.get("knobs") or {}),
                                          spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
         except (TrialError, KvtuneError) as exc:
             data.notes.append(f"Robustness check could not run: {exc}")
@@ -388,7 +388,7 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
         workloads = ctx.workloads
         if whatif.rate_scale != 1.0:
             workloads = {seed: w.scale_rate(whatif.rate_scale) for seed, w in ctx.workloads.items()}
-        whatif_backend = SimBackend(workloads, spec.model, gpu)
+        whatif_backend = SimBackend.for_spec(spec, workloads, gpu=gpu)
         for label, knobs in configs:
             try:
                 changed = whatif.apply(knobs)

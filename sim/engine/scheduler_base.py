@@ -125,6 +125,9 @@ class WaitingQueue:
 class BaseScheduler(ABC):
     """Queues and accounting common to the V0 and V1 flavors."""
 
+    #: Whether the flavor's running loop allows decode columns (see :meth:`use_decode_columns`).
+    supports_decode_columns = False
+
     def __init__(
         self,
         config: EngineConfig,
@@ -664,7 +667,7 @@ class BaseScheduler(ABC):
         the segment are stale), and only where every step's reads are covered: not under the priority
         policy (it may preempt any running request), nor with CPU-offload write-through (it reads every
         scheduled request's blocks), nor for V0 with chunked prefill (it reorders running every step)."""
-        if self.write_through or self.waiting.priority or not getattr(self, "supports_decode_columns", False):
+        if self.write_through or self.waiting.priority or not self.supports_decode_columns:
             return
         self._columns = DecodeColumns(self.block_size)
         self._columns_min = max(2, int(min_batch))

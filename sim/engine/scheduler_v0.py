@@ -171,7 +171,7 @@ class V0Scheduler(BaseScheduler):
         # the loop goes on from there.  They are decodes (in ``_decoding``), so ``_finishing`` is not read.
         count = (self._schedule_decode_prefix(out, len(running) if budget is None else budget, True,
                                               now=None if self.chunked else now) if running else 0)
-        running = self.running  # (victims preempted on the decode columns have left it)
+        # (victims preempted on the decode columns were popped from ``running``, this same list)
         scheduled: list[Request] = running[:count] if count < len(running) else running
         queue = deque(running[count:]) if count < len(running) else deque()
         self.running = []

@@ -43,3 +43,29 @@ def test_kv_scale_changes_the_blocks_and_time_scale_the_makespan():
     assert slower["sim.num_gpu_blocks"] == base["sim.num_gpu_blocks"]
     # Slower steps: the same requests take longer end to end.
     assert slower["all.e2e_s.p50"] > base["all.e2e_s.p50"]
+
+
+def test_robustness_predicts_with_the_studys_latency_profile(tmp_path):
+    # A study scored with a calibrated profile: its robustness re-simulations must use that profile too (they
+    # used the default coefficients, and so compared the recommendation under a different engine model).
+    import yaml
+
+    from optimizer._robustness import robustness
+    from optimizer._spec import StudySpec
+    from optimizer._storage import prepare
+    from optimizer_test_helpers import spec_dict
+
+    profile = tmp_path / "slow.yaml"
+    profile.write_text(yaml.safe_dump({"coefficients": {"mfu": 0.05, "bw_eff": 0.2}}))
+    workload = dict(spec_dict()["workload"], max_requests=60)
+    spec = StudySpec.from_dict(spec_dict(latency_profile=str(profile), workload=workload))
+    ctx = prepare(spec)
+    knobs = {**spec.fixed_knobs(), "max_num_seqs": 64}
+    result = robustness(ctx, knobs, spec.fixed_knobs(), lambda m: [], perturbations=[("as modelled", 1.0, 1.0)])
+    row = result["perturbations"][0]
+    key = next(k for k in row if k.startswith("recommended_"))
+    scored = SimBackend.for_spec(spec, ctx.workloads).run(knobs, ctx.seeds)
+    default_model = SimBackend(ctx.workloads, spec.model, spec.gpu).run(knobs, ctx.seeds)
+    metric = key[len("recommended_"):]
+    assert row[key] == pytest.approx(scored[metric], rel=1e-12)
+    assert row[key] < 0.9 * default_model[metric]  # the profile's slower engine, not the default one
