@@ -183,3 +183,32 @@ def test_engine_sched_seconds_reads_this_process_group():
     run, wait = engine_sched_seconds(os.getpgid(0), names=("python", "pytest"))
     assert run > 0 and wait >= 0  # this test's own process has run
     assert engine_sched_seconds(os.getpgid(0), names=("no-such-process",)) == (0.0, 0.0)
+
+
+def test_engine_times_is_both_counters_in_one_walk():
+    import os
+    import subprocess
+    from pathlib import Path
+    import sys
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("needs Linux /proc")
+    # In a process alone in its own group (a new session), so that no other process of the group can start or end
+    # between the readings: the counters then only grow, and the single walk reads values between the separate
+    # readings around it.
+    code = """
+import os
+from replay.calibrate import engine_cpu_seconds, engine_sched_seconds, engine_times
+sum(i * i for i in range(300_000))  # some CPU time to read
+pgid, names = os.getpgid(0), ("python",)
+cpu0, (run0, wait0) = engine_cpu_seconds(pgid, names), engine_sched_seconds(pgid, names)
+both = engine_times(pgid, names)
+cpu1, (run1, wait1) = engine_cpu_seconds(pgid, names), engine_sched_seconds(pgid, names)
+assert cpu0 <= both["engine_cpu_s"] <= cpu1 and run1 > 0, (cpu0, both, cpu1)
+assert run0 <= both["engine_run_s"] <= run1 and wait0 <= both["engine_wait_s"] <= wait1, (run0, both, run1)
+assert engine_times(pgid, ("no-such-process",)) == {"engine_cpu_s": 0.0, "engine_run_s": 0.0, "engine_wait_s": 0.0}
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, start_new_session=True,
+                         cwd=str(Path(__file__).resolve().parents[2]), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
