@@ -127,7 +127,7 @@ class Simulation:
         self._load_columns(workload, seed)
         #: Requests created (at arrival) and not yet ended, by index; with ``keep_requests`` every request.
         self._live: dict[int, Request] = {}
-        self.requests: list[Request] = [self._request(i) for i in range(len(workload))] if keep_requests else []
+        self.requests: list[Request] = self._all_requests() if keep_requests else []
         self._done = 0
         scheduler = self.core.scheduler
         if scheduler.pool.enable_caching and any(self._keys):
@@ -167,15 +167,31 @@ class Simulation:
             )
         return req
 
+    def _all_requests(self) -> list[Request]:
+        """Every request's live state, made up front (``keep_requests``): :meth:`_request` for each, from the
+        columns as Python lists (indexing a numpy array element by element costs more than the request)."""
+        max_len = self.config.max_model_len
+        predicted = self._predicted
+        reqs = [
+            Request(i, request_id, cls, arrival, prompt, output, max_len, priority,
+                    predicted.get(cls, 0) if predicted else 0, timeout_at, cancel_at, keys)
+            for i, (request_id, cls, arrival, prompt, output, priority, timeout_at, cancel_at, keys) in enumerate(zip(
+                self._ids.tolist(), self._classes.tolist(), self._arrivals_s.tolist(), self._prompts.tolist(),
+                self._outputs.tolist(), np.asarray(self._priorities).tolist(), np.asarray(self._timeout_at).tolist(),
+                np.asarray(self._cancel_at).tolist(), self._keys))
+        ]
+        self._live.update(enumerate(reqs))
+        return reqs
+
     def _drain(self) -> None:
         """Ended requests: their rows go to the request table's arrays and their live state is dropped."""
         finished = self.core.scheduler.finished
         if not finished:
             return
-        log, live, keep = self.log, self._live, self.keep_requests
-        for req in finished:
-            log.record(req)
-            if not keep:
+        self.log.record_all(finished)
+        if not self.keep_requests:
+            live = self._live
+            for req in finished:
                 live.pop(req.index, None)
         self._done += len(finished)
         finished.clear()
@@ -303,10 +319,11 @@ class Simulation:
         # The engine may have run ahead of SimPy's clock after the last arrival.
         self.end_s = max(env.now, self.core.last_step_end)
         self._drain()
-        for req in self._live.values():
-            if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED):
-                req.status = Status.UNFINISHED
-                self.log.record(req)
+        unfinished = [req for req in self._live.values()
+                      if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)]
+        for req in unfinished:
+            req.status = Status.UNFINISHED
+        self.log.record_all(unfinished)
         self.core.flush_rows()
         requests = self.log.table()
         steps = step_table(self.core.step_rows if self.core.record_steps else [])

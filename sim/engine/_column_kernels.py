@@ -134,6 +134,26 @@ def compact(ints, floats, n, positions, k):
     return write
 
 
+@_compiled
+def run_block_limit(ints, n, rest, block_size, free, limit):
+    """Steps of a decode run (at most ``limit``) before its block demand exceeds ``free``: the running requests
+    are the segment's ``n`` (tokens ``c + 1``) and then those of ``rest`` (their token counts).  Step ``j >= 1``
+    needs a new block for a request of ``t`` tokens where ``(t + j - 1) % B == 0``; the run stops before the
+    first step whose demand, summed from step 1, exceeds ``free``.  The same as ``EngineCore._decode_run``'s
+    numpy statement (bincount of each request's first crossing step by residue, cumsum, searchsorted)."""
+    per_residue = np.zeros(block_size, dtype=np.int64)
+    for i in range(n):
+        per_residue[((-(ints[_C, i] + 1)) % block_size + 1) % block_size] += 1
+    for i in range(rest.shape[0]):
+        per_residue[((-rest[i]) % block_size + 1) % block_size] += 1
+    demand = 0
+    for j in range(1, limit):
+        demand += per_residue[j % block_size]
+        if demand > free:
+            return j
+    return limit
+
+
 def warm_up() -> None:
     """Call every kernel once on a small segment (loads them from numba's cache, or compiles them)."""
     ints = np.zeros((5, 4), dtype=np.int64)
@@ -146,3 +166,4 @@ def warm_up() -> None:
     finished(ints, 2, positions)
     filling(ints, 2, 16, positions)
     compact(ints, floats, 2, positions, 0)
+    run_block_limit(ints, 2, positions, 16, 4, 8)

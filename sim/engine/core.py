@@ -195,15 +195,7 @@ class EngineCore:
         # fit, blocks cannot bound the run and the per-residue demand need not be computed.  (The blocks a run
         # grows by are allocated by update_from_output.)
         if batch * -(-(limit - 1) // block_size) > free:
-            tokens = scheduler.running_num_tokens()
-            # Steps j >= 1 need a new block where (tokens + j - 1) % block_size == 0: first at j1, then every
-            # block_size steps.
-            first_cross = (-tokens) % block_size + 1
-            per_residue = np.bincount(first_cross % block_size, minlength=block_size)
-            demand = np.cumsum(per_residue[np.arange(1, limit) % block_size])
-            over = int(np.searchsorted(demand, free, side="right"))  # first step index whose demand exceeds
-            if over < len(demand):
-                limit = over + 1
+            limit = scheduler.run_block_limit(free, limit)
         affine = self.latency.decode_run_affine(batch, context)
         if affine is not None:
             limit = _affine_steps_before(affine[0], affine[1], next_event_s - now, limit)

@@ -39,11 +39,14 @@ class DecodeColumns:
     Two matrices with spare capacity (rows above), so that joining writes into free columns and leaving
     compacts them in one operation each."""
 
-    __slots__ = ("block_size", "requests", "ints", "floats", "_positions", "_k")
+    __slots__ = ("block_size", "requests", "entries", "ints", "floats", "_positions", "_k")
 
     def __init__(self, block_size: int, capacity: int = 256):
         self.block_size = block_size
         self.requests: list[Request] = []
+        #: ``(request, 1)`` for each of ``requests``: the segment's entries of a step's ``SchedulerOutput.scheduled``,
+        #: kept from step to step (making them anew costs ~10 us a step at batch 150).
+        self.entries: list[tuple[Request, int]] = []
         self.ints = np.zeros((len(_INT), capacity), dtype=np.int64)
         self.floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)
         self._positions = np.zeros(capacity, dtype=np.int64)  # the kernels' output positions
@@ -76,6 +79,7 @@ class DecodeColumns:
             self.ints, self.floats = ints, floats
             self._positions = np.zeros(capacity, dtype=np.int64)
         self.requests.extend(reqs)
+        self.entries.extend([(r, 1) for r in reqs])
         ints = [(r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
                  r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs]
         floats = [(r.last_token_s, r.max_itl_s, r.time_decode_s, r.time_overhead_s) for r in reqs]
@@ -114,11 +118,13 @@ class DecodeColumns:
         """Take the requests at ``positions`` (ascending) out of the segment (``None``: all of them)."""
         if positions is None:
             self.requests = []
+            self.entries = []
             return
         n = len(self.requests)
-        reqs = self.requests
+        reqs, entries = self.requests, self.entries
         for i in reversed(positions):
             del reqs[i]
+            del entries[i]
         k = len(positions)
         self._positions[:k] = positions
         self._k.compact(self.ints, self.floats, n, self._positions, k)
@@ -129,6 +135,7 @@ class DecodeColumns:
         if keep < n:
             self.sync(range(keep, n))
             del self.requests[keep:]
+            del self.entries[keep:]
 
     # ---- one step --------------------------------------------------------------------------------------
     def scan(self, free: int, limit: int, touch_one: bool = False) -> tuple[int, int, int, int]:
@@ -153,6 +160,11 @@ class DecodeColumns:
                                    first_end_s, last_gap_s, shares, decode_share if shares else 0.0,
                                    overhead_share if shares else 0.0, self._positions)
         return grown, (self._positions[:k].copy() if num_steps > 1 else None)
+
+    def run_block_limit(self, rest_tokens: np.ndarray, free: int, limit: int) -> int:
+        """Steps of a decode run (at most ``limit``) before the blocks of the segment and then of requests with
+        ``rest_tokens`` tokens exceed ``free`` (``sim.engine.scheduler_base.block_limit``, in one compiled pass)."""
+        return int(self._k.run_block_limit(self.ints, len(self.requests), rest_tokens, self.block_size, free, limit))
 
     def finished(self) -> list[int]:
         """Positions whose last output token came out, ascending."""

@@ -7,6 +7,7 @@ step; ``update_from_output()`` applies the step's result once the latency model 
 from __future__ import annotations
 
 import heapq
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
@@ -190,7 +191,7 @@ class BaseScheduler(ABC):
 
     def next_load_ready_s(self) -> float:
         """When the earliest asynchronous load lands (inf if none): an event for the run loop."""
-        return min(ready for ready, _ in self.loading) if self.loading else float("inf")
+        return min(ready for ready, _ in self.loading) if self.loading else math.inf
 
     def _land_loads(self, now: float) -> None:
         """Loads that have landed: their requests rejoin the front of the waiting queue, in arrival order."""
@@ -622,7 +623,13 @@ class BaseScheduler(ABC):
                     cache_blocks(req, req.num_computed_tokens + 1)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.columnar = seg
-        out.scheduled = list(zip(batch, repeat(1, count)))
+        if seg:
+            # The segment's entries are kept by the columns (the same ``(request, 1)`` pairs, step after step).
+            out.scheduled = cols.entries[:seg]
+            if count > seg:
+                out.scheduled += zip(running[seg:count], repeat(1, count - seg))
+        else:
+            out.scheduled = list(zip(batch, repeat(1, count)))
         out.decode_tokens += count
         shape = out.shape
         shape.num_seqs += count
@@ -691,6 +698,17 @@ class BaseScheduler(ABC):
         rest = np.fromiter((r.num_tokens for r in self.running[seg:]), dtype=np.int64, count=len(self.running) - seg)
         return np.concatenate((cols.computed + 1, rest)) if seg else rest
 
+    def run_block_limit(self, free: int, limit: int) -> int:
+        """Steps of a decode run of the whole running batch (at most ``limit``) before its new blocks exceed
+        ``free`` (:func:`block_limit`); with decode columns, one compiled pass over them."""
+        cols = self._columns
+        seg = len(cols) if cols is not None else 0
+        if seg:
+            rest = self.running[seg:]
+            tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
+            return cols.run_block_limit(tokens, free, limit)
+        return block_limit(self.running_num_tokens(), self.block_size, free, limit)
+
     def min_remaining_outputs(self) -> int:
         """Fewest outputs any running request still has to produce."""
         cols = self._columns
@@ -709,3 +727,14 @@ class BaseScheduler(ABC):
         return free - need >= self.headroom_blocks
 
 
+def block_limit(tokens: np.ndarray, block_size: int, free: int, limit: int) -> int:
+    """Steps of a decode run (at most ``limit``) before the running requests' block demand exceeds ``free``
+    (``tokens``: their token counts at the run's first step).  Steps j >= 1 need a new block where
+    ``(tokens + j - 1) % block_size == 0``: first at ``(-tokens) % block_size + 1``, then every ``block_size``
+    steps.  (With decode columns :meth:`BaseScheduler.run_block_limit` asks the compiled
+    ``_column_kernels.run_block_limit`` instead: the same count in one pass.)"""
+    first_cross = (-tokens) % block_size + 1
+    per_residue = np.bincount(first_cross % block_size, minlength=block_size)
+    demand = np.cumsum(per_residue[np.arange(1, limit) % block_size])
+    over = int(np.searchsorted(demand, free, side="right"))  # first step index whose demand exceeds
+    return over + 1 if over < len(demand) else limit

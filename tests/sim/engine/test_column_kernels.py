@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.engine import _column_kernels as kernels
+from sim.engine.scheduler_base import block_limit
 
 
 @st.composite
@@ -43,6 +44,19 @@ def test_scan_is_the_longest_fitting_prefix(seg, free, limit, touch_one):
     expected = (fit, int(crossing[:fit].sum()), int((computed[:fit] + 1).sum()),
                 int((final[:fit] - computed[:fit]).min()) if fit else 1 << 62)
     assert kernels.scan(ints, n, block_size, free, limit, touch_one) == expected
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(seg=segments(), rest=st.lists(st.integers(1, 300), max_size=12), free=st.integers(0, 120),
+       limit=st.integers(1, 200))
+def test_run_block_limit_is_the_numpy_block_bound(seg, rest, free, limit):
+    """A decode run's block bound over the segment (tokens ``c + 1``) and the requests after it, against the
+    engine's numpy statement (``block_limit``, used when no columns are live)."""
+    ints, _, n, block_size = seg
+    rest = np.array(rest, dtype=np.int64)
+    tokens = np.concatenate((ints[0, :n] + 1, rest))
+    assert kernels.run_block_limit(ints, n, rest, block_size, free, limit) == block_limit(tokens, block_size, free,
+                                                                                           limit)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

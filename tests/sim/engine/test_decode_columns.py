@@ -56,7 +56,20 @@ def _run(workload, config, batch_runs, columns_min):
                      latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=batch_runs, hash_block_tokens=64,
                      decode_columns=columns_min is not None)
     if columns_min is not None:
-        sim.core.scheduler.use_decode_columns(columns_min)
+        scheduler = sim.core.scheduler
+        scheduler.use_decode_columns(columns_min)
+        schedule = scheduler.schedule
+
+        def checked(now):
+            # The fast path's leading entries (the segment's kept from step to step by the columns) are the
+            # leading running requests, one token each, as the object path would list them.
+            out = schedule(now)
+            bulk = out.scheduled[:out.bulk_decode]
+            assert [r for r, _ in bulk] == scheduler.running[:out.bulk_decode]
+            assert all(n == 1 for _, n in bulk)
+            return out
+
+        scheduler.schedule = checked
     return sim, sim.run()
 
 
