@@ -577,12 +577,26 @@ class _Run:
                 pass
 
 
+try:  # what Study.tell runs, without its read-back of the told trial (see _tell)
+    from optuna.study._tell import _tell_with_warning
+except ImportError:  # pragma: no cover - Optuna moved it: the public tell does the same, plus the read-back
+    _tell_with_warning = None
+
+
 def _tell(study: optuna.Study, trial: Any, values: Sequence[float] | None = None,
           state: TrialState | None = None) -> None:
     """``study.tell``; Optuna's grid sampler calls ``study.stop()`` after the last grid point, which raises outside
-    ``optimize`` -- the trial is stored by then (Optuna stores it in a ``finally``), so that error is dropped."""
+    ``optimize`` -- the trial is stored by then (Optuna stores it in a ``finally``), so that error is dropped.
+
+    ``Study.tell`` is Optuna's ``_tell_with_warning`` (checks, the sampler's ``after_trial``, the state and values
+    stored) followed by a read-back of the finished trial from the storage and a deep copy of it, which it returns.
+    A trial carries ~720 user attributes, and nothing here uses the returned copy, so the read-back is skipped: the
+    same function stores the same rows.  (``Study.optimize`` calls ``_tell_with_warning`` the same way.)"""
     try:
-        study.tell(trial, values, state=state)
+        if _tell_with_warning is not None:
+            _tell_with_warning(study, trial, value_or_values=values, state=state)
+        else:  # pragma: no cover
+            study.tell(trial, values, state=state)
     except RuntimeError as exc:
         if "Study.stop" not in str(exc):
             raise

@@ -55,3 +55,33 @@ def test_a_finished_trial_is_not_updated(tmp_path):
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         set_user_attrs(trial, {"late": 1.0})
     assert "late" not in study.get_trials()[0].user_attrs
+
+
+@pytest.mark.parametrize("state", [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL])
+def test_tell_stores_what_study_tell_stores_and_reads_the_trial_once(tmp_path, monkeypatch, state):
+    """The study's ``_tell`` is ``Study.tell`` without its read-back of the finished trial (a trial carries hundreds
+    of attributes): the same rows are stored, and the told trial is read from the RDB storage once (the check that
+    it is still RUNNING), not a second time after it finished."""
+    from optimizer._study import _tell
+
+    values = [1.5] if state == optuna.trial.TrialState.COMPLETE else None
+    stored = []
+    for i, tell in enumerate((lambda s, t: s.tell(t, values, state=state),
+                              lambda s, t: _tell(s, t, values, state=state))):
+        study = _study(f"sqlite:///{tmp_path}/s{i}.db")
+        trial = study.ask()
+        trial.set_constraint("slo", -1.0)
+        set_user_attrs(trial, ATTRS)
+        backend = study._storage._backend
+        reads = []
+        original = type(backend).get_trial
+        monkeypatch.setattr(backend, "get_trial", lambda trial_id: reads.append(trial_id) or original(backend, trial_id))
+        tell(study, trial)
+        monkeypatch.undo()
+        stored.append((study.get_trials()[0], len(reads)))
+    (by_optuna, optuna_reads), (ours, our_reads) = stored
+    assert (ours.state, ours.values, ours.params) == (by_optuna.state, by_optuna.values, by_optuna.params)
+    assert ours.system_attrs == by_optuna.system_attrs
+    _same(ours.user_attrs, by_optuna.user_attrs)
+    assert ours.datetime_complete is not None
+    assert optuna_reads == 2 and our_reads == 1
