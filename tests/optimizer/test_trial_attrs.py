@@ -57,6 +57,7 @@ def test_a_finished_trial_is_not_updated(tmp_path):
     assert "late" not in study.get_trials()[0].user_attrs
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 @pytest.mark.parametrize("state", [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL])
 def test_tell_stores_what_study_tell_stores_and_reads_the_trial_once(tmp_path, monkeypatch, state):
     """The study's ``_tell`` is ``Study.tell`` without its read-back of the finished trial (a trial carries hundreds
