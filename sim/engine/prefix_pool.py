@@ -28,11 +28,12 @@ from sim.engine.request import Request
 
 
 def block_hash(req: Request, position: int) -> int:
-    """The content key of block ``position`` of ``req``: its trace prefix key when it has one (even), else a key
-    no other request has (odd; output tokens and the prompt beyond its hash ids are the request's own)."""
+    """The content key of block ``position`` of ``req``: its trace prefix key when it has one (even: the runner
+    stores them doubled in ``prefix_keys``), else a key no other request has (odd; output tokens and the prompt
+    beyond its hash ids are the request's own)."""
     keys = req.prefix_keys
     if position < len(keys):
-        return keys[position] << 1
+        return keys[position]
     return (((req.index << 24) | position) << 1) | 1
 
 

@@ -86,7 +86,8 @@ class Request:
         self.kv_blocks_peak = 0
         self.prefix_hit_tokens = 0
         self.processed_tokens = 0
-        #: Keys of the leading prompt blocks other requests may share (from the trace's ``hash_ids``).
+        #: Hashes of the leading prompt blocks other requests may share (from the trace's ``hash_ids``; even, see
+        #: :func:`~sim.engine.prefix_pool.block_hash`).
         self.prefix_keys = prefix_keys
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
