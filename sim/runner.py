@@ -197,25 +197,21 @@ class Simulation:
         finished.clear()
 
     def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
-        """Per request, keys of its leading full prompt blocks from the trace's ``hash_ids`` (each id names one
-        ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's traces):
-        kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``.  Requests without ids share nothing."""
-        empty: tuple[int, ...] = ()
+        """Per request, the block hashes of its leading full prompt blocks from the trace's ``hash_ids`` (each id
+        names one ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's
+        traces): kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``, and hash ``2 * key`` (even:
+        see :func:`~sim.engine.prefix_pool.block_hash`).  Requests without ids share nothing."""
         if "hash_ids" not in df.columns or not self.config.enable_prefix_caching:
-            return [empty] * len(df)
+            return [()] * len(df)
         block_size = self.config.block_size
-        per_hash = self.hash_block_tokens // block_size
-        if per_hash < 1 or self.hash_block_tokens % block_size:
+        if self.hash_block_tokens // block_size < 1 or self.hash_block_tokens % block_size:
             raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
                                             f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
-        keys = []
-        for ids, prompt in zip(df["hash_ids"].to_numpy(), prompts):
-            if ids is None or len(ids) == 0:
-                keys.append(empty)
-                continue
-            num_blocks = min(len(ids) * self.hash_block_tokens, int(prompt)) // block_size
-            keys.append(tuple(int(ids[i // per_hash]) * per_hash + i % per_hash for i in range(num_blocks)))
-        return keys
+        column = df["hash_ids"].to_numpy()
+        hashes = _prefix_hashes(column, prompts, block_size, self.hash_block_tokens)
+        if hashes is None:
+            hashes = _prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens)
+        return hashes
 
     # ---- processes -------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
@@ -352,3 +348,39 @@ class Simulation:
 def simulate(workload: Workload, config: EngineConfig, model: ModelProfile, gpu: GpuProfile, **kwargs) -> SimResult:
     """Run one simulation; keyword arguments go to :class:`Simulation`."""
     return Simulation(workload, config, model, gpu, **kwargs).run()
+
+
+def _prefix_hashes_loop(column: np.ndarray, prompts: np.ndarray, block_size: int,
+                        hash_block_tokens: int) -> list[tuple[int, ...]]:
+    """``Simulation._prefix_keys`` request by request (the reference for :func:`_prefix_hashes`)."""
+    per_hash = hash_block_tokens // block_size
+    keys: list[tuple[int, ...]] = []
+    for ids, prompt in zip(column, prompts):
+        if ids is None or len(ids) == 0:
+            keys.append(())
+            continue
+        num_blocks = min(len(ids) * hash_block_tokens, int(prompt)) // block_size
+        keys.append(tuple((int(ids[i // per_hash]) * per_hash + i % per_hash) << 1 for i in range(num_blocks)))
+    return keys
+
+
+def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
+                   hash_block_tokens: int) -> list[tuple[int, ...]] | None:
+    """:func:`_prefix_hashes_loop` in one numpy pass over all requests, or ``None`` where it might differ: ids
+    that are not all int64 (floats, or ints beyond int64) or so large that the hashes could overflow int64."""
+    per_hash = hash_block_tokens // block_size
+    rows = [() if ids is None else ids for ids in column]
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    flat = np.array([i for ids in rows for i in ids])
+    if not len(flat):
+        return [()] * len(rows)
+    limit = (1 << 62) // per_hash - 1  # |id| <= limit: |2 * (id * per_hash + offset)| < 2**63
+    if flat.dtype.kind != "i" or flat.min() < -limit or flat.max() > limit:
+        return None
+    num_blocks = np.where(lengths > 0, np.minimum(lengths * hash_block_tokens, prompts) // block_size, 0)
+    ends = np.cumsum(num_blocks)
+    block = np.arange(int(ends[-1])) - np.repeat(ends - num_blocks, num_blocks)  # i within its request
+    first_id = np.repeat(np.cumsum(lengths) - lengths, num_blocks)  # where the request's ids start in flat
+    hashes = ((flat[first_id + block // per_hash] * per_hash + block % per_hash) << 1).tolist()
+    ends = ends.tolist()
+    return [tuple(hashes[a:b]) for a, b in zip([0, *ends[:-1]], ends)]

@@ -28,19 +28,24 @@ from sim.engine.request import Request
 
 
 def block_hash(req: Request, position: int) -> int:
-    """The content key of block ``position`` of ``req``: its trace prefix key when it has one (even), else a key
-    no other request has (odd; output tokens and the prompt beyond its hash ids are the request's own)."""
+    """The content key of block ``position`` of ``req``: its trace prefix key when it has one (even: the runner
+    stores them doubled in ``prefix_keys``), else a key no other request has (odd; output tokens and the prompt
+    beyond its hash ids are the request's own)."""
     keys = req.prefix_keys
     if position < len(keys):
-        return keys[position] << 1
+        return keys[position]
     return (((req.index << 24) | position) << 1) | 1
+
+
+#: Below this block position a request's own keys are consecutive odd numbers (``block_hash``).
+_OWN_POSITIONS = 1 << 24
 
 
 class PrefixBlockPool:
     """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "enable_caching", "free_hashed", "copies", "hash_of",
-                 "ref", "_next_id", "block_size")
+                 "ref", "_next_id", "block_size", "_own_keys_distinct")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -56,6 +61,8 @@ class PrefixBlockPool:
         #: Reference count of every hashed block (0: it is in ``free_hashed``).
         self.ref: dict[int, int] = {}
         self._next_id = 0
+        #: No block position so far reached _OWN_POSITIONS: each own key names one request's block position.
+        self._own_keys_distinct = True
 
     @property
     def num_cached(self) -> int:
@@ -71,55 +78,112 @@ class PrefixBlockPool:
             return
         from_empty = min(num_blocks, self.num_empty)
         self.num_empty -= from_empty
-        free, hash_of, copies, ref = self.free_hashed, self.hash_of, self.copies, self.ref
+        self.num_used += num_blocks
+        if num_blocks == from_empty:
+            return
+        # Eviction pops the free queue's front and drops the block's hash (BlockPool.get_new_blocks and
+        # _maybe_evict_cached_block, vllm/v1/core/block_pool.py, 0.33.0).
+        pop, hash_pop, copies, ref = self.free_hashed.popitem, self.hash_of.pop, self.copies, self.ref
         for _ in range(num_blocks - from_empty):
-            bid, _ = free.popitem(last=False)
-            key = hash_of.pop(bid)
+            bid = pop(False)[0]
+            key = hash_pop(bid)
             del ref[bid]
             held = copies[key]
-            del held[bid]
-            if not held:
-                del copies[key]
-        self.num_used += num_blocks
+            if len(held) == 1:
+                del copies[key]  # its last copy (held is {bid: None})
+            else:
+                del held[bid]
 
     def lookup(self, req: Request, limit: int) -> list[int]:
         """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries."""
         copies = self.copies
-        out = []
-        for position in range(limit):
-            held = copies.get(block_hash(req, position))
+        get = copies.get
+        keys = req.prefix_keys
+        out: list[int] = []
+        append = out.append
+        # Its shared keys are prefix_keys (block_hash's even keys), read without a block_hash call per block;
+        # a hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
+        for key in keys[:limit]:
+            held = get(key)
+            if held is None:
+                return out
+            append(next(iter(held)))
+        for position in range(len(keys), limit):
+            held = get(block_hash(req, position))
             if held is None:
                 break
-            out.append(next(iter(held)))
+            append(next(iter(held)))
         return out
 
     def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks are free (taking them still costs a free block)."""
-        ref = self.ref
-        return sum(1 for bid in ids if ref[bid] == 0)
+        return list(map(self.ref.__getitem__, ids)).count(0)
 
     def touch(self, req: Request, ids: list[int]) -> None:
         """``req`` (holding nothing yet) takes these hit blocks as its leading blocks."""
         ref, free = self.ref, self.free_hashed
+        taken = 0
         for bid in ids:
             count = ref[bid]
-            if count == 0:
+            if not count:
                 del free[bid]
-                self.num_used += 1
+                taken += 1
             ref[bid] = count + 1
+        self.num_used += taken
         req.block_ids = list(ids)
         req.blocks = len(ids)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Give hashes to ``req``'s blocks that are full once ``num_tokens`` tokens are computed."""
         ids = req.block_ids
+        position = len(ids)
         full = num_tokens // self.block_size
-        if full <= len(ids):
+        if full <= position:
             return
+        if full > _OWN_POSITIONS:
+            self._own_keys_distinct = False  # from here on two requests' own keys may coincide
+        # Until the pool first frees a request's blocks, every block carrying one of its own keys is one it holds,
+        # at that key's position (below len(ids)), so no block carries the own keys hashed here yet; and while
+        # no position reached _OWN_POSITIONS, block_hash(req, p) for an own position p is own_key + 2 * p.
+        own_fresh = self._own_keys_distinct and not req.blocks_freed
+        own_key = (req.index << 25) | 1
         copies, hash_of, ref = self.copies, self.hash_of, self.ref
-        for position in range(len(ids), full):
-            bid = self._next_id
-            self._next_id = bid + 1
+        bid = self._next_id
+        self._next_id = bid + full - position
+        shared = req.prefix_keys
+        if own_fresh and full == position + 1 and position >= len(shared):
+            # Fast path for the loops below, for a decode step filling one own block (most calls).
+            key = own_key + 2 * position
+            hash_of[bid] = key
+            ref[bid] = 1
+            copies[key] = {bid: None}
+            ids.append(bid)
+            return
+        append = ids.append
+        if position < len(shared):
+            # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one.
+            stop = full if full < len(shared) else len(shared)
+            for key in shared[position:stop]:
+                hash_of[bid] = key
+                ref[bid] = 1
+                held = copies.get(key)
+                if held is None:
+                    copies[key] = {bid: None}
+                else:
+                    held[bid] = None
+                append(bid)
+                bid += 1
+            position = stop
+        if own_fresh:
+            # Fast path for the loop below (see above): no copies to look for.
+            for key in range(own_key + 2 * position, own_key + 2 * full, 2):
+                hash_of[bid] = key
+                ref[bid] = 1
+                copies[key] = {bid: None}
+                append(bid)
+                bid += 1
+            return
+        for position in range(position, full):
             key = block_hash(req, position)
             hash_of[bid] = key
             ref[bid] = 1
@@ -128,20 +192,23 @@ class PrefixBlockPool:
                 copies[key] = {bid: None}
             else:
                 held[bid] = None
-            ids.append(bid)
+            append(bid)
+            bid += 1
 
     def free(self, req: Request) -> None:
         """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
         ids = req.block_ids
         unhashed = req.blocks - len(ids)
-        self.num_used -= unhashed
-        self.num_empty += unhashed
         ref, free = self.ref, self.free_hashed
+        freed = 0
         for bid in reversed(ids):
             count = ref[bid] - 1
             ref[bid] = count
-            if count == 0:
+            if not count:
                 free[bid] = None
-                self.num_used -= 1
+                freed += 1
+        self.num_used -= unhashed + freed
+        self.num_empty += unhashed
         req.block_ids = []
         req.blocks = 0
+        req.blocks_freed = True

@@ -1,0 +1,200 @@
+"""The shared-prefix block pool's fast paths (sim/engine/prefix_pool.py) and the runner's vectorized prefix hashes
+(sim/runner.py) against their straightforward versions: random sequences of the scheduler's pool calls (admission
+with lookup and touch, growth with hashing, preemption and end frees, eviction) leave both pools in the same
+state, and the one-pass hashes equal the per-request loop's."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from unittest import mock
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine import prefix_pool
+from sim.engine.prefix_pool import PrefixBlockPool, block_hash
+from sim.engine.request import Request
+from sim.runner import _prefix_hashes, _prefix_hashes_loop
+
+BLOCK = 4
+
+
+class ReferencePool:
+    """PrefixBlockPool as of a95f957, block by block (only the doubling of the shared keys moved to the runner)."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_used = 0
+        self.num_empty = num_blocks
+        self.free_hashed: OrderedDict[int, None] = OrderedDict()
+        self.copies: dict[int, dict[int, None]] = {}
+        self.hash_of: dict[int, int] = {}
+        self.ref: dict[int, int] = {}
+        self._next_id = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.num_empty + len(self.free_hashed)
+
+    def allocate(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            return
+        from_empty = min(num_blocks, self.num_empty)
+        self.num_empty -= from_empty
+        free, hash_of, copies, ref = self.free_hashed, self.hash_of, self.copies, self.ref
+        for _ in range(num_blocks - from_empty):
+            bid, _ = free.popitem(last=False)
+            key = hash_of.pop(bid)
+            del ref[bid]
+            held = copies[key]
+            del held[bid]
+            if not held:
+                del copies[key]
+        self.num_used += num_blocks
+
+    def lookup(self, req: Request, limit: int) -> list[int]:
+        out = []
+        for position in range(limit):
+            held = self.copies.get(block_hash(req, position))
+            if held is None:
+                break
+            out.append(next(iter(held)))
+        return out
+
+    def num_evictable(self, ids: list[int]) -> int:
+        return sum(1 for bid in ids if self.ref[bid] == 0)
+
+    def touch(self, req: Request, ids: list[int]) -> None:
+        for bid in ids:
+            count = self.ref[bid]
+            if count == 0:
+                del self.free_hashed[bid]
+                self.num_used += 1
+            self.ref[bid] = count + 1
+        req.block_ids = list(ids)
+        req.blocks = len(ids)
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        ids = req.block_ids
+        full = num_tokens // self.block_size
+        for position in range(len(ids), full):
+            bid = self._next_id
+            self._next_id = bid + 1
+            key = block_hash(req, position)
+            self.hash_of[bid] = key
+            self.ref[bid] = 1
+            held = self.copies.get(key)
+            if held is None:
+                self.copies[key] = {bid: None}
+            else:
+                held[bid] = None
+            ids.append(bid)
+
+    def free(self, req: Request) -> None:
+        ids = req.block_ids
+        unhashed = req.blocks - len(ids)
+        self.num_used -= unhashed
+        self.num_empty += unhashed
+        for bid in reversed(ids):
+            count = self.ref[bid] - 1
+            self.ref[bid] = count
+            if count == 0:
+                self.free_hashed[bid] = None
+                self.num_used -= 1
+        req.block_ids = []
+        req.blocks = 0
+
+
+def _state(pool, reqs) -> tuple:
+    return (pool.num_used, pool.num_empty, list(pool.free_hashed), pool._next_id, dict(pool.hash_of), dict(pool.ref),
+            {key: list(held) for key, held in pool.copies.items()}, [(r.blocks, list(r.block_ids)) for r in reqs])
+
+
+def _requests(prefixes) -> list[Request]:
+    return [Request(i, i, "a", 0.0, 1000, 10, 10_000, prefix_keys=tuple(2 * k for k in keys))
+            for i, keys in enumerate(prefixes)]
+
+
+@st.composite
+def pool_runs(draw):
+    # Few distinct shared keys, so requests share prefixes, repeat a key, or diverge part way.
+    prefixes = draw(st.lists(st.lists(st.integers(0, 5), max_size=8), min_size=2, max_size=5))
+    ops = draw(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "lookup"]), st.integers(0, 4),
+                                  st.integers(0, 12), st.integers(0, 12), st.integers(0, BLOCK - 1)), min_size=10, max_size=80))
+    return prefixes, draw(st.integers(4, 24)), draw(st.sampled_from([1 << 24, 3, 6])), ops
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(run=pool_runs())
+def test_pool_fast_paths_match_the_block_by_block_pool(run):
+    prefixes, num_blocks, own_positions, ops = run
+    # A small _OWN_POSITIONS (where own keys stop being consecutive) sends later calls down the slow paths.
+    with mock.patch.object(prefix_pool, "_OWN_POSITIONS", own_positions):
+        fast, slow = PrefixBlockPool(num_blocks, BLOCK), ReferencePool(num_blocks, BLOCK)
+        fast_reqs, slow_reqs = _requests(prefixes), _requests(prefixes)
+        for op, which, size, fill, step in ops:
+            which %= len(prefixes)
+            if op == "lookup":
+                assert fast.lookup(fast_reqs[which], size) == slow.lookup(slow_reqs[which], size)
+                continue
+            for pool, reqs in ((fast, fast_reqs), (slow, slow_reqs)):
+                req = reqs[which]
+                if op == "admit" and not req.blocks:
+                    # _admit / _take_blocks: hit blocks, fresh ones up to total, then hash the computed ones
+                    # (step < BLOCK tokens more never fill another block).
+                    hits = pool.lookup(req, size)
+                    free_after_touch = pool.num_free - pool.num_evictable(hits)
+                    total = len(hits) + min(size, free_after_touch)
+                    pool.touch(req, hits)
+                    pool.allocate(total - len(hits))
+                    req.blocks = total
+                    pool.cache_blocks(req, min(len(hits) + fill, total) * BLOCK + step)
+                elif op == "grow" and req.blocks:
+                    # A running request's step: fresh blocks, then hash the full ones (a decode fills one).
+                    need = min(size, pool.num_free)
+                    pool.allocate(need)
+                    req.blocks += need
+                    pool.cache_blocks(req, min(len(req.block_ids) + fill % 3, req.blocks) * BLOCK + step)
+                elif op == "free":
+                    pool.free(req)
+            assert _state(fast, fast_reqs) == _state(slow, slow_reqs)
+            assert fast.num_used + len(fast.free_hashed) + fast.num_empty == num_blocks
+
+
+@st.composite
+def hash_columns(draw):
+    block_size = draw(st.sampled_from([8, 16, 32]))
+    hash_block_tokens = block_size * draw(st.sampled_from([1, 2, 4]))
+    n = draw(st.integers(0, 12))
+    big = draw(st.sampled_from([100, 2**40, (1 << 62) // (hash_block_tokens // block_size), 2**63 - 1]))
+    ints = st.integers(-big, big)
+    row = st.one_of(st.none(), st.lists(ints, max_size=6), st.lists(ints, max_size=6).map(np.array))
+    column = np.empty(n, dtype=object)
+    column[:] = [draw(row) for _ in range(n)] if n else []
+    prompts = np.array(draw(st.lists(st.integers(1, 40 * block_size), min_size=n, max_size=n)), dtype=np.int64)
+    return column, prompts, block_size, hash_block_tokens
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(case=hash_columns())
+def test_vectorized_prefix_hashes_match_the_loop(case):
+    column, prompts, block_size, hash_block_tokens = case
+    fast = _prefix_hashes(column, prompts, block_size, hash_block_tokens)
+    slow = _prefix_hashes_loop(column, prompts, block_size, hash_block_tokens)
+    if fast is None:
+        # Only ids whose hashes could leave int64 (or that are not int64) fall back to the loop.
+        ids = [int(i) for row in column if row is not None for i in row]
+        assert max(map(abs, ids)) > (1 << 62) // (hash_block_tokens // block_size) - 1
+    else:
+        assert fast == slow
+        assert all(type(key) is int for keys in fast for key in keys)
+
+
+def test_vectorized_prefix_hashes_take_ordinary_traces():
+    column = np.empty(3, dtype=object)
+    column[:] = [[5, 6], None, [5, 7, 9]]
+    prompts = np.array([40, 10, 20], dtype=np.int64)
+    assert _prefix_hashes(column, prompts, 8, 16) == _prefix_hashes_loop(column, prompts, 8, 16) == [
+        (20, 22, 24, 26), (), (20, 22)]
