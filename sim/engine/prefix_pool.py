@@ -23,6 +23,7 @@ The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for pr
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import chain
 
 from sim.engine.request import Request
 
@@ -160,31 +161,14 @@ class PrefixBlockPool:
             ids.append(bid)
             return
         append = ids.append
-        if position < len(shared):
-            # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one.
-            stop = full if full < len(shared) else len(shared)
-            for key in shared[position:stop]:
-                hash_of[bid] = key
-                ref[bid] = 1
-                held = copies.get(key)
-                if held is None:
-                    copies[key] = {bid: None}
-                else:
-                    held[bid] = None
-                append(bid)
-                bid += 1
-            position = stop
-        if own_fresh:
-            # Fast path for the loop below (see above): no copies to look for.
-            for key in range(own_key + 2 * position, own_key + 2 * full, 2):
-                hash_of[bid] = key
-                ref[bid] = 1
-                copies[key] = {bid: None}
-                append(bid)
-                bid += 1
-            return
-        for position in range(position, full):
-            key = block_hash(req, position)
+        # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one; then
+        # its own keys, which only its own earlier blocks may carry (once the pool has freed them).
+        stop = full if full < len(shared) else len(shared)
+        own_from = position if position > stop else stop
+        keys = shared[position:stop]
+        if not own_fresh:
+            keys = chain(keys, (block_hash(req, p) for p in range(own_from, full)))
+        for key in keys:
             hash_of[bid] = key
             ref[bid] = 1
             held = copies.get(key)
@@ -194,6 +178,14 @@ class PrefixBlockPool:
                 held[bid] = None
             append(bid)
             bid += 1
+        if own_fresh:
+            # Fast path for the copies lookup above (see above: no block carries these keys yet).
+            for key in range(own_key + 2 * own_from, own_key + 2 * full, 2):
+                hash_of[bid] = key
+                ref[bid] = 1
+                copies[key] = {bid: None}
+                append(bid)
+                bid += 1
 
     def free(self, req: Request) -> None:
         """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
