@@ -157,31 +157,30 @@ class Simulation:
         """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
         req = self._live.get(i)
         if req is None:
-            cls = self._classes[i]
-            req = self._live[i] = Request(
-                index=i, request_id=int(self._ids[i]), class_name=cls, arrival_s=float(self._arrivals_s[i]),
-                prompt_tokens=int(self._prompts[i]), output_tokens_target=int(self._outputs[i]),
-                max_model_len=self.config.max_model_len, priority=int(self._priorities[i]),
-                predicted_output=self._predicted.get(cls, 0) if self._predicted else 0,
-                timeout_at=float(self._timeout_at[i]), cancel_at=float(self._cancel_at[i]), prefix_keys=self._keys[i],
-            )
+            req = self._live[i] = self._new_request(
+                i, int(self._ids[i]), self._classes[i], float(self._arrivals_s[i]), int(self._prompts[i]),
+                int(self._outputs[i]), int(self._priorities[i]), float(self._timeout_at[i]), float(self._cancel_at[i]),
+                self._keys[i])
         return req
 
     def _all_requests(self) -> list[Request]:
-        """Every request's live state, made up front (``keep_requests``): :meth:`_request` for each, from the
-        columns as Python lists (indexing a numpy array element by element costs more than the request)."""
-        max_len = self.config.max_model_len
-        predicted = self._predicted
-        reqs = [
-            Request(i, request_id, cls, arrival, prompt, output, max_len, priority,
-                    predicted.get(cls, 0) if predicted else 0, timeout_at, cancel_at, keys)
-            for i, (request_id, cls, arrival, prompt, output, priority, timeout_at, cancel_at, keys) in enumerate(zip(
-                self._ids.tolist(), self._classes.tolist(), self._arrivals_s.tolist(), self._prompts.tolist(),
-                self._outputs.tolist(), np.asarray(self._priorities).tolist(), np.asarray(self._timeout_at).tolist(),
-                np.asarray(self._cancel_at).tolist(), self._keys))
-        ]
+        """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
+        (indexing the numpy columns element by element, as :meth:`_request` does, costs more than the request)."""
+        columns = (self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs, self._priorities,
+                   self._timeout_at, self._cancel_at)
+        reqs = [self._new_request(i, *row) for i, row in enumerate(zip(*(c.tolist() for c in columns), self._keys))]
         self._live.update(enumerate(reqs))
         return reqs
+
+    def _new_request(self, i: int, request_id: int, cls: str, arrival_s: float, prompt: int, output: int,
+                     priority: int, timeout_at: float, cancel_at: float, keys: tuple[int, ...]) -> Request:
+        predicted = self._predicted
+        return Request(
+            index=i, request_id=request_id, class_name=cls, arrival_s=arrival_s, prompt_tokens=prompt,
+            output_tokens_target=output, max_model_len=self.config.max_model_len, priority=priority,
+            predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
+            prefix_keys=keys,
+        )
 
     def _drain(self) -> None:
         """Ended requests: their rows go to the request table's arrays and their live state is dropped."""

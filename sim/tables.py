@@ -45,9 +45,9 @@ _TIMES = (("first_scheduled_s", "first_scheduled_s"), ("first_token_s", "first_t
 class RequestLog:
     """The request table's columns as arrays, one slot per workload request (``Request.index``).
 
-    The workload's own columns are given at creation; :meth:`record` copies an ended request's outcome into
-    its slot.  A slot never recorded (the run stopped before the request ended) reads ``unfinished``, with
-    whatever :meth:`record` last saw of it (nothing, for a request that never arrived).
+    The workload's own columns are given at creation; :meth:`record_all` copies ended requests' outcomes into
+    their slots.  A slot never recorded (the run stopped before the request ended) reads ``unfinished``, with
+    whatever :meth:`record_all` last saw of it (nothing, for a request that never arrived).
     """
 
     def __init__(self, request_ids: np.ndarray, classes: np.ndarray, arrival_s: np.ndarray,
@@ -67,12 +67,8 @@ class RequestLog:
     def __len__(self) -> int:
         return len(self.request_ids)
 
-    def record(self, req: Request) -> None:
-        """Copy ``req``'s outcome (status, times, counters) into its row."""
-        self.record_all([req])
-
     def record_all(self, reqs: list[Request]) -> None:
-        """:meth:`record` for each of ``reqs``, one array assignment per column."""
+        """Copy each of ``reqs``' outcome (status, times, counters) into its row, one array assignment per column."""
         if not reqs:
             return
         rows = np.fromiter((r.index for r in reqs), dtype=np.int64, count=len(reqs))

@@ -45,7 +45,7 @@ class DecodeColumns:
         self.block_size = block_size
         self.requests: list[Request] = []
         #: ``(request, 1)`` for each of ``requests``: the segment's entries of a step's ``SchedulerOutput.scheduled``,
-        #: kept from step to step (making them anew costs ~10 us a step at batch 150).
+        #: kept from step to step instead of made anew each step (a list of ~150 tuples).
         self.entries: list[tuple[Request, int]] = []
         self.ints = np.zeros((len(_INT), capacity), dtype=np.int64)
         self.floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)

@@ -35,18 +35,21 @@ def block_hash(req: Request, position: int) -> int:
     keys = req.prefix_keys
     if position < len(keys):
         return keys[position]
-    return (((req.index << 24) | position) << 1) | 1
+    return own_key(req) + 2 * position
 
 
-#: Below this block position a request's own keys are consecutive odd numbers (``block_hash``).
-_OWN_POSITIONS = 1 << 24
+def own_key(req: Request) -> int:
+    """``block_hash`` of ``req``'s own block at position 0; its own block at ``p`` has ``own_key + 2 * p``.  Distinct
+    across requests because a position stays below 2**24 (``max_model_len`` <= 10M tokens and ``block_size`` >= 8,
+    sim/engine/config.py: at most 1.25M blocks)."""
+    return (req.index << 25) | 1
 
 
 class PrefixBlockPool:
     """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "enable_caching", "free_hashed", "copies", "hash_of",
-                 "ref", "_next_id", "block_size", "_own_keys_distinct")
+                 "ref", "_next_id", "block_size")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -62,8 +65,6 @@ class PrefixBlockPool:
         #: Reference count of every hashed block (0: it is in ``free_hashed``).
         self.ref: dict[int, int] = {}
         self._next_id = 0
-        #: No block position so far reached _OWN_POSITIONS: each own key names one request's block position.
-        self._own_keys_distinct = True
 
     @property
     def num_cached(self) -> int:
@@ -141,20 +142,17 @@ class PrefixBlockPool:
         full = num_tokens // self.block_size
         if full <= position:
             return
-        if full > _OWN_POSITIONS:
-            self._own_keys_distinct = False  # from here on two requests' own keys may coincide
         # Until the pool first frees a request's blocks, every block carrying one of its own keys is one it holds,
-        # at that key's position (below len(ids)), so no block carries the own keys hashed here yet; and while
-        # no position reached _OWN_POSITIONS, block_hash(req, p) for an own position p is own_key + 2 * p.
-        own_fresh = self._own_keys_distinct and not req.blocks_freed
-        own_key = (req.index << 25) | 1
+        # at that key's position (below len(ids)), so no block carries the own keys hashed here yet.
+        own_fresh = not req.blocks_freed
+        own = own_key(req)
         copies, hash_of, ref = self.copies, self.hash_of, self.ref
         bid = self._next_id
         self._next_id = bid + full - position
         shared = req.prefix_keys
         if own_fresh and full == position + 1 and position >= len(shared):
             # Fast path for the loops below, for a decode step filling one own block (most calls).
-            key = own_key + 2 * position
+            key = own + 2 * position
             hash_of[bid] = key
             ref[bid] = 1
             copies[key] = {bid: None}
@@ -180,7 +178,7 @@ class PrefixBlockPool:
             bid += 1
         if own_fresh:
             # Fast path for the copies lookup above (see above: no block carries these keys yet).
-            for key in range(own_key + 2 * own_from, own_key + 2 * full, 2):
+            for key in range(own + 2 * own_from, own + 2 * full, 2):
                 hash_of[bid] = key
                 ref[bid] = 1
                 copies[key] = {bid: None}

@@ -691,23 +691,16 @@ class BaseScheduler(ABC):
             cols.sync()
             cols.drop(None)
 
-    def running_num_tokens(self) -> np.ndarray:
-        """``num_tokens`` of every running request, in order."""
-        cols = self._columns
-        seg = len(cols) if cols is not None else 0
-        rest = np.fromiter((r.num_tokens for r in self.running[seg:]), dtype=np.int64, count=len(self.running) - seg)
-        return np.concatenate((cols.computed + 1, rest)) if seg else rest
-
     def run_block_limit(self, free: int, limit: int) -> int:
         """Steps of a decode run of the whole running batch (at most ``limit``) before its new blocks exceed
-        ``free`` (:func:`block_limit`); with decode columns, one compiled pass over them."""
+        ``free`` (:func:`block_limit`); with decode columns, one compiled pass over them and the requests after."""
         cols = self._columns
         seg = len(cols) if cols is not None else 0
+        rest = self.running[seg:] if seg else self.running
+        tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
         if seg:
-            rest = self.running[seg:]
-            tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
             return cols.run_block_limit(tokens, free, limit)
-        return block_limit(self.running_num_tokens(), self.block_size, free, limit)
+        return block_limit(tokens, self.block_size, free, limit)
 
     def min_remaining_outputs(self) -> int:
         """Fewest outputs any running request still has to produce."""
