@@ -7,6 +7,8 @@ Cases (each in its own process, so that its peak RSS is its own, and on one core
 - ``10x-requests``: that trace played 10 times back to back (193,660 requests): time against request count.
 - ``incident``: the KV-pressure incident (studies/kv-pressure-incident.yaml): Llama-3-8B on one L40S, the trace
   at 1.25x, first 4,000 requests, 120 s client timeouts, default knobs.
+- ``offload``: the incident with a 16 GiB CPU KV tier (``kv_offloading_size_gb``: V1 write-through offload, the
+  configs the incident study searches beside recompute).
 - ``overload-4x``: the same requests at 4x the rate with ``max_num_seqs=512`` (preemption storms).
 - ``reasoning``: a long-output reasoning workload: the incident trace's first 2,000 requests at 0.25x, no
   client timeouts, output lengths redrawn from a lognormal of mean 2,700 tokens (seeded; capped by the
@@ -45,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's sim/, not an installed one
-CASES = ("1x", "4x", "10x-requests", "incident", "overload-4x", "reasoning", "prefix", "v0-swap")
+CASES = ("1x", "4x", "10x-requests", "incident", "offload", "overload-4x", "reasoning", "prefix", "v0-swap")
 ALL_CASES = CASES + ("1m",)
 
 
@@ -94,6 +96,11 @@ def _build(name: str):
         return workload, EngineConfig(), "Llama-3-8B", "H100-SXM", {}
     if name == "incident":
         return _incident_workload(), EngineConfig(), "Llama-3-8B", "L40S", {}
+    if name == "offload":
+        # The study's CPU-offload configs (kv-pressure-incident.yaml searches preemption_mode: offload): 16 GiB of
+        # CPU tier, about 8,200 blocks against the L40S's 12,481 GPU blocks.
+        return _incident_workload(), EngineConfig(kv_offloading_size_gb=16.0), \
+            "Llama-3-8B", "L40S", {}
     if name == "overload-4x":
         return _incident_workload(rate_scale=4.0), EngineConfig(max_num_seqs=512), "Llama-3-8B", "L40S", {}
     if name in ("reasoning", "v0-swap"):

@@ -1,7 +1,8 @@
 """Check that a change to the engine leaves every decision alone: run ``benchmarks/sim_speed.py``'s cases with
 two checkouts of kvtune and compare their request and step tables.
 
-Each (checkout, case) runs in its own process with that checkout first on ``sys.path``.  Integer and text
+Each (checkout, case) runs in its own process with that checkout first on ``sys.path``; both build the cases as the
+checkout under test (``--new``) defines them, so a case added with the change runs on the base too.  Integer and text
 columns must be equal; float columns equal up to ``--rtol`` (relative, default 1e-9: sums of per-step
 shares may be added in another order) with NaN equal to NaN.
 
@@ -20,13 +21,14 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
-DEFAULT_CASES = "1x,4x,incident,overload-4x,reasoning,prefix,v0-swap"
+DEFAULT_CASES = "1x,4x,incident,offload,overload-4x,reasoning,prefix,v0-swap"
 
 _DUMP = r"""
 import pickle, sys
-root, case, path = sys.argv[1], sys.argv[2], sys.argv[3]
-sys.path.insert(0, root + "/benchmarks"); sys.path.insert(0, root)
-import sim_speed
+root, case, path, cases_root = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+sys.path.insert(0, cases_root + "/benchmarks")
+import sim_speed  # the cases of the checkout under test (it puts that checkout first on sys.path)
+sys.path.insert(0, root)  # then the engine of the checkout being run (sim is imported by _build, not before)
 from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
 workload, config, model, gpu, kwargs = sim_speed._build(case)
@@ -37,8 +39,8 @@ with open(path, "wb") as f:
 """
 
 
-def _dump(root: Path, case: str, out: Path) -> tuple:
-    subprocess.run([sys.executable, "-c", _DUMP, str(root), case, str(out)], check=True)
+def _dump(root: Path, case: str, out: Path, cases_root: Path) -> tuple:
+    subprocess.run([sys.executable, "-c", _DUMP, str(root), case, str(out), str(cases_root)], check=True)
     with open(out, "rb") as f:
         return pickle.load(f)
 
@@ -74,8 +76,8 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
-            base = _dump(args.base, case, Path(tmp) / f"base-{case}.pkl")
-            new = _dump(args.new, case, Path(tmp) / f"new-{case}.pkl")
+            base = _dump(args.base, case, Path(tmp) / f"base-{case}.pkl", args.new)
+            new = _dump(args.new, case, Path(tmp) / f"new-{case}.pkl", args.new)
             problems = _diff("requests", base[0], new[0], args.rtol) + _diff("steps", base[1], new[1], args.rtol)
             if base[2:] != new[2:]:
                 problems.append(f"iterations/aborted: {base[2:]} vs {new[2:]}")

@@ -1,7 +1,7 @@
 """Compiled loops over the decode columns (numba, ``cache=True``: compiled once per machine, then loaded).
 
 Each is one pass over the segment's columns in the layout of :class:`sim.engine.decode_columns.DecodeColumns`
-(rows of ``ints``: computed, final, prompt, proc_off, kv_join; rows of ``floats``: last_token, max_itl,
+(rows of ``ints``: computed, final, prompt, proc_off, kv_join, index; rows of ``floats``: last_token, max_itl,
 time_decode, time_overhead; one column per segment request, the first ``n`` in use).  A numpy version needs
 about fifteen array calls a step, ~1 us each whatever the batch, so the columns paid only from ~192 requests;
 one compiled call costs well under a microsecond, so they pay from a few dozen.  The arithmetic is the object
@@ -156,7 +156,7 @@ def run_block_limit(ints, n, rest, block_size, free, limit):
 
 def warm_up() -> None:
     """Call every kernel once on a small segment (loads them from numba's cache, or compiles them)."""
-    ints = np.zeros((5, 4), dtype=np.int64)
+    ints = np.zeros((6, 4), dtype=np.int64)
     floats = np.zeros((4, 4), dtype=np.float64)
     positions = np.zeros(4, dtype=np.int64)
     scan(ints, 2, 16, 4, 4, False)

@@ -27,9 +27,9 @@ import numpy as np
 from sim.engine.request import Request
 
 #: Rows of the integer and the float matrix (one column per segment request, in running order).
-_INT = ("computed", "final", "prompt", "proc_off", "kv_join")
+_INT = ("computed", "final", "prompt", "proc_off", "kv_join", "index")
 _FLOAT = ("last_token", "max_itl", "time_decode", "time_overhead")
-_C, _FINAL, _PROMPT, _PROC, _KV = range(5)
+_C, _FINAL, _PROMPT, _PROC, _KV, _INDEX = range(6)
 _LT, _ITL, _TD, _TO = range(4)
 
 
@@ -63,6 +63,11 @@ class DecodeColumns:
     def final(self) -> np.ndarray:
         return self.ints[_FINAL, :len(self.requests)]
 
+    @property
+    def index(self) -> np.ndarray:
+        """The requests' ``Request.index`` (their keys in the KV tiers)."""
+        return self.ints[_INDEX, :len(self.requests)]
+
     # ---- joining and leaving ---------------------------------------------------------------------------
     def join(self, reqs: list[Request]) -> None:
         """Append requests in a steady decode state (checked by the caller: one token to compute, computed >=
@@ -81,7 +86,7 @@ class DecodeColumns:
         self.requests.extend(reqs)
         self.entries.extend([(r, 1) for r in reqs])
         ints = [(r.num_computed_tokens, r.max_output + r.prompt_tokens - 1, r.prompt_tokens,
-                 r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak) for r in reqs]
+                 r.processed_tokens - r.num_computed_tokens, r.kv_blocks_peak, r.index) for r in reqs]
         floats = [(r.last_token_s, r.max_itl_s, r.time_decode_s, r.time_overhead_s) for r in reqs]
         if k <= 8:  # a few: column by column (cheaper than building a matrix)
             for j in range(k):
@@ -99,14 +104,14 @@ class DecodeColumns:
         if positions is None:
             positions = range(n)
         if len(positions) > 8:
-            ints = self.ints[:, :n].T.tolist()  # one (computed, final, prompt, proc_off, kv_join) per request
+            ints = self.ints[:, :n].T.tolist()  # one (computed, final, prompt, proc_off, kv_join, index) per request
             floats = self.floats[:, :n].T.tolist()
         else:  # a few: their columns only
             ints = {i: self.ints[:, i].tolist() for i in positions}
             floats = {i: self.floats[:, i].tolist() for i in positions}
         for i in positions:
             req = reqs[i]
-            c, _, prompt, proc_off, peak = ints[i]
+            c, _, prompt, proc_off, peak, _ = ints[i]
             req.num_computed_tokens = req.high_water = req.appended_tokens = c
             req.num_output_tokens = c + 1 - prompt
             req.processed_tokens = c + proc_off
@@ -180,8 +185,12 @@ def _kernels():
 
 def warm_up() -> None:
     """Load the compiled kernels now (numba: ~1 s the first time in a process, compiling them once per machine),
-    so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it."""
+    so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it.
+    The CPU KV tier's store kernel (sim/engine/_lru_kernels.py) too."""
+    from sim.engine import _lru_kernels
+
     _kernels().warm_up()
+    _lru_kernels.warm_up()
 
 
 __all__ = ["DecodeColumns", "warm_up"]

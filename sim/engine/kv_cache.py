@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 
 class LruBlockStore:
     """Per-request counts of leading full blocks, evicted least-recently-stored first, tail blocks first."""
@@ -117,27 +119,65 @@ class GpuBlockPool:
 
 
 class CpuBlockTier:
-    """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks."""
+    """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks, of per-request counts of leading full
+    blocks as :class:`LruBlockStore` keeps them, held as arrays over request indices with a compiled store pass
+    (``sim/engine/_lru_kernels.py``)."""
 
-    __slots__ = ("capacity", "store")
+    __slots__ = ("capacity", "_count", "_prev", "_next", "_state", "_k")
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.store = LruBlockStore()
+        self._count = np.zeros(0, dtype=np.int64)  # blocks held per key (0: no entry)
+        self._prev = np.zeros(0, dtype=np.int64)  # the next older entry's key (-1: none)
+        self._next = np.zeros(0, dtype=np.int64)  # the next newer entry's key (-1: none)
+        self._state = np.array([-1, -1, 0], dtype=np.int64)  # oldest key, newest key, total blocks
+        self._k = None  # sim.engine._lru_kernels, imported at the first store (numba loads then)
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self._state[2])
 
     def offload(self, key: int, num_full_blocks: int) -> int:
         """Keep ``num_full_blocks`` leading blocks of ``key`` on the CPU; returns blocks newly copied."""
-        if self.capacity <= 0 or num_full_blocks <= 0:
-            return 0
-        num_full_blocks = min(num_full_blocks, self.capacity)
-        have = self.store.count(key)
-        new = max(0, num_full_blocks - have)
-        overflow = self.store.num_blocks - have + num_full_blocks - self.capacity
-        self.store.put(key, 0)
-        if overflow > 0:
-            self.store.evict(overflow)
-        self.store.put(key, num_full_blocks)
-        return new
+        return int(self.offload_many([key], [num_full_blocks])[0])
+
+    def offload_many(self, keys, fulls) -> np.ndarray:
+        """:meth:`offload` for each ``(key, full)`` in turn (a step's scheduled requests, in order; sequences of
+        ints); returns the blocks newly copied for each."""
+        keys = np.asarray(keys, dtype=np.int64)
+        news = np.zeros(len(keys), dtype=np.int64)
+        if self.capacity <= 0 or not len(keys):
+            return news
+        if self._k is None:
+            from sim.engine import _lru_kernels
+
+            self._k = _lru_kernels
+        top = int(keys.max())
+        if top >= len(self._count):
+            self._grow(top + 1)
+        if not self._k.offload_many(keys, np.asarray(fulls, dtype=np.int64), news, self._count, self._prev,
+                                    self._next, self._state, self.capacity):
+            raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+        return news
+
+    def _grow(self, size: int) -> None:
+        size = max(size, 2 * len(self._count), 1024)
+        old = len(self._count)
+        count = np.zeros(size, dtype=np.int64)
+        prev = np.full(size, -1, dtype=np.int64)
+        nxt = np.full(size, -1, dtype=np.int64)
+        count[:old], prev[:old], nxt[:old] = self._count, self._prev, self._next
+        self._count, self._prev, self._next = count, prev, nxt
 
     def cached_prefix(self, key: int) -> int:
-        return self.store.count(key)
+        return int(self._count[key]) if key < len(self._count) else 0
+
+    def entries(self) -> list[tuple[int, int]]:
+        """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries`` would list them)."""
+        out, key = [], int(self._state[0])
+        while key >= 0:
+            out.append((key, int(self._count[key])))
+            key = int(self._next[key])
+            if len(out) > len(self._count):
+                raise AssertionError("CpuBlockTier: its entry list has a cycle")
+        return out

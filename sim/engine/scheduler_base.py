@@ -245,6 +245,7 @@ class BaseScheduler(ABC):
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
         grown = 0
+        seg_full = seg_keys = None  # with write-through offload: the segment's full blocks after the step, keys
         scheduled = out.scheduled
         bulk = out.bulk_decode
         if num_steps > 1:
@@ -259,6 +260,9 @@ class BaseScheduler(ABC):
                 # Fast path: the decode columns advance in one compiled pass (the loop below is the slow path).
                 grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
                                               run_decode if shares is not None else None, run_overhead)
+                if self.write_through:
+                    seg_full = cols.computed // block_size  # (a new array: before finished requests leave)
+                    seg_keys = cols.index.copy()
             segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
                 for req, _ in segment:
@@ -301,8 +305,12 @@ class BaseScheduler(ABC):
             ncol = out.columnar
             if ncol:
                 # Fast path: the decode columns advance in one compiled pass (the loops below are the slow path).
-                self._columns.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
-                                      shares[3] if shares is not None else None)
+                cols = self._columns
+                cols.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
+                             shares[3] if shares is not None else None)
+                if self.write_through:
+                    seg_full = cols.computed // self.block_size  # (a new array: before finished requests leave)
+                    seg_keys = cols.index.copy()
                 done.extend(self._columns_finished())
             if bulk > ncol:
                 # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
@@ -361,7 +369,7 @@ class BaseScheduler(ABC):
                     if req.num_output_tokens >= req.max_output:
                         done.append(req)
         if self.write_through:
-            self._store_computed_blocks(out)
+            self._store_computed_blocks(out, seg_keys, seg_full)
         for req in done:
             # A request whose last token comes out of the step that crosses its client deadline is finished:
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
@@ -386,18 +394,30 @@ class BaseScheduler(ABC):
         cols.drop(positions)
         return done
 
-    def _store_computed_blocks(self, out: SchedulerOutput) -> None:
+    def _store_computed_blocks(self, out: SchedulerOutput, seg_keys: np.ndarray | None = None,
+                               seg_full: np.ndarray | None = None) -> None:
         """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
-        copies overlap compute, so the step's duration does not include them)."""
+        copies overlap compute, so the step's duration does not include them), in the step's order (the tier
+        is an LRU).  ``seg_keys``, ``seg_full``: the decode columns' request indices and full blocks, for the
+        step's leading ``out.columnar`` entries, whose Request attributes are stale (they hold blocks)."""
         block_size = self.block_size
-        cpu = self.cpu
+        scheduled = out.scheduled
+        seg = len(seg_keys) if seg_keys is not None else 0
+        rest = [req for req, _ in scheduled[seg:] if req.blocks]
+        keys = [req.index for req in rest]
+        fulls = [req.num_computed_tokens // block_size for req in rest]
+        if seg:
+            keys, fulls = np.concatenate((seg_keys, keys)), np.concatenate((seg_full, fulls))
+        news = self.cpu.offload_many(keys, fulls).tolist()
         stored = 0
-        for req, _ in out.scheduled:
-            if req.blocks:
-                new = cpu.offload(req.index, req.num_computed_tokens // block_size)
-                if new:
-                    req.swapped_out_blocks += new
-                    stored += new
+        for (req, _), new in zip(scheduled[:seg] if seg else (), news):
+            if new:
+                req.swapped_out_blocks += new  # (not a column: written on the object)
+                stored += new
+        for req, new in zip(rest, news[seg:] if seg else news):
+            if new:
+                req.swapped_out_blocks += new
+                stored += new
         out.swap_out_blocks += stored
 
     def flush_deferred(self) -> bool:
@@ -672,9 +692,10 @@ class BaseScheduler(ABC):
         run (a smaller segment is written back: below that a Python loop over the requests is cheaper).  Only
         for a run loop that reads requests solely through the scheduler (no observer: Request attributes of
         the segment are stale), and only where every step's reads are covered: not under the priority
-        policy (it may preempt any running request), nor with CPU-offload write-through (it reads every
-        scheduled request's blocks), nor for V0 with chunked prefill (it reorders running every step)."""
-        if self.write_through or self.waiting.priority or not self.supports_decode_columns:
+        policy (it may preempt any running request), nor for V0 with chunked prefill (it reorders running
+        every step).  CPU-offload write-through reads the segment's full blocks from the columns
+        (:meth:`_store_computed_blocks`)."""
+        if self.waiting.priority or not self.supports_decode_columns:
             return
         self._columns = DecodeColumns(self.block_size)
         self._columns_min = max(2, int(min_batch))

@@ -2,7 +2,8 @@
 exactly the tables of the Request-object path, over random V1 workloads (and V0 ones without chunked prefill,
 recompute or swap) that exercise joining, finishing, timeouts and cancels (a running request aborted out of the
 columns), preemption (on the columns in V1; the columns written back before the general loop in V0), shared
-prefixes (hashing from the columns), async scheduling and batched runs."""
+prefixes (hashing from the columns), write-through CPU offload (stored from the columns), async scheduling and
+batched runs."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def cases(draw):
         enable_prefix_caching=shared or draw(st.booleans()),
         async_scheduling=draw(st.booleans()),
         watermark=draw(st.sampled_from([0.0, 0.05])),
+        # A CPU tier (write-through offload, stored from the columns): ~5, ~25 or ~250 blocks of 1-2 MiB.
+        kv_offloading_size_gb=draw(st.sampled_from([None, None, 0.01, 0.05, 0.5])),
     )
     return workload, config, draw(st.booleans()), draw(st.integers(2, 8))
 
@@ -129,3 +132,33 @@ def test_the_columns_take_on_a_large_batch(flavor):
     table = sim.run().requests
     assert max(seen) == 64
     assert (table["generated_tokens"] == 200).all()
+
+
+@pytest.mark.parametrize("size_gb", [0.02, 1.0])
+def test_write_through_offload_stores_from_the_columns(size_gb):
+    # 64 requests decoding together on a CPU tier smaller (0.02 GiB: 10 blocks of 2 MiB, each store evicting
+    # others) or larger than their blocks: the columns hold them, and the blocks stored from the columns are the
+    # object path's (per request and per step).
+    workload = make_workload([(0.0, 20, 200)] * 64)
+    config = EngineConfig(max_num_seqs=64, max_model_len=MAX_MODEL_LEN, kv_offloading_size_gb=size_gb)
+    tables, seen = [], []
+    for columns in (False, True):
+        sim = Simulation(workload, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
+                         latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False, decode_columns=False)
+        scheduler = sim.core.scheduler
+        assert scheduler.write_through
+        if columns:
+            scheduler.use_decode_columns(32)
+            original = scheduler.update_from_output
+
+            def spy(out, *args, **kwargs):
+                seen.append(out.columnar)
+                return original(out, *args, **kwargs)
+
+            scheduler.update_from_output = spy
+        tables.append(sim.run())
+    assert max(seen) == 64
+    slow, fast = tables
+    assert slow.requests["swapped_out_blocks"].sum() > 0
+    pd.testing.assert_frame_equal(slow.requests, fast.requests, check_exact=True)
+    pd.testing.assert_frame_equal(slow.steps, fast.steps, check_exact=True)

@@ -1,0 +1,71 @@
+"""The CPU KV tier (sim/engine/kv_cache.py CpuBlockTier: an LRU of per-request leading full blocks, as arrays with a
+compiled store pass) against the OrderedDict tier it replaced (kept here as the reference, built on
+LruBlockStore): random sequences of stores, one at a time and a step's worth at once, and prefix lookups give the
+same returns and the same entries in the same order after every call."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine.kv_cache import CpuBlockTier, LruBlockStore
+
+
+class ReferenceTier:
+    """CpuBlockTier as of 9e736f9: one LruBlockStore.put / evict per store."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.store = LruBlockStore()
+
+    def offload(self, key: int, num_full_blocks: int) -> int:
+        if self.capacity <= 0 or num_full_blocks <= 0:
+            return 0
+        num_full_blocks = min(num_full_blocks, self.capacity)
+        have = self.store.count(key)
+        new = max(0, num_full_blocks - have)
+        overflow = self.store.num_blocks - have + num_full_blocks - self.capacity
+        self.store.put(key, 0)
+        if overflow > 0:
+            self.store.evict(overflow)
+        self.store.put(key, num_full_blocks)
+        return new
+
+    def cached_prefix(self, key: int) -> int:
+        return self.store.count(key)
+
+
+keys = st.integers(0, 40)
+fulls = st.integers(-1, 30)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("one"), keys, fulls),
+    st.tuples(st.just("many"), st.lists(st.tuples(keys, fulls), max_size=12)),
+    st.tuples(st.just("lookup"), st.integers(0, 5000)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(capacity=st.integers(0, 60), calls=ops)
+def test_cpu_tier_matches_the_ordered_dict_tier(capacity, calls):
+    tier, ref = CpuBlockTier(capacity), ReferenceTier(capacity)
+    for call in calls:
+        if call[0] == "one":
+            assert tier.offload(call[1], call[2]) == ref.offload(call[1], call[2])
+        elif call[0] == "many":
+            pairs = call[1]
+            got = tier.offload_many([k for k, _ in pairs], [n for _, n in pairs]).tolist()
+            assert got == [ref.offload(k, n) for k, n in pairs]
+        else:
+            assert tier.cached_prefix(call[1]) == ref.cached_prefix(call[1])
+        assert tier.entries() == list(ref.store.entries.items())
+        assert tier.num_blocks == ref.store.num_blocks <= max(capacity, 0)
+
+
+def test_a_store_into_a_full_tier_evicts_the_oldest_entries_tail_first():
+    tier = CpuBlockTier(10)
+    assert tier.offload_many([1, 2], [4, 6]).tolist() == [4, 6]
+    assert tier.offload(3, 3) == 3  # evicts 3 of request 1's 4 blocks: its leading block stays, still oldest
+    assert tier.entries() == [(1, 1), (2, 6), (3, 3)]
+    assert tier.offload(2, 7) == 1  # request 2 becomes the newest; one more block evicts request 1 whole
+    assert tier.entries() == [(3, 3), (2, 7)]
+    assert tier.cached_prefix(1) == 0 and tier.cached_prefix(99) == 0
