@@ -152,23 +152,31 @@ class Simulation:
         self._outputs = df["output_tokens"].to_numpy(dtype=np.int64)
         self._keys = self._prefix_keys(df, self._prompts)
         self.log = RequestLog(self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs)
+        self._lists: list[list] | None = None  # the columns as lists, made at the first arrival (see _request)
 
     def _request(self, i: int) -> Request:
         """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
         req = self._live.get(i)
         if req is None:
+            lists = self._lists
+            if lists is None:  # (Python lists: indexing the numpy columns element by element costs more)
+                lists = self._lists = [c.tolist() for c in self._columns()]
+            ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = lists
             req = self._live[i] = self._new_request(
-                i, int(self._ids[i]), self._classes[i], float(self._arrivals_s[i]), int(self._prompts[i]),
-                int(self._outputs[i]), int(self._priorities[i]), float(self._timeout_at[i]), float(self._cancel_at[i]),
-                self._keys[i])
+                i, ids[i], classes[i], arrivals[i], prompts[i], outputs[i], priorities[i], timeout_at[i],
+                cancel_at[i], self._keys[i])
         return req
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        """The columns a request's live state is made from, in :meth:`_new_request`'s order."""
+        return (self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs, self._priorities,
+                self._timeout_at, self._cancel_at)
 
     def _all_requests(self) -> list[Request]:
         """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
         (indexing the numpy columns element by element, as :meth:`_request` does, costs more than the request)."""
-        columns = (self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs, self._priorities,
-                   self._timeout_at, self._cancel_at)
-        reqs = [self._new_request(i, *row) for i, row in enumerate(zip(*(c.tolist() for c in columns), self._keys))]
+        reqs = [self._new_request(i, *row)
+                for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), self._keys))]
         self._live.update(enumerate(reqs))
         return reqs
 
