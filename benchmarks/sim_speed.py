@@ -31,7 +31,7 @@ scheduler (``schedule``, ``update_from_output``, admission and aborts), the late
 are indicative.  ``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its
 on-disk cache), done before the clock starts, as a study worker does at its warm-up.
 
-    python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N]
+    python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N] [--engine CHECKOUT]
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this checkout's sim/, not an installed one
+if str(ROOT) not in sys.path:  # (a spawned case process has its parent's sys.path, --engine first)
+    sys.path.insert(0, str(ROOT))  # this checkout's sim/, not an installed one
 CASES = ("1x", "4x", "10x-requests", "incident", "offload", "overload-4x", "reasoning", "prefix", "v0-swap")
 ALL_CASES = CASES + ("1m",)
 
@@ -219,7 +220,10 @@ def _case(name: str, profile: bool, queue) -> None:
     wall = time.perf_counter() - wall0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     req = result.requests
+    import sim
+
     queue.put({
+        "engine": str(Path(sim.__file__).resolve().parent.parent),
         "requests": len(workload), "kernel_load": kernel_load, "wall": wall, "cpu": cpu, "peak_mb": peak_mb, "base_mb": base_rss,
         "iterations": result.num_iterations, "rows": len(result.steps) if result.steps is not None else 0,
         "preemptions": int(req["num_preemptions"].sum()),
@@ -241,15 +245,27 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per case (median reported)")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run that gives the shares")
+    ap.add_argument("--engine", type=Path, help="run this script's cases on another checkout's engine (its sim/, "
+                                                "objectives/): before-and-after timings of a change")
     args = ap.parse_args()
+    if args.engine is not None:
+        if not (args.engine / "sim" / "runner.py").is_file():
+            raise SystemExit(f"--engine {args.engine}: not a kvtune checkout (no sim/runner.py)")
+        sys.path.insert(0, str(args.engine.resolve()))
+    import importlib.util
+
+    engine = Path(importlib.util.find_spec("sim").origin).parent.parent
     ctx = mp.get_context("spawn")
-    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second")
+    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second;"
+          f" engine {engine}")
     print("| case | requests | wall s | CPU s | sim req/s (CPU) | sim req/s (wall) | engine steps/s (CPU) | "
           "peak RSS MB | iterations | step rows | preemptions | timed out | scheduler | latency | tables | "
           "kernel load s |")
     print("|" + "---|" * 16)
     for name in args.cases.split(","):
         runs = [_run(ctx, name, False) for _ in range(max(1, args.repeats))]
+        if runs[0]["engine"] != str(engine.resolve()):
+            raise SystemExit(f"the case ran {runs[0]['engine']}'s engine, not {engine}")
         row = dict(runs[0])
         row["wall"] = statistics.median(r["wall"] for r in runs)
         row["cpu"] = statistics.median(r["cpu"] for r in runs)

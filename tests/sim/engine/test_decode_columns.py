@@ -112,6 +112,19 @@ def test_v0_decode_columns_give_the_object_paths_tables(case):
     _check(case)
 
 
+def _columns_from(scheduler, min_batch: int) -> list[int]:
+    """Turn the decode columns on; the returned list gets each step's segment length."""
+    scheduler.use_decode_columns(min_batch)
+    seen, original = [], scheduler.update_from_output
+
+    def spy(out, *args, **kwargs):
+        seen.append(out.columnar)
+        return original(out, *args, **kwargs)
+
+    scheduler.update_from_output = spy
+    return seen
+
+
 @pytest.mark.parametrize("flavor", ["vllm-v1", "vllm-v0"])
 def test_the_columns_take_on_a_large_batch(flavor):
     # 64 requests decoding together: the columns hold them (the properties above would pass vacuously if not).
@@ -119,16 +132,7 @@ def test_the_columns_take_on_a_large_batch(flavor):
     config = EngineConfig(flavor=flavor, max_num_seqs=64, max_model_len=MAX_MODEL_LEN)
     sim = Simulation(workload, config, load_model("Llama-3-8B"),
                      load_gpu("H100-SXM"), latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False)
-    seen = []
-    scheduler = sim.core.scheduler
-    scheduler.use_decode_columns(32)
-    original = scheduler.update_from_output
-
-    def spy(out, *args, **kwargs):
-        seen.append(out.columnar)
-        return original(out, *args, **kwargs)
-
-    scheduler.update_from_output = spy
+    seen = _columns_from(sim.core.scheduler, 32)
     table = sim.run().requests
     assert max(seen) == 64
     assert (table["generated_tokens"] == 200).all()
@@ -148,14 +152,7 @@ def test_write_through_offload_stores_from_the_columns(size_gb):
         scheduler = sim.core.scheduler
         assert scheduler.write_through
         if columns:
-            scheduler.use_decode_columns(32)
-            original = scheduler.update_from_output
-
-            def spy(out, *args, **kwargs):
-                seen.append(out.columnar)
-                return original(out, *args, **kwargs)
-
-            scheduler.update_from_output = spy
+            seen = _columns_from(scheduler, 32)
         tables.append(sim.run())
     assert max(seen) == 64
     slow, fast = tables
