@@ -407,7 +407,8 @@ class BaseScheduler(ABC):
         keys = [req.index for req in rest]
         fulls = [req.num_computed_tokens // block_size for req in rest]
         if seg:
-            keys, fulls = np.concatenate((seg_keys, keys)), np.concatenate((seg_full, fulls))
+            keys, fulls = (np.concatenate((seg_keys, keys)), np.concatenate((seg_full, fulls))) if rest else \
+                (seg_keys, seg_full)
         news = self.cpu.offload_many(keys, fulls).tolist()
         stored = 0
         for (req, _), new in zip(scheduled[:seg] if seg else (), news):
