@@ -2,10 +2,10 @@
 ``sim/engine/_column_kernels.py``).
 
 Write-through offload stores every scheduled request's full blocks after every step (``BaseScheduler.
-_store_computed_blocks``): one put per request, and when the tier holds fewer blocks than the running batch, each
-put evicts other requests' entries.  As an ``OrderedDict`` that was about half of an offload run's time.  Here
-the LRU is a doubly linked list over request indices: ``count[key]`` (0: no entry), ``prev`` / ``nxt`` (-1: none)
-and ``state = [head (oldest), tail (newest), total blocks]``.  The operations are ``LruBlockStore``'s
+_store_computed_blocks`` and ``_store_segment_blocks``): one put per request, and when the tier holds fewer blocks
+than the running batch, each put evicts other requests' entries; as an ``OrderedDict`` that was most of an offload
+run's time (py-spy).  Here the LRU is a doubly linked list over request indices: ``count[key]`` (0: no entry),
+``prev`` / ``nxt`` (-1: none) and ``state = [head (oldest), tail (newest), total blocks]``.  The operations are ``LruBlockStore``'s
 (``sim/engine/kv_cache.py``), in the same order; tests/sim/engine/test_cpu_tier.py checks them against it.
 """
 

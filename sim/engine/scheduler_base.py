@@ -245,7 +245,6 @@ class BaseScheduler(ABC):
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
         grown = 0
-        seg_full = seg_keys = None  # with write-through offload: the segment's full blocks after the step, keys
         scheduled = out.scheduled
         bulk = out.bulk_decode
         if num_steps > 1:
@@ -261,8 +260,7 @@ class BaseScheduler(ABC):
                 grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
                                               run_decode if shares is not None else None, run_overhead)
                 if self.write_through:
-                    seg_full = cols.computed // block_size  # (a new array: before finished requests leave)
-                    seg_keys = cols.index.copy()
+                    self._store_segment_blocks(out)  # (before finished requests leave the columns)
             segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
                 for req, _ in segment:
@@ -309,8 +307,7 @@ class BaseScheduler(ABC):
                 cols.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
                              shares[3] if shares is not None else None)
                 if self.write_through:
-                    seg_full = cols.computed // self.block_size  # (a new array: before finished requests leave)
-                    seg_keys = cols.index.copy()
+                    self._store_segment_blocks(out)  # (before finished requests leave the columns)
                 done.extend(self._columns_finished())
             if bulk > ncol:
                 # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
@@ -369,7 +366,7 @@ class BaseScheduler(ABC):
                     if req.num_output_tokens >= req.max_output:
                         done.append(req)
         if self.write_through:
-            self._store_computed_blocks(out, seg_keys, seg_full)
+            self._store_computed_blocks(out, out.columnar)
         for req in done:
             # A request whose last token comes out of the step that crosses its client deadline is finished:
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
@@ -394,30 +391,28 @@ class BaseScheduler(ABC):
         cols.drop(positions)
         return done
 
-    def _store_computed_blocks(self, out: SchedulerOutput, seg_keys: np.ndarray | None = None,
-                               seg_full: np.ndarray | None = None) -> None:
+    def _store_computed_blocks(self, out: SchedulerOutput, skip: int = 0) -> None:
         """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
         copies overlap compute, so the step's duration does not include them), in the step's order (the tier
-        is an LRU).  ``seg_keys``, ``seg_full``: the decode columns' request indices and full blocks, for the
-        step's leading ``out.columnar`` entries, whose Request attributes are stale (they hold blocks)."""
+        is an LRU).  The first ``skip`` entries are the decode columns', stored already by
+        :meth:`_store_segment_blocks` (their Request attributes are stale)."""
         block_size = self.block_size
-        scheduled = out.scheduled
-        seg = len(seg_keys) if seg_keys is not None else 0
-        rest = [req for req, _ in scheduled[seg:] if req.blocks]
-        keys = [req.index for req in rest]
+        rest = [req for req, _ in out.scheduled[skip:] if req.blocks]
         fulls = [req.num_computed_tokens // block_size for req in rest]
-        if seg:
-            keys, fulls = (np.concatenate((seg_keys, keys)), np.concatenate((seg_full, fulls))) if rest else \
-                (seg_keys, seg_full)
-        news = self.cpu.offload_many(keys, fulls).tolist()
+        self._store_blocks(out, rest, [req.index for req in rest], fulls)
+
+    def _store_segment_blocks(self, out: SchedulerOutput) -> None:
+        """:meth:`_store_computed_blocks` for the decode columns, the step's leading entries (they hold blocks),
+        from the arrays."""
+        cols = self._columns
+        self._store_blocks(out, cols.requests, cols.index, cols.computed // self.block_size)
+
+    def _store_blocks(self, out: SchedulerOutput, reqs: list[Request], keys, fulls) -> None:
+        """Store ``fulls`` leading blocks of each of ``reqs`` (CPU-tier ``keys``), in order, and count the copies."""
         stored = 0
-        for (req, _), new in zip(scheduled[:seg] if seg else (), news):
+        for req, new in zip(reqs, self.cpu.offload_many(keys, fulls).tolist()):
             if new:
-                req.swapped_out_blocks += new  # (not a column: written on the object)
-                stored += new
-        for req, new in zip(rest, news[seg:] if seg else news):
-            if new:
-                req.swapped_out_blocks += new
+                req.swapped_out_blocks += new  # (not a decode column: written on the object)
                 stored += new
         out.swap_out_blocks += stored
 
@@ -694,8 +689,8 @@ class BaseScheduler(ABC):
         for a run loop that reads requests solely through the scheduler (no observer: Request attributes of
         the segment are stale), and only where every step's reads are covered: not under the priority
         policy (it may preempt any running request), nor for V0 with chunked prefill (it reorders running
-        every step).  CPU-offload write-through reads the segment's full blocks from the columns
-        (:meth:`_store_computed_blocks`)."""
+        every step).  CPU-offload write-through stores the segment's full blocks from the columns
+        (:meth:`_store_segment_blocks`)."""
         if self.waiting.priority or not self.supports_decode_columns:
             return
         self._columns = DecodeColumns(self.block_size)
