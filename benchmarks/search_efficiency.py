@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 
-from optimizer import InProcessExecutor, RayExecutor, StudySpec, TrialBackend, Tuner, is_feasible
+from optimizer import InProcessExecutor, RayExecutor, StudySpec, TrialBackend, Tuner, is_feasible, trial_metrics
 
 SLO_S = 40.0
 SPACE = {
@@ -77,7 +77,7 @@ def run_grid(workers: int) -> tuple[list[str], dict[tuple, dict[str, float]], fl
     assert result.failed == 0, f"{result.failed} grid trials failed"
     table = {}
     for t in tuner.study.get_trials(deepcopy=False):
-        metrics = {k: v for k, v in t.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics = trial_metrics(t)  # flat, the grouped bucket cohorts included
         table[tuple(t.params[n] for n in names)] = metrics
     return names, table, wall
 

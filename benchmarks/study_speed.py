@@ -13,7 +13,8 @@ waits for), the study's own wall (``Tuner.run``), the start-up before the first 
 workload, opening the storage, starting Ray and warming its workers), the driver's CPU seconds, trials per second
 of the trial loop, each trial's simulation CPU and wall seconds (``sim.cpu_s``/``sim.wall_s``, measured in the
 worker), the driver's time per trial asking (sampler + storage) and telling (storage), and the worker time per
-trial that went to anything but simulating (the loop's wall x workers, less the trials' simulation wall, per trial).
+trial that went to anything but simulating (the loop's wall x workers, less the trials' simulation wall, per trial),
+and the user attributes a complete trial stores (rows of Optuna's ``trial_user_attributes``, median).
 
     python benchmarks/study_speed.py [--modes in-process,ray-1,ray-2] [--trials 40] [--repeats 1] [--spec PATH]
 
@@ -81,11 +82,13 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
         sim_cpu = [float(t.user_attrs["sim.cpu_s"]) for t in trials_run]
         sim_wall = [float(t.user_attrs["sim.wall_s"]) for t in trials_run]
         trial_wall = [float(t.user_attrs["wall_s"]) for t in trials_run]
+        # One row of Optuna's trial_user_attributes table per key.
+        attr_rows = [len(t.user_attrs) for t in trials_run if t.state.name == "COMPLETE"]
     queue.put({
         "mode": mode, "workers": workers or 1, "imports_s": imports_s, "study_s": result.wall_s,
         "driver_cpu_s": time.process_time() - cpu0, "phases": result.phases, "ran": result.ran,
         "complete": result.complete, "failed": result.failed, "sim_cpu": sim_cpu, "sim_wall": sim_wall,
-        "trial_wall": trial_wall, "started": started,
+        "trial_wall": trial_wall, "attr_rows": attr_rows, "started": started,
     })
 
 
@@ -115,6 +118,7 @@ def _figures(row: dict) -> dict:
         "sim_cpu_total": sum(row["sim_cpu"]),
         "ask_ms": 1000 * ph.get("ask", 0.0) / ran, "tell_ms": 1000 * ph.get("tell", 0.0) / ran,
         "idle_s": (loop * row["workers"] - sim_wall) / ran,
+        "attr_rows": statistics.median(row["attr_rows"]) if row["attr_rows"] else float("nan"),
     }
 
 
@@ -133,8 +137,8 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at start")
     print("| mode | process wall s | study wall s | start-up s (Ray start) | driver CPU s | trials/s (loop) | "
           "sim CPU s/trial | sim wall s/trial | sim CPU s total | ask ms/trial | tell ms/trial | "
-          "worker s/trial not simulating | shutdown s |")
-    print("|" + "---|" * 13)
+          "worker s/trial not simulating | shutdown s | user attrs/trial |")
+    print("|" + "---|" * 14)
     rates = {}
     for mode in args.modes.split(","):
         if mode not in MODES:
@@ -145,7 +149,7 @@ def main() -> None:
         print(f"| {mode} | {f['process_s']:.1f} | {f['study_s']:.1f} | {f['startup_s']:.1f} "
               f"({f['executor_start_s']:.1f}) | {f['driver_cpu_s']:.1f} | {f['trials_per_s']:.3f} | "
               f"{f['sim_cpu']:.2f} | {f['sim_wall']:.2f} | {f['sim_cpu_total']:.1f} | {f['ask_ms']:.0f} | "
-              f"{f['tell_ms']:.0f} | {f['idle_s']:.2f} | {f['shutdown_s']:.1f} |", flush=True)
+              f"{f['tell_ms']:.0f} | {f['idle_s']:.2f} | {f['shutdown_s']:.1f} | {f['attr_rows']:.0f} |", flush=True)
     if "ray-1" in rates and "ray-2" in rates and rates["ray-1"] > 0:
         print(f"# trials/s, 2 Ray workers over 1: {rates['ray-2'] / rates['ray-1']:.2f}x")
 

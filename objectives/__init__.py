@@ -12,7 +12,7 @@ from objectives._format import format_summary
 from objectives._percentile import percentile, percentiles
 from objectives._preemptions import PreemptionStats, preemption_stats
 from objectives._steps import StepStats, StepTotals, kv_utilization, new_token_busy_share, recompute_token_share, step_stats
-from objectives._summary import Summary, summarize
+from objectives._summary import BUCKET_PREFIXES, Summary, summarize
 from objectives._tables import STATUSES
 from objectives._throughput import goodput_rps, makespan_s, output_tokens_per_s, slo_checks
 from objectives.registry import (
@@ -28,6 +28,7 @@ from objectives.registry import (
 )
 
 __all__ = [
+    "BUCKET_PREFIXES",
     "DEFAULT_OUTPUT_EDGES",
     "DEFAULT_PROMPT_EDGES",
     "STATUSES",

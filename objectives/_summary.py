@@ -1,8 +1,8 @@
 """``summarize``: every metric of one simulated or replayed run, as a typed record and a flat dict.
 
 The flat dict is what ``kvtune simulate`` writes to summary.json and what Optuna trials store as user
-attributes; the objective registry reads values back from it by key, so keys are stable across runs (every
-class of the spec and every prompt bucket appears, also when empty).
+attributes (each bucket family grouped into one, ``BUCKET_PREFIXES``); the objective registry reads values back
+from it by key, so keys are stable across runs (every class of the spec and every bucket appears, also when empty).
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ from sim.workload.classes import RequestClass
 
 NAN = float("nan")
 
+#: Key prefixes of the bucket-cohort families (``prompt.<low>-<high>.*``, ``output.<low>-<high>.*``,
+#: ``preempted.<n>.*``): every ``Summary.cohort_groups()`` prefix but ``class``.  A study trial stores each family
+#: under one user attribute (``optimizer._storage.metric_attrs``).
+BUCKET_PREFIXES = ("prompt", "output", "preempted")
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -54,9 +59,9 @@ class Summary:
     preemption_buckets: dict[str, CohortStats] = field(default_factory=dict)
 
     def cohort_groups(self) -> dict[str, dict[str, CohortStats]]:
-        """Key prefix -> cohorts of that grouping (``class``, ``prompt``, ``output``, ``preempted``)."""
-        return {"class": self.classes, "prompt": self.prompt_buckets, "output": self.output_buckets,
-                "preempted": self.preemption_buckets}
+        """Key prefix -> cohorts of that grouping (``class``, then the ``BUCKET_PREFIXES``)."""
+        return {"class": self.classes, **dict(zip(BUCKET_PREFIXES, (self.prompt_buckets, self.output_buckets,
+                                                                    self.preemption_buckets)))}
 
     def to_dict(self) -> dict[str, float | int]:
         """Flat ``{key: number}`` (NaN/inf kept as floats; Python's json writes them as NaN/Infinity)."""

@@ -1,7 +1,8 @@
 """Objectives and constraints the optimizer can name in a study spec.
 
-Both read the flat summary (``Summary.to_dict()``, which is also what a trial stores as user attributes), so
-they work on a fresh ``Summary`` and on a finished trial's ``user_attrs`` alike.  Definitions of the figures:
+Both read the flat summary (``Summary.to_dict()``), so they work on a fresh ``Summary`` and on a finished trial's
+metrics alike: a trial stores the bucket cohorts grouped (one user attribute per ``BUCKET_PREFIXES`` family), so
+pass its flat metrics, ``optimizer.trial_metrics(trial)``, not its raw ``user_attrs``.  Definitions of the figures:
 ``objectives/README.md``.
 
 Names (``[:<cohort>]``: all requests, or ``:<class>``, or a bucket such as ``:output.4096-16384``):

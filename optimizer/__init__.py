@@ -50,6 +50,7 @@ _EXPORTS = {
     "StudyStopped": "optimizer._study",
     "TrialBackend": "optimizer._backend",
     "TrialError": "optimizer._backend",
+    "trial_metrics": "optimizer._storage",
     "TrialOutcome": "optimizer._executors",
     "Tuner": "optimizer._study",
     "vllm_config": "optimizer._export",

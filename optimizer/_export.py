@@ -38,7 +38,7 @@ from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._robustness import describe as describe_robustness
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
-from optimizer._storage import StudyContext, is_feasible, open_study, prepare
+from optimizer._storage import StudyContext, is_feasible, open_study, prepare, trial_metric, trial_metrics
 from optimizer._versions import VllmTarget, version_validity
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -120,8 +120,9 @@ def _throughput_of(t: FrozenTrial, objective_names: Sequence[str]) -> float:
         if key in objective_names:
             return t.values[list(objective_names).index(key)]
     for key in THROUGHPUT_KEYS:
-        if key in t.user_attrs:
-            return float(t.user_attrs[key])
+        value = trial_metric(t, key)
+        if value is not None:
+            return float(value)
     return math.nan
 
 
@@ -130,8 +131,8 @@ def _class_score(t: FrozenTrial, ctx: StudyContext, class_name: str) -> float:
     cls = ctx.classes[class_name]
     targets = cls.slo.targets()
     if not targets:
-        return float(t.user_attrs.get(f"class.{class_name}.e2e_s.p99", math.inf))
-    return max(float(t.user_attrs.get(f"class.{class_name}.{m}.p99", math.inf)) / target
+        return float(trial_metric(t, f"class.{class_name}.e2e_s.p99", math.inf))
+    return max(float(trial_metric(t, f"class.{class_name}.{m}.p99", math.inf)) / target
                for m, target in targets.items())
 
 
@@ -157,7 +158,7 @@ def choose(trials: Sequence[FrozenTrial], ctx: StudyContext, favor: str | None =
     if not front:
         best = min(complete, key=lambda t: (_total_violation(t), -_nan_low(_throughput_of(t, names))))
         return Pick(best, "no trial meets every SLO: the trial closest to feasible (least total relative violation)",
-                    False, [], shortfalls(best.user_attrs, ctx))
+                    False, [], shortfalls(trial_metrics(best), ctx))
     if favor is None:
         best = max(front, key=lambda t: (_nan_low(_throughput_of(t, names)), -t.number))
         rule = "highest throughput among Pareto-optimal trials meeting every SLO"
@@ -181,11 +182,12 @@ def trial_row(t: FrozenTrial, ctx: StudyContext) -> dict[str, Any]:
         row[f"knob.{key}"] = value
     for name, value in zip(t.user_attrs.get("constraint_names", ()), t.user_attrs.get("constraints", ())):
         row[f"violation.{name}"] = value
+    metrics = trial_metrics(t)
     for key in _HEADLINE:
-        if key in t.user_attrs and key not in row:
-            row[key] = t.user_attrs[key]
-    for key in sorted(k for k in t.user_attrs if k.startswith("class.")):
-        row[key] = t.user_attrs[key]
+        if key in metrics and key not in row:
+            row[key] = metrics[key]
+    for key in sorted(k for k in metrics if k.startswith("class.")):
+        row[key] = metrics[key]
     return row
 
 

@@ -6,6 +6,10 @@ which stored trials count, and which RUNNING trials are orphans.
   runs, so a second driver on the same storage leaves those trials alone and only fails trials whose heartbeat is
   stale.  Creating the schema and the study runs under a file lock next to a SQLite file (and is retried on other
   databases), so drivers started at the same instant do not race on ``CREATE TABLE``.
+- Trial attributes: a trial stores its flat summary metrics (``Summary.to_dict()``) as user attributes, each
+  bucket-cohort family (``prompt.*``, ``output.*``, ``preempted.*``: ``objectives.BUCKET_PREFIXES``) as one dict
+  under ``<prefix>_buckets`` keyed without the prefix (:func:`metric_attrs`), every other metric under its own key;
+  :func:`trial_metrics` gives the flat metrics back, also of trials stored flat by an earlier kvtune.
 - Orphans: a RUNNING trial is an orphan when the driver process that asked for it is gone (same host: its pid
   and start time no longer match a live process) or its heartbeat is older than the grace period.  Orphans are
   failed as ``interrupted`` and enqueued again with the same parameters (:func:`recover_interrupted`).
@@ -27,6 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
+from objectives import BUCKET_PREFIXES
 from objectives.registry import Constraint, Objective, get_objective, is_bound, parse_bound, slo_constraints
 from optimizer._spec import IDENTITY_KEYS, StudySpec
 from sim.errors import ConfigError
@@ -47,6 +52,12 @@ DRIVER_ATTR = "kvtune.driver"
 _IDENTITY_ATTR = "kvtune.identity"
 _SPEC_ATTR = "kvtune.spec"
 _STARTS_ATTR = "kvtune.driver_starts"
+#: Bucket-cohort key prefix -> the trial user attribute that holds that family's metrics as one dict.
+BUCKET_ATTRS = {prefix: f"{prefix}_buckets" for prefix in BUCKET_PREFIXES}
+#: Trial user attributes that are not summary metrics (the grouped bucket families are, once expanded).
+NON_METRIC_ATTRS = frozenset({"knobs", "constraints", "constraint_names", "feasible", "wall_s", FAIL_REASON,
+                              FAIL_KIND, "retry_of", "duplicate_of", "crash_attempt", "retried", "repaired",
+                              *BUCKET_ATTRS.values()})
 
 
 @dataclass
@@ -301,6 +312,52 @@ def claim_start(study: optuna.Study, url: str) -> int:
         starts = int(study.user_attrs.get(_STARTS_ATTR, 0))
         study.set_user_attr(_STARTS_ATTR, starts + 1)
     return starts
+
+
+def metric_attrs(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The user attributes a trial stores for its flat ``metrics``: each bucket-cohort family as one dict under
+    ``BUCKET_ATTRS[prefix]`` (``output.4096-16384.e2e_s.p99`` -> ``output_buckets["4096-16384.e2e_s.p99"]``), every
+    other key as it is.  A trial stores ~1000 metrics, ~830 of them bucket cohorts; Optuna's RDB storage reads every
+    attribute row back as an ORM object when it tells a trial and when the next ask refreshes its cache."""
+    out: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in metrics.items():
+        prefix, dot, rest = key.partition(".")
+        attr = BUCKET_ATTRS.get(prefix) if dot else None
+        if attr is None:
+            out[key] = value
+        else:
+            groups.setdefault(attr, {})[rest] = value
+    out.update(groups)
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def trial_metrics(trial: FrozenTrial | Mapping[str, Any]) -> dict[str, Any]:
+    """The flat metrics (``Summary.to_dict()`` keys and values, plus a backend's own numbers such as ``sim.cpu_s``)
+    a trial stored, from the trial or its ``user_attrs``: the inverse of :func:`metric_attrs`.  Numeric attributes
+    only, less ``NON_METRIC_ATTRS``; a bucket family stored flat (by a kvtune before the grouping: a resumed study
+    holds both forms) reads the same."""
+    attrs: Mapping[str, Any] = trial.user_attrs if isinstance(trial, FrozenTrial) else trial
+    out = {key: value for key, value in attrs.items() if key not in NON_METRIC_ATTRS and _is_number(value)}
+    for prefix, attr in BUCKET_ATTRS.items():
+        group = attrs.get(attr)
+        if isinstance(group, Mapping):
+            out.update((f"{prefix}.{label}", value) for label, value in group.items() if _is_number(value))
+    return out
+
+
+def trial_metric(trial: FrozenTrial, key: str, default: Any = None) -> Any:
+    """One flat metric of a stored trial (``trial_metrics(trial).get(key, default)`` without building them all)."""
+    attrs = trial.user_attrs
+    if key in attrs:
+        return attrs[key]
+    prefix, dot, rest = key.partition(".")
+    group = attrs.get(BUCKET_ATTRS[prefix]) if dot and prefix in BUCKET_ATTRS else None
+    return group.get(rest, default) if isinstance(group, Mapping) else default
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:

@@ -4,9 +4,11 @@
   command again resumes it.  Trials a killed driver left RUNNING are failed as ``interrupted`` and enqueued again
   with the same parameters; the trial budget counts finished trials (complete, pruned, or failed for a reason of
   their own), so nothing finished is lost or counted twice.
-- Each trial stores every metric of its summary as a user attribute (``class.<name>.e2e_s.p99`` ...; the
-  prompt-bucket cohorts together under ``prompt_buckets``), its engine ``knobs``, and its ``constraints`` (SLO
-  violations, <= 0 is feasible), also set through Optuna's constraint API so that samplers see them.
+- Each trial stores every metric of its summary as user attributes (``class.<name>.e2e_s.p99`` ... one attribute
+  each; each bucket-cohort family as one dict: ``prompt_buckets``, ``output_buckets``, ``preempted_buckets``, see
+  ``optimizer._storage.metric_attrs``; read them back flat with ``trial_metrics``), its engine ``knobs``, and its
+  ``constraints`` (SLO violations, <= 0 is feasible), also set through Optuna's constraint API so that samplers see
+  them.
 - A failed trial (it raised, timed out, or its worker died) is told as FAIL with ``fail_reason`` / ``fail_kind``.
 """
 
@@ -46,6 +48,7 @@ from optimizer._storage import (
     is_feasible,
     is_finished,
     mark_driver,
+    metric_attrs,
     open_study,
     prepare,
     recover_interrupted,
@@ -252,6 +255,8 @@ class Tuner:
         """Tell ``trial`` the stored result of ``source``, a trial with the same params: the simulator is
         deterministic, so running it again would carry no information."""
         skip = {"retry_of", "crash_attempt", "retried", "duplicate_of"}
+        # Wholesale, in the source's layout (bucket cohorts grouped, or flat from an earlier kvtune): trial_metrics
+        # reads either.
         attrs = {key: value for key, value in source.user_attrs.items() if key not in skip}
         if source.state == TrialState.COMPLETE and TRIAL_CONSTRAINTS:  # before the metrics (see _tell_outcome)
             for name, v in zip(source.user_attrs.get("constraint_names", ()), source.user_attrs.get("constraints", ())):
@@ -292,14 +297,8 @@ class Tuner:
             except KvtuneError as exc:
                 outcome = TrialOutcome(outcome.number, None, "error", f"no result: {exc}", outcome.wall_s)
             else:
-                prompt = {}
-                for key, value in metrics.items():
-                    if key.startswith("prompt."):
-                        prompt[key[len("prompt."):]] = _jsonable(value)
-                    else:
-                        attrs[key] = _jsonable(value)
-                if prompt:
-                    attrs["prompt_buckets"] = prompt
+                # The bucket cohorts grouped, one attribute per family (metric_attrs; trial_metrics reads them).
+                attrs.update(metric_attrs({key: _jsonable(value) for key, value in metrics.items()}))
                 feasible = all(v <= 0 for v in violations)
                 attrs.update(constraints=violations, constraint_names=[c.name for c in ctx.constraints],
                              feasible=feasible)

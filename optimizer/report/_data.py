@@ -2,7 +2,8 @@
 recommended configs (their request and step tables), plus optional what-if re-simulations.
 
 Trials are read from what ``optimizer._study`` stores on each one (user attributes: every summary metric, the
-prompt-length cohorts under ``prompt_buckets``, the engine ``knobs``, ``constraints``, ``fail_reason``); the pick
+bucket cohorts grouped under ``prompt_buckets``/``output_buckets``/``preempted_buckets`` and read back flat by
+``trial_metrics``, the engine ``knobs``, ``constraints``, ``fail_reason``); the pick
 and the Pareto front come from ``optimizer._export.choose`` / ``pareto_front``, so the report recommends exactly
 what ``kvtune export`` does.
 """
@@ -20,29 +21,17 @@ from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front, shortfalls
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
-from optimizer._storage import StudyContext
+from optimizer._storage import NON_METRIC_ATTRS, StudyContext  # noqa: F401  (NON_METRIC_ATTRS: re-exported)
+from optimizer._storage import trial_metrics as stored_metrics
 from optimizer.report._lifelines import Lifeline, LifelineRecorder, lifelines
 from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_gpu
 
-#: Trial user attributes that are not summary metrics.
-NON_METRIC_ATTRS = frozenset({"knobs", "constraints", "constraint_names", "feasible", "wall_s", "fail_reason",
-                              "fail_kind", "prompt_buckets", "retry_of"})
-
-
 def trial_metrics(trial: FrozenTrial) -> dict[str, float]:
-    """The flat summary (``Summary.to_dict()`` keys, ``prompt.<lo>-<hi>.*`` included) a trial stored."""
-    out: dict[str, float] = {}
-    for key, value in trial.user_attrs.items():
-        if key in NON_METRIC_ATTRS:
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
-    for label, value in (trial.user_attrs.get("prompt_buckets") or {}).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"prompt.{label}"] = float(value)
-    return out
+    """The flat summary (``Summary.to_dict()`` keys, the ``prompt.*``/``output.*``/``preempted.*`` bucket cohorts
+    included, grouped or stored flat) a trial stored, as floats (``optimizer._storage.trial_metrics``)."""
+    return {key: float(value) for key, value in stored_metrics(trial).items()}
 
 
 def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], front: Sequence[FrozenTrial]

@@ -15,6 +15,7 @@ from optimizer_test_helpers import SLO_E2E_S, spec_dict
 from objectives import summarize
 from optimizer import RayExecutor, StudySpec, Tuner, export_study
 from optimizer._backend import SimBackend
+from optimizer._storage import trial_metrics
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
@@ -53,7 +54,11 @@ def test_study_end_to_end(tmp_path, local_ray):
                     "class.conv.ttft_s.p99", "class.conv.tpot_s.p99", "class.conv.goodput_rps",
                     "class.conv.count.finished", "all.e2e_s.p99"):
             assert key in t.user_attrs, key
-        assert t.user_attrs["prompt_buckets"]
+        # The bucket cohorts grouped, one attribute per family, read back under their flat keys.
+        assert t.user_attrs["prompt_buckets"] and t.user_attrs["output_buckets"] and t.user_attrs["preempted_buckets"]
+        flat = trial_metrics(t)
+        for key in ("prompt.0-512.e2e_s.p99", "output.0-256.e2e_s.p99", "preempted.0.count.total"):
+            assert key in flat, key
         violation = t.user_attrs["constraints"][0]
         p99 = t.user_attrs["class.conv.e2e_s.p99"]
         if p99 <= SLO_E2E_S:  # met: the relative margin

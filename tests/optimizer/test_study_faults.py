@@ -33,7 +33,7 @@ from optimizer import (
     recover_interrupted,
 )
 from optimizer._executors import check_reachable
-from optimizer._storage import DRIVER_ATTR, driver_identity, mark_driver
+from optimizer._storage import DRIVER_ATTR, driver_identity, mark_driver, trial_metrics
 from sim.errors import ConfigError
 
 TrialState = optuna.trial.TrialState
@@ -86,6 +86,8 @@ def test_extending_a_study_never_simulates_a_config_twice(tmp_path, sampler):
         if "duplicate_of" in t.user_attrs:
             source = trials[t.user_attrs["duplicate_of"]]
             assert t.params == source.params and t.values == source.values
+            assert "output_buckets" in t.user_attrs  # the source's attrs copied, the grouped ones as they are
+            assert json.dumps(trial_metrics(t), sort_keys=True) == json.dumps(trial_metrics(source), sort_keys=True)
 
 
 def test_a_small_space_reuses_results_instead_of_rerunning(tmp_path):

@@ -90,8 +90,10 @@ def test_trial_table_reads_stored_attributes(tuned_study):
     assert len(frame) == len(complete)
     t = complete[0]
     metrics = trial_metrics(t)
-    # prompt buckets are stored together under "prompt_buckets" and come back under their flat keys
-    assert any(k.startswith("prompt.") and k.endswith(".e2e_s.p99") for k in metrics)
+    # the bucket cohorts are stored together (prompt_buckets, output_buckets, preempted_buckets) and come back
+    # under their flat keys
+    for prefix in ("prompt", "output", "preempted"):
+        assert any(k.startswith(f"{prefix}.") and k.endswith(".e2e_s.p99") for k in metrics), prefix
     assert "knobs" not in metrics and "constraints" not in metrics
     row = frame[frame["number"] == t.number].iloc[0]
     assert row["objective.output_tokens_per_s"] == pytest.approx(t.values[0])
