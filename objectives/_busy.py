@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from objectives._tables import column, optional_column
@@ -77,7 +78,12 @@ def blocks_moved(requests: pd.DataFrame) -> pd.Series:
 
 def transfer_per_block(requests: pd.DataFrame, run: BusyTime) -> float:
     """The run's host-link seconds per block moved (0 when none moved, NaN when unknown)."""
-    moved = _sum(blocks_moved(requests))
-    if moved == 0:
+    return per_block_moved(blocks_moved(requests).to_numpy(), run)
+
+
+def per_block_moved(moved: np.ndarray, run: BusyTime) -> float:
+    """:func:`transfer_per_block` from the blocks each request moved."""
+    total = float(moved.sum())  # NaN propagates
+    if total == 0:
         return 0.0
-    return run.transfer_s / moved
+    return run.transfer_s / total

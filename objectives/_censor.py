@@ -27,12 +27,14 @@ Rule (applied to ``ttft_s`` and ``e2e_s``; ``tpot_s`` is never censored, see the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from objectives._requests import RequestArrays
 from objectives._steps import StepTotals
-from objectives._tables import CANCELLED, FINISHED, REJECTED, TIMED_OUT, UNFINISHED, check_requests, column
+from objectives._tables import CANCELLED, FINISHED, REJECTED, TIMED_OUT, UNFINISHED, column, values
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
 
@@ -42,7 +44,12 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
 def observation_end(requests: pd.DataFrame, steps: "pd.DataFrame | StepTotals | None" = None) -> float:
     """The last instant either table mentions (request ends, step ends); NaN when neither has one.  ``steps`` may
     be the :class:`~objectives.StepTotals` a run accumulated instead of its step table."""
-    ends = [column(requests, "end_s").max(), column(requests, "arrival_s").max()]
+    return last_instant(values(requests, "end_s"), values(requests, "arrival_s"), steps)
+
+
+def last_instant(end: np.ndarray, arrival: np.ndarray, steps: "pd.DataFrame | StepTotals | None") -> float:
+    """:func:`observation_end` from the request table's ``end_s`` and ``arrival_s`` arrays."""
+    ends = [nanmax(end), nanmax(arrival)]
     if isinstance(steps, StepTotals):
         ends.append(steps.end_s)
     elif steps is not None and len(steps) and {"start_s", "duration_s"} <= set(steps.columns):
@@ -51,27 +58,80 @@ def observation_end(requests: pd.DataFrame, steps: "pd.DataFrame | StepTotals | 
     return float(max(ends)) if ends else float("nan")
 
 
-def class_timeouts(requests: pd.DataFrame, classes: Mapping[str, RequestClass]) -> pd.Series:
+def nanmax(a: np.ndarray) -> float:
+    """The largest known value (pandas' ``max``: NaN skipped; NaN when none is known)."""
+    known = a[~np.isnan(a)]
+    return float(known.max()) if known.size else float("nan")
+
+
+def nanmin(a: np.ndarray) -> float:
+    """The smallest known value (pandas' ``min``: NaN skipped; NaN when none is known)."""
+    known = a[~np.isnan(a)]
+    return float(known.min()) if known.size else float("nan")
+
+
+def class_timeouts(table: RequestArrays, classes: Mapping[str, RequestClass]) -> np.ndarray:
     """Each request's class timeout (NaN: none); a request of an undefined class is a ``ConfigError``."""
-    names = requests["class"].astype(str)
-    unknown = sorted(set(names) - set(classes))
+    unknown = sorted(set(table.class_labels) - set(classes))
     if unknown:
         raise ConfigError("requests.class", f"classes with no definition: {unknown}; defined: {sorted(classes)}")
-    timeout = {n: (c.timeout_s if c.timeout_s is not None else np.nan) for n, c in classes.items()}
-    return names.map(timeout).astype("float64")
+    timeout = [classes[n].timeout_s if classes[n].timeout_s is not None else np.nan for n in table.class_labels]
+    return np.asarray(timeout, dtype="float64")[table.class_codes] if timeout else np.full(len(table), np.nan)
 
 
-def censored_value(requests: pd.DataFrame, timeouts: pd.Series, obs_end: float) -> pd.Series:
+def censored_value(table: RequestArrays, timeouts: np.ndarray, obs_end: float) -> np.ndarray:
     """The censored value of every request by the rule in the module docstring (used where not produced)."""
-    status = requests["status"].astype(str)
-    end = column(requests, "end_s").fillna(obs_end)
-    waited = end - column(requests, "arrival_s")
+    end = np.where(np.isnan(table.end), obs_end, table.end)
+    waited = end - table.arrival
     at_least_timeout = np.fmax(waited, timeouts)  # fmax ignores a NaN side
-    value = pd.Series(np.inf, index=requests.index)
-    value = value.mask(status.isin([CANCELLED, UNFINISHED]), waited.fillna(timeouts))
-    value = value.mask(status.isin([TIMED_OUT, REJECTED]), at_least_timeout)
-    value = value.mask(status.eq(REJECTED) & timeouts.isna(), np.inf)
-    return value.fillna(np.inf).mask(status.eq(FINISHED), np.nan)
+    value = np.full(len(table), np.inf)
+    value = np.where(table.status_is(CANCELLED, UNFINISHED), np.where(np.isnan(waited), timeouts, waited), value)
+    value = np.where(table.status_is(TIMED_OUT, REJECTED), at_least_timeout, value)
+    value = np.where(table.status_is(REJECTED) & np.isnan(timeouts), np.inf, value)
+    value = np.where(np.isnan(value), np.inf, value)
+    return np.where(table.status_is(FINISHED), np.nan, value)
+
+
+@dataclass(frozen=True)
+class LatencySamples:
+    """The columns of :func:`latency_samples` as arrays in row order."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    tpot_applicable: np.ndarray
+    ttft_censored: np.ndarray
+    e2e_censored: np.ndarray
+
+    def frame(self, index: pd.Index) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s,
+             "tpot_applicable": self.tpot_applicable, "ttft_censored": self.ttft_censored,
+             "e2e_censored": self.e2e_censored},
+            index=index,
+        )
+
+
+def censor(table: RequestArrays, classes: Mapping[str, RequestClass],
+           steps: "pd.DataFrame | StepTotals | None" = None) -> LatencySamples:
+    """:func:`latency_samples` of the table's arrays."""
+    finished = table.finished
+    arrival, first, end, generated = table.arrival, table.first_token, table.end, table.generated
+    censored = censored_value(table, class_timeouts(table, classes), last_instant(end, arrival, steps))
+
+    ttft = np.where(np.isnan(table.ttft), first - arrival, table.ttft)
+    ttft_censored = ~(finished | ~np.isnan(ttft) | (generated >= 1))
+    ttft = np.where(ttft_censored, censored, ttft)
+
+    e2e = np.where(finished, table.e2e, censored)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reached = np.where(~finished & (generated >= 2), (end - first) / (generated - 1), np.nan)
+    tpot = np.where(np.isnan(table.tpot), reached, table.tpot)
+    no_second = (generated < 2) | (~finished & np.isnan(generated) & np.isnan(tpot))
+    tpot = np.where(no_second, np.nan, tpot)
+    return LatencySamples(ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, tpot_applicable=~no_second,
+                          ttft_censored=ttft_censored, e2e_censored=~finished)
 
 
 def latency_samples(
@@ -80,25 +140,5 @@ def latency_samples(
     """One row per request (same index): ``ttft_s``, ``tpot_s``, ``e2e_s`` with censoring applied,
     ``tpot_applicable`` (False for requests without a second token) and the ``ttft_censored``/``e2e_censored``
     flags.  NaN means unknown."""
-    check_requests(requests)
-    finished = requests["status"].astype(str).eq(FINISHED)
-    arrival = column(requests, "arrival_s")
-    first = column(requests, "first_token_s")
-    end = column(requests, "end_s")
-    generated = column(requests, "generated_tokens")
-    censored = censored_value(requests, class_timeouts(requests, classes), observation_end(requests, steps))
-
-    ttft = column(requests, "ttft_s").fillna(first - arrival)
-    ttft_censored = ~(finished | ttft.notna() | generated.ge(1))
-    ttft = ttft.mask(ttft_censored, censored)
-
-    e2e = column(requests, "e2e_s").where(finished, censored)
-
-    tpot = column(requests, "tpot_s").fillna(((end - first) / (generated - 1)).where(~finished & generated.ge(2)))
-    no_second = generated.lt(2) | (~finished & generated.isna() & tpot.isna())
-    tpot = tpot.mask(no_second, np.nan)
-    return pd.DataFrame(
-        {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "tpot_applicable": ~no_second,
-         "ttft_censored": ttft_censored, "e2e_censored": ~finished},
-        index=requests.index,
-    )
+    table = RequestArrays.of(requests)
+    return censor(table, classes, steps).frame(table.index)

@@ -4,23 +4,26 @@ status counts, latency tails, stalls and busy time.
 Per-class p99s answer the SLO question; length buckets make a regression of long prompts or long answers visible
 even when they are too few to move a class's p99; preemption-count buckets show what repeated preemption costs
 the requests it hits.
+
+A cohort is a boolean mask over the request table's rows; what every cohort reads is prepared once
+(``CohortInputs``: the arrays, each latency and stall column sorted once), so a cohort costs a few masked sums
+and no sort.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
-from objectives._busy import BusyTime, blocks_moved
-from objectives._censor import LATENCY_METRICS
-from objectives._percentile import percentiles
-from objectives._tables import FINISHED, STATUSES, column, optional_column
+from objectives._busy import BusyTime
+from objectives._censor import LATENCY_METRICS, LatencySamples
+from objectives._percentile import SortedColumn, sorted_percentiles
+from objectives._requests import STALL_METRICS, RequestArrays
+from objectives._tables import STATUSES
 from sim.errors import ConfigError
-from sim.latency import PART_NAMES
 
 NAN = float("nan")
 #: Default prompt-length bucket edges (tokens); bucket i is ``[edges[i], edges[i+1])``.
@@ -29,8 +32,6 @@ DEFAULT_PROMPT_EDGES: tuple[float, ...] = (0, 512, 1024, 2048, 4096, 8192, math.
 DEFAULT_OUTPUT_EDGES: tuple[float, ...] = (0, 256, 1024, 4096, 16384, math.inf)
 #: Preemption-count buckets: 0, 1, 2, 3-4, 5 or more.
 PREEMPTION_EDGES: tuple[float, ...] = (0, 1, 2, 3, 5, math.inf)
-#: Per-request stall columns summarized per cohort (request table, ``sim.tables``).
-STALL_METRICS: tuple[str, ...] = ("max_itl_s", "preempted_s", "queue_wait_s", "resume_wait_s")
 
 
 @dataclass(frozen=True)
@@ -125,78 +126,77 @@ def _edge(value: float) -> str:
     return "inf" if value == math.inf else f"{value:g}"
 
 
-def buckets(values: pd.Series, edges: Sequence[float], label=bucket_label) -> dict[str, pd.Series]:
-    """Bucket label -> boolean row mask, for every bucket (also empty ones, so summary keys are stable)."""
-    return {label(lo, hi): values.ge(lo) & values.lt(hi) for lo, hi in zip(edges, edges[1:])}
+def buckets(values: np.ndarray, edges: Sequence[float], label=bucket_label) -> dict[str, np.ndarray]:
+    """Bucket label -> boolean row mask, for every bucket (also empty ones, so summary keys are stable); a NaN
+    value is in no bucket."""
+    values = np.asarray(values, dtype="float64")
+    with np.errstate(invalid="ignore"):
+        return {label(lo, hi): (values >= lo) & (values < hi) for lo, hi in zip(edges, edges[1:])}
 
 
-def prompt_buckets(requests: pd.DataFrame, edges: Sequence[float]) -> dict[str, pd.Series]:
+def prompt_buckets(table: RequestArrays, edges: Sequence[float]) -> dict[str, np.ndarray]:
     """Prompt-length buckets (``prompt_tokens``)."""
-    return buckets(column(requests, "prompt_tokens"), edges)
+    return buckets(table.prompt, edges)
 
 
-def output_buckets(requests: pd.DataFrame, edges: Sequence[float] = DEFAULT_OUTPUT_EDGES) -> dict[str, pd.Series]:
+def output_buckets(table: RequestArrays, edges: Sequence[float] = DEFAULT_OUTPUT_EDGES) -> dict[str, np.ndarray]:
     """Output-length buckets (``output_tokens_target``)."""
-    return buckets(optional_column(requests, "output_tokens_target"), edges)
+    return buckets(table.output_target, edges)
 
 
-def preemption_buckets(requests: pd.DataFrame) -> dict[str, pd.Series]:
+def preemption_buckets(table: RequestArrays) -> dict[str, np.ndarray]:
     """Preemption-count buckets (``num_preemptions``; all empty when the table cannot tell)."""
-    return buckets(column(requests, "num_preemptions"), PREEMPTION_EDGES, count_label)
+    return buckets(table.preemptions, PREEMPTION_EDGES, count_label)
 
 
 @dataclass(frozen=True)
 class CohortInputs:
-    """The request table's columns every cohort reads, as numpy arrays (built once per summary; a cohort is a
-    boolean mask over them)."""
+    """What every cohort reads, prepared once per summary: the request table's arrays, the censoring flags as
+    floats, the SLO checks, and each latency and stall column sorted once (``SortedColumn``)."""
 
-    status: np.ndarray
-    generated: np.ndarray
-    preemptions: np.ndarray
-    recomputed: np.ndarray
-    samples: dict[str, np.ndarray]
-    checks: dict[str, np.ndarray]
-    stalls: dict[str, np.ndarray]
-    times: dict[str, np.ndarray]
-    moved: np.ndarray
+    table: RequestArrays
+    finished: np.ndarray
+    #: Finished and capped at max_model_len (None: the table cannot tell).
+    capped: np.ndarray | None
+    #: Rows that have a TPOT (a second token).
+    tpot_applicable: np.ndarray
+    #: Per latency metric, 1.0 on rows whose value is censored (TPOT: lost before a second token).
+    censored: dict[str, np.ndarray]
+    latency: dict[str, SortedColumn]
+    stalls: dict[str, SortedColumn]
+    checks: Mapping[str, np.ndarray]
     makespan_s: float
     transfer_per_block_s: float
-    #: Finished at max_model_len before the output target (the simulator's ``capped`` column; None: unknown).
-    capped: np.ndarray | None = None
 
     @classmethod
-    def build(cls, requests: pd.DataFrame, samples: pd.DataFrame, checks: pd.DataFrame, makespan_s: float,
-              transfer_per_block_s: float = NAN) -> "CohortInputs":
-        """From the request table, its ``latency_samples`` and ``slo_checks`` (same index)."""
-        preemptions = column(requests, "num_preemptions").to_numpy()
-        stalls = {m: optional_column(requests, m).to_numpy() for m in STALL_METRICS}
-        with np.errstate(invalid="ignore"):
-            stalls["resume_wait_s"] = np.where(preemptions > 0, stalls["resume_wait_s"], np.nan)  # preempted only
+    def build(cls, table: RequestArrays, samples: LatencySamples, checks: Mapping[str, np.ndarray],
+              makespan_s: float, transfer_per_block_s: float = NAN) -> "CohortInputs":
+        """From the table's arrays, its latency samples and SLO checks (``_throughput.judge``)."""
+        finished = table.finished
+        applicable = samples.tpot_applicable.astype(bool)
         return cls(
-            status=requests["status"].astype(str).to_numpy(),
-            generated=column(requests, "generated_tokens").to_numpy(),
-            preemptions=preemptions,
-            recomputed=column(requests, "recomputed_tokens").to_numpy(),
-            samples={c: samples[c].to_numpy() for c in samples.columns},
-            checks={c: checks[c].to_numpy() for c in checks.columns},
-            stalls=stalls,
-            times={p: optional_column(requests, f"time_{p}_s").to_numpy() for p in PART_NAMES if p != "transfer"},
-            moved=blocks_moved(requests).to_numpy(),
+            table=table,
+            finished=finished,
+            capped=finished & table.capped if table.capped is not None else None,
+            tpot_applicable=applicable,
+            censored={
+                "ttft_s": samples.ttft_censored.astype(float),
+                "tpot_s": (~applicable & samples.e2e_censored.astype(bool)).astype(float),
+                "e2e_s": samples.e2e_censored.astype(float),
+            },
+            latency={m: SortedColumn(getattr(samples, m)) for m in LATENCY_METRICS},
+            stalls={m: SortedColumn(v) for m, v in table.stalls.items()},
+            checks=checks,
             makespan_s=makespan_s,
             transfer_per_block_s=transfer_per_block_s,
-            capped=requests["capped"].to_numpy(dtype=bool) if "capped" in requests.columns else None,
         )
 
 
-def _quantiles(values: np.ndarray, censored: float, attainment: float) -> Quantiles:
-    return Quantiles(*percentiles(values), censored, attainment)
-
-
-def _tail(values: np.ndarray) -> Tail:
-    known = values[~np.isnan(values)]
+def _tail(ascending: np.ndarray) -> Tail:
+    known = ascending[~np.isnan(ascending)]
     if not known.size:
         return Tail()
-    return Tail(*percentiles(known), float(known.max()))
+    return Tail(*sorted_percentiles(known), float(known[-1]))
 
 
 def _mean(values: np.ndarray) -> float:
@@ -216,32 +216,26 @@ def _attainment(met: np.ndarray) -> float:
 def cohort_stats(inputs: CohortInputs, rows: np.ndarray) -> CohortStats:
     """Stats of the requests selected by the boolean mask ``rows``."""
     rows = np.asarray(rows, dtype=bool)
-    status = inputs.status[rows]
-    names, counts_ = np.unique(status, return_counts=True)
-    by_status = dict(zip(names.tolist(), counts_.tolist()))
-    finished = rows & (inputs.status == FINISHED)
-    capped = int((finished & inputs.capped).sum()) if inputs.capped is not None else 0
+    table = inputs.table
+    by_code = np.bincount(table.status_codes[rows], minlength=len(table.status_labels))
+    by_status = dict(zip(table.status_labels, by_code.tolist()))
+    finished = rows & inputs.finished
+    capped = int(np.count_nonzero(rows & inputs.capped)) if inputs.capped is not None else 0
     counts = StatusCounts(**{s: int(by_status.get(s, 0)) for s in STATUSES}, capped=capped)
-    output = _sum(inputs.generated[finished])
-    smp = inputs.samples
-    applicable = smp["tpot_applicable"].astype(bool)
-    censored = {
-        "ttft_s": _mean(smp["ttft_censored"][rows].astype(float)),
-        "tpot_s": _mean((~applicable & smp["e2e_censored"].astype(bool))[rows].astype(float)),
-        "e2e_s": _mean(smp["e2e_censored"][rows].astype(float)),
-    }
+    output = _sum(table.generated[finished])
+    with_tpot = rows & inputs.tpot_applicable  # TPOT percentiles: the requests that have one
     latency = {
-        m: _quantiles(smp[m][rows & applicable] if m == "tpot_s" else smp[m][rows], censored[m],
-                      _attainment(inputs.checks[m][rows]))
+        m: Quantiles(*sorted_percentiles(inputs.latency[m].of(with_tpot if m == "tpot_s" else rows)),
+                     censored_share=_mean(inputs.censored[m][rows]), attainment=_attainment(inputs.checks[m][rows]))
         for m in LATENCY_METRICS
     }
     good = _sum(inputs.checks["met"][rows])
     n = counts.total
     per_s = 1.0 / inputs.makespan_s if inputs.makespan_s > 0 else NAN
-    moved = _sum(inputs.moved[rows])
+    moved = _sum(table.moved[rows])
     time = BusyTime(
         transfer_s=0.0 if moved == 0 else moved * inputs.transfer_per_block_s,
-        **{f"{p}_s": _sum(v[rows]) for p, v in inputs.times.items()},
+        **{f"{p}_s": _sum(v[rows]) for p, v in table.times.items()},
     )
     return CohortStats(
         counts=counts,
@@ -249,9 +243,9 @@ def cohort_stats(inputs: CohortInputs, rows: np.ndarray) -> CohortStats:
         output_tokens_per_s=output * per_s,
         goodput_rps=good * per_s,
         slo_attainment=good / n if n else NAN,
-        preemptions_mean=_mean(inputs.preemptions[rows]) if n else NAN,
-        recomputed_tokens=_sum(inputs.recomputed[rows]),
-        stalls={m: _tail(v[rows]) for m, v in inputs.stalls.items()},
+        preemptions_mean=_mean(table.preemptions[rows]) if n else NAN,
+        recomputed_tokens=_sum(table.recomputed[rows]),
+        stalls={m: _tail(column.of(rows)) for m, column in inputs.stalls.items()},
         time=time,
         **latency,
     )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from objectives._percentile import percentiles
-from objectives._tables import column
+from objectives._tables import values
 
 NAN = float("nan")
 
@@ -29,10 +30,14 @@ class PreemptionStats:
 
 def preemption_stats(requests: pd.DataFrame) -> PreemptionStats:
     """Distribution of ``num_preemptions`` per request; all NaN when the column holds a NaN or no rows."""
-    counts = column(requests, "num_preemptions")
-    if counts.empty or counts.isna().any():
+    return preemption_stats_of(values(requests, "num_preemptions"))
+
+
+def preemption_stats_of(counts: np.ndarray) -> PreemptionStats:
+    """:func:`preemption_stats` of the ``num_preemptions`` array."""
+    if not counts.size or np.isnan(counts).any():
         return PreemptionStats()
-    p50, p90, p99 = percentiles(counts.to_numpy())
+    p50, p90, p99 = percentiles(counts)
     return PreemptionStats(
         total=float(counts.sum()),
         mean=float(counts.mean()),
@@ -40,6 +45,6 @@ def preemption_stats(requests: pd.DataFrame) -> PreemptionStats:
         p90=p90,
         p99=p99,
         max=float(counts.max()),
-        share_ge1=float(counts.ge(1).mean()),
-        share_ge2=float(counts.ge(2).mean()),
+        share_ge1=float((counts >= 1).mean()),
+        share_ge2=float((counts >= 2).mean()),
     )

@@ -11,10 +11,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
-from objectives._busy import BusyTime, transfer_per_block
-from objectives._censor import LATENCY_METRICS, latency_samples
+from objectives._busy import BusyTime, per_block_moved
+from objectives._censor import LATENCY_METRICS, censor
 from objectives._cohorts import (
     DEFAULT_OUTPUT_EDGES,
     DEFAULT_PROMPT_EDGES,
@@ -27,9 +28,10 @@ from objectives._cohorts import (
     prompt_buckets,
     prompt_edges,
 )
-from objectives._preemptions import PreemptionStats, preemption_stats
+from objectives._preemptions import PreemptionStats, preemption_stats_of
+from objectives._requests import RequestArrays
 from objectives._steps import StepStats, StepTotals, step_stats
-from objectives._throughput import finished_output_tokens, makespan_s, slo_checks
+from objectives._throughput import judge, span_s
 from sim.workload.classes import RequestClass
 
 NAN = float("nan")
@@ -70,7 +72,7 @@ class Summary:
             "output_tokens_per_s": self.output_tokens_per_s,
             "goodput_rps": self.goodput_rps,
         }
-        out.update({k: v for k, v in dataclasses.asdict(self.steps).items() if k != "time"})
+        out.update({k: getattr(self.steps, k) for k in _field_names(StepStats) if k != "time"})
         out.update(self.steps.time.to_dict("time."))
         out["preemptions_total"] = self.preemptions.total
         out.update(_flatten("preemptions_per_request", self.preemptions, skip=("total",)))
@@ -82,7 +84,18 @@ class Summary:
 
 
 def _flatten(prefix: str, record: object, skip: Sequence[str] = ()) -> dict[str, float | int]:
-    return {f"{prefix}.{k}": v for k, v in dataclasses.asdict(record).items() if k not in skip}
+    return {f"{prefix}.{k}": getattr(record, k) for k in _field_names(type(record)) if k not in skip}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass's field names, in order (``dataclasses.asdict``'s keys; its values here are numbers)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _cohort_keys(prefix: str, stats: CohortStats) -> dict[str, float | int]:
@@ -117,29 +130,26 @@ def summarize(
     """
     edges = prompt_edges(prompt_bucket_edges)
     out_edges = prompt_edges(output_bucket_edges, "output_buckets")
-    samples = latency_samples(requests, classes, steps)
-    checks = slo_checks(requests, samples, classes)
-    span = makespan_s(requests)
-    names = requests["class"].astype(str)
+    table = RequestArrays.of(requests)
+    samples = censor(table, classes, steps)
+    checks = judge(table.finished, table.class_is, vars(samples), classes)  # (the samples' arrays by name)
+    span = span_s(table.end, table.arrival)
     stats = step_stats(steps)
-    per_block = transfer_per_block(requests, stats.time)
+    inputs = CohortInputs.build(table, samples, checks, span, per_block_moved(table.moved, stats.time))
 
-    inputs = CohortInputs.build(requests, samples, checks, span, per_block)
+    def cohort(rows: np.ndarray) -> CohortStats:
+        return cohort_stats(inputs, rows)
 
-    def cohort(rows: pd.Series) -> CohortStats:
-        return cohort_stats(inputs, rows.to_numpy(dtype=bool))
-
-    everyone = pd.Series(True, index=requests.index)
-    overall = cohort(everyone)
+    overall = cohort(np.ones(len(table), dtype=bool))
     return Summary(
         makespan_s=span,
-        output_tokens_per_s=finished_output_tokens(requests) / span if span > 0 else NAN,
+        output_tokens_per_s=overall.output_tokens / span if span > 0 else NAN,
         goodput_rps=overall.goodput_rps,
         overall=overall,
-        classes={name: cohort(names.eq(name)) for name in classes},
-        prompt_buckets={label: cohort(rows) for label, rows in prompt_buckets(requests, edges).items()},
-        output_buckets={label: cohort(rows) for label, rows in output_buckets(requests, out_edges).items()},
-        preemption_buckets={label: cohort(rows) for label, rows in preemption_buckets(requests).items()},
+        classes={name: cohort(table.class_is(name)) for name in classes},
+        prompt_buckets={label: cohort(rows) for label, rows in prompt_buckets(table, edges).items()},
+        output_buckets={label: cohort(rows) for label, rows in output_buckets(table, out_edges).items()},
+        preemption_buckets={label: cohort(rows) for label, rows in preemption_buckets(table).items()},
         steps=stats,
-        preemptions=preemption_stats(requests),
+        preemptions=preemption_stats_of(table.preemptions),
     )

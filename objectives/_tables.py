@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError
@@ -59,3 +60,33 @@ def optional_column(table: pd.DataFrame, name: str) -> pd.Series:
     if name not in table.columns:
         return pd.Series(float("nan"), index=table.index, dtype="float64")
     return column(table, name)
+
+
+def values(table: pd.DataFrame, name: str) -> np.ndarray:
+    """:func:`column` as a numpy array (float64, NaN where unknown); a numpy-typed numeric column is converted
+    directly, anything else (strings, nullable or object columns) goes through :func:`column`."""
+    series = table[name]
+    if isinstance(series.dtype, np.dtype) and series.dtype.kind in "biuf":
+        return series.to_numpy(dtype="float64")
+    return column(table, name).to_numpy()
+
+
+def optional_values(table: pd.DataFrame, name: str) -> np.ndarray:
+    """:func:`values`, or all NaN when the table has no such column."""
+    if name not in table.columns:
+        return np.full(len(table), np.nan)
+    return values(table, name)
+
+
+def labels(table: pd.DataFrame, name: str) -> tuple[np.ndarray, list]:
+    """A label column (``status``, ``class``) as strings, factorized once: (code per row, the distinct labels);
+    ``labels[code]`` is the row's ``table[name].astype(str)`` value (a missing one is a label too)."""
+    codes, uniques = pd.factorize(table[name].astype(str), use_na_sentinel=False)
+    return codes, list(uniques)
+
+
+def label_mask(codes: np.ndarray, names: Iterable, wanted: Iterable[str]) -> np.ndarray:
+    """Boolean mask of the rows whose label (``names[code]``, as :func:`labels` gives them) is one of ``wanted``."""
+    wanted = set(wanted)
+    hit = np.array([name in wanted for name in names], dtype=bool)
+    return hit[codes] if hit.size else np.zeros(len(codes), dtype=bool)

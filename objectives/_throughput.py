@@ -6,13 +6,13 @@ service was loaded, so a config that drains the queue late pays for it in every 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from objectives._censor import latency_samples
-from objectives._tables import FINISHED, check_requests, column
+from objectives._censor import LATENCY_METRICS, latency_samples, nanmax, nanmin
+from objectives._tables import FINISHED, check_requests, label_mask, labels, values
 from sim.workload.classes import RequestClass
 
 NAN = float("nan")
@@ -20,14 +20,19 @@ NAN = float("nan")
 
 def makespan_s(requests: pd.DataFrame) -> float:
     """Last known ``end_s`` minus first ``arrival_s``; NaN when no request has an end or the span is not > 0."""
-    span = column(requests, "end_s").max() - column(requests, "arrival_s").min()
+    return span_s(values(requests, "end_s"), values(requests, "arrival_s"))
+
+
+def span_s(end: np.ndarray, arrival: np.ndarray) -> float:
+    """:func:`makespan_s` of the ``end_s`` and ``arrival_s`` arrays."""
+    span = nanmax(end) - nanmin(arrival)
     return float(span) if span > 0 else NAN
 
 
 def finished_output_tokens(requests: pd.DataFrame) -> float:
     """New output tokens of finished requests (NaN if any of them is unknown)."""
-    finished = requests["status"].astype(str).eq(FINISHED)
-    return float(column(requests, "generated_tokens")[finished].sum(skipna=False))
+    finished = requests["status"].astype(str).eq(FINISHED).to_numpy()
+    return float(values(requests, "generated_tokens")[finished].sum())
 
 
 def slo_checks(requests: pd.DataFrame, samples: pd.DataFrame, classes: Mapping[str, RequestClass]) -> pd.DataFrame:
@@ -37,25 +42,35 @@ def slo_checks(requests: pd.DataFrame, samples: pd.DataFrame, classes: Mapping[s
     rejected, unfinished) misses every target of its class; a TPOT target does not apply to a finished 1-token
     answer (met).  Column ``met``: 1.0 when every target of the class is met (also for a class without
     targets, if finished), 0.0 if one is missed, NaN if unknown."""
-    finished = requests["status"].astype(str).eq(FINISHED)
-    names = requests["class"].astype(str)
-    out = pd.DataFrame(index=requests.index)
+    finished = requests["status"].astype(str).eq(FINISHED).to_numpy()
+    codes, names = labels(requests, "class")
+    arrays = {c: samples[c].to_numpy() for c in (*LATENCY_METRICS, "tpot_applicable")}
+    checks = judge(finished, lambda name: label_mask(codes, names, (name,)), arrays, classes)
+    return pd.DataFrame(checks, index=requests.index)
+
+
+def judge(finished: np.ndarray, class_rows: Callable[[str], np.ndarray], samples: Mapping[str, np.ndarray],
+          classes: Mapping[str, RequestClass]) -> dict[str, np.ndarray]:
+    """:func:`slo_checks` on arrays: ``finished`` and ``class_rows(name)`` boolean row masks, ``samples`` the
+    ``latency_samples`` columns, all in row order."""
+    out: dict[str, np.ndarray] = {}
     failed = ~finished
-    unknown = pd.Series(False, index=requests.index)
-    for metric in ("ttft_s", "tpot_s", "e2e_s"):
-        col = pd.Series(np.nan, index=requests.index)
+    unknown = np.zeros(len(finished), dtype=bool)
+    for metric in LATENCY_METRICS:
+        col = np.full(len(finished), np.nan)
+        value = samples[metric]
+        if metric == "tpot_s":  # not applicable: passes
+            value = np.where(samples["tpot_applicable"].astype(bool) | ~finished, value, -np.inf)
         for name, cls in classes.items():
             target = cls.slo.targets().get(metric)
             if target is None:
                 continue
-            rows = names.eq(name)
-            value = samples[metric]
-            if metric == "tpot_s":
-                value = value.where(samples["tpot_applicable"] | ~finished, -np.inf)  # not applicable: passes
-            judged = np.where(value.isna(), np.nan, np.where(value.gt(target), 0.0, 1.0))
-            col = col.mask(rows, pd.Series(judged, index=requests.index).where(finished, 0.0))
-            failed |= rows & finished & value.gt(target)
-            unknown |= rows & finished & value.isna()
+            rows = class_rows(name)
+            missed = value > target
+            judged = np.where(np.isnan(value), np.nan, np.where(missed, 0.0, 1.0))
+            col = np.where(rows, np.where(finished, judged, 0.0), col)
+            failed |= rows & finished & missed
+            unknown |= rows & finished & np.isnan(value)
         out[metric] = col
     out["met"] = np.where(failed, 0.0, np.where(unknown, np.nan, 1.0))
     return out
