@@ -30,6 +30,8 @@ from sim.workload.workload import Workload
 
 #: Tokens per ``hash_ids`` entry in Mooncake's traces (FAST'25 artifact: one id per 512-token block).
 MOONCAKE_HASH_BLOCK_TOKENS = 512
+#: Requests whose workload columns are made into Python lists at a time, as they arrive (``Simulation._request``).
+LIST_CHUNK = 65536
 
 
 @dataclass
@@ -152,19 +154,26 @@ class Simulation:
         self._outputs = df["output_tokens"].to_numpy(dtype=np.int64)
         self._keys = self._prefix_keys(df, self._prompts)
         self.log = RequestLog(self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs)
-        self._lists: list[list] | None = None  # the columns as lists, made at the first arrival (see _request)
+        #: The columns of requests ``[_lists_start, _lists_start + LIST_CHUNK)`` as Python lists (see _request).
+        self._lists: list[list] = []
+        self._lists_start = -1
 
     def _request(self, i: int) -> Request:
         """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
         req = self._live.get(i)
         if req is None:
-            lists = self._lists
-            if lists is None:  # (Python lists: indexing the numpy columns element by element costs more)
-                lists = self._lists = [c.tolist() for c in self._columns()]
-            ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = lists
+            # From Python lists (indexing the numpy columns element by element costs more than the request), a
+            # chunk of requests at a time: arrivals come in index order, and all columns of a million requests as
+            # lists would hold ~200 MB of Python objects.
+            start = i - i % LIST_CHUNK
+            if start != self._lists_start:
+                self._lists = [c[start:start + LIST_CHUNK].tolist() for c in self._columns()]
+                self._lists_start = start
+            ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = self._lists
+            j = i - start
             req = self._live[i] = self._new_request(
-                i, ids[i], classes[i], arrivals[i], prompts[i], outputs[i], priorities[i], timeout_at[i],
-                cancel_at[i], self._keys[i])
+                i, ids[j], classes[j], arrivals[j], prompts[j], outputs[j], priorities[j], timeout_at[j],
+                cancel_at[j], self._keys[i])
         return req
 
     def _columns(self) -> tuple[np.ndarray, ...]:

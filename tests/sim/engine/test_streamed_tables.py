@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.engine.core as core_module
+import sim.runner as runner_module
 from objectives import StepTotals, step_stats, summarize
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
@@ -47,6 +48,8 @@ def _same_stats(a, b):
 def test_streamed_run_reports_what_a_kept_run_does(workload, config_and_runs, stop_early, monkeypatch):
     config, batch_runs = config_and_runs
     monkeypatch.setattr(core_module, "ROWS_CHUNK", 3)  # several chunks even for tiny runs
+    # Requests made at arrival from their columns a few at a time (the kept run makes them all up front).
+    monkeypatch.setattr(runner_module, "LIST_CHUNK", 3)
     # Stopping at the median arrival leaves some requests running, some waiting, some never arrived.
     stop = float(workload.requests["arrival_s"].median()) + 0.05
     for max_sim_time_s in ((stop,) if stop_early else (math.inf,)):
