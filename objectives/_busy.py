@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from objectives._tables import column, optional_column
+from objectives._tables import column
 from sim.latency import PART_NAMES
 
 NAN = float("nan")
@@ -71,18 +71,9 @@ def busy_from_steps(steps: pd.DataFrame | None) -> BusyTime:
     return BusyTime(*(_sum(column(steps, c)) for c in STEP_TIME_COLUMNS))
 
 
-def blocks_moved(requests: pd.DataFrame) -> pd.Series:
-    """KV blocks each request moved over the host link (swapped or offloaded out, and back in)."""
-    return optional_column(requests, "swapped_out_blocks") + optional_column(requests, "swapped_in_blocks")
-
-
-def transfer_per_block(requests: pd.DataFrame, run: BusyTime) -> float:
-    """The run's host-link seconds per block moved (0 when none moved, NaN when unknown)."""
-    return per_block_moved(blocks_moved(requests).to_numpy(), run)
-
-
-def per_block_moved(moved: np.ndarray, run: BusyTime) -> float:
-    """:func:`transfer_per_block` from the blocks each request moved."""
+def transfer_per_block(moved: np.ndarray, run: BusyTime) -> float:
+    """The run's host-link seconds per block moved, from the blocks each request moved (swapped or offloaded out,
+    and back in: ``RequestArrays.moved``); 0 when none moved, NaN when unknown."""
     total = float(moved.sum())  # NaN propagates
     if total == 0:
         return 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from objectives._busy import BusyTime, per_block_moved
+from objectives._busy import BusyTime, transfer_per_block
 from objectives._censor import LATENCY_METRICS, censor
 from objectives._cohorts import (
     DEFAULT_OUTPUT_EDGES,
@@ -135,7 +135,7 @@ def summarize(
     checks = judge(table.finished, table.class_is, vars(samples), classes)  # (the samples' arrays by name)
     span = span_s(table.end, table.arrival)
     stats = step_stats(steps)
-    inputs = CohortInputs.build(table, samples, checks, span, per_block_moved(table.moved, stats.time))
+    inputs = CohortInputs.build(table, samples, checks, span, transfer_per_block(table.moved, stats.time))
 
     def cohort(rows: np.ndarray) -> CohortStats:
         return cohort_stats(inputs, rows)

@@ -21,17 +21,11 @@ from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front, shortfalls
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
-from optimizer._storage import NON_METRIC_ATTRS, StudyContext  # noqa: F401  (NON_METRIC_ATTRS: re-exported)
-from optimizer._storage import trial_metrics as stored_metrics
+from optimizer._storage import StudyContext, trial_metrics
 from optimizer.report._lifelines import Lifeline, LifelineRecorder, lifelines
 from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.profiles import load_gpu
-
-def trial_metrics(trial: FrozenTrial) -> dict[str, float]:
-    """The flat summary (``Summary.to_dict()`` keys, the ``prompt.*``/``output.*``/``preempted.*`` bucket cohorts
-    included, grouped or stored flat) a trial stored, as floats (``optimizer._storage.trial_metrics``)."""
-    return {key: float(value) for key, value in stored_metrics(trial).items()}
 
 
 def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], front: Sequence[FrozenTrial]
@@ -57,7 +51,7 @@ def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], f
             row[f"param.{name}"] = value
         for name, value in (t.user_attrs.get("knobs") or {}).items():
             row[f"knob.{name}"] = value
-        row.update(trial_metrics(t))
+        row.update((key, float(value)) for key, value in trial_metrics(t).items())
         rows.append(row)
     if not rows:
         return pd.DataFrame(columns=["number", "feasible", "pareto", "violation"])

@@ -17,7 +17,6 @@ from optimizer import _study as study_module
 from optimizer._export import pareto_table, shortfalls, trial_row
 from optimizer._storage import BUCKET_ATTRS, make_storage, metric_attrs, set_user_attrs, trial_metric, trial_metrics
 from optimizer.report._data import trial_frame
-from optimizer.report._data import trial_metrics as report_metrics
 
 ATTRS = {"class.chat.e2e_s.p99": 12.5, "knobs": {"max_num_seqs": 64, "preemption_mode": "recompute"},
          "constraints": [0.0, -1.5], "feasible": True, "nan_metric": math.nan, "inf_metric": math.inf,
@@ -178,7 +177,8 @@ def test_a_stored_trial_reads_back_its_summary_and_evaluates_alike(tmp_path, sim
         assert set(summary_keys) <= set(flat)  # every Summary.to_dict() key, the bucket cohorts included
         assert all(isinstance(t.user_attrs[a], dict) for a in BUCKET_ATTRS.values())
         assert not [k for k in t.user_attrs if k.split(".")[0] in BUCKET_PREFIXES]
-        _same(report_metrics(t), {k: float(v) for k, v in metrics.items()})
+        row = trial_frame([t], spec.objectives, []).iloc[0]  # the report's table: every metric, as a float
+        _same({k: row[k] for k in metrics}, {k: float(v) for k, v in metrics.items()})
         for o, value in zip(ctx.objectives, t.values):
             assert o.value(flat) == o.value(metrics) == pytest.approx(value)
         assert [c.name for c in ctx.constraints] == t.user_attrs["constraint_names"]

@@ -17,7 +17,8 @@ from plotly.offline import get_plotlyjs
 from objectives import summarize
 from optimizer._export import choose
 from optimizer.report import ConfigRun, Sweep, WhatIf, build_charts, gather, timeline_frame, translate_flavor
-from optimizer.report._data import trial_frame, trial_metrics
+from optimizer._storage import trial_metrics
+from optimizer.report._data import trial_frame
 from optimizer.report._figures import cohort_chart, cohort_labels
 from sim.errors import ConfigError
 
