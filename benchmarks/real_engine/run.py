@@ -408,7 +408,8 @@ def quick_checks(args) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="latency profile YAML (kvtune calibrate)")
-    ap.add_argument("--model", default="/work/tiny-llama", help="HF model folder served and simulated")
+    ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"),
+                    help="HF model folder served and simulated (default: $KVTUNE_TINY_MODEL)")
     ap.add_argument("--gpu", default=None, help="device profile (default: the profile's)")
     ap.add_argument("--vllm-python", default=None, help="python of the vLLM environment ($KVTUNE_VLLM_PYTHON)")
     ap.add_argument("--out", type=Path, required=True, help="folder of the measurements (reused across calls)")

