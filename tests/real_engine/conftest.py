@@ -4,8 +4,8 @@ with ``.ci/make_tiny_model.py`` when unset).  Without an engine the tests skip, 
 they fail instead, so that a broken install cannot pass as a skipped test.
 
 Two servers, started once per session and shared (each start takes minutes on 2 cores): ``scarce`` (100 blocks of
-32 tokens, prefix caching off: it preempts at 4 requests/s) and ``ample`` (4,096 blocks, prefix caching on).  Both
-start at once, and are stopped (process group) at the end of the session."""
+32 tokens, prefix caching off: it preempts under a burst of requests) and ``ample`` (4,096 blocks, prefix caching
+on).  Both start at once, and are stopped (process group) at the end of the session."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from sim.workload.classes import RequestClass
 #: no warm-up pass either (vllm 0.32 vllm/v1/worker/cpu_worker.py ``_should_warm_up_model``): start-up time.
 FAST_START = ("--enforce-eager",)
 BASE_KNOBS = {"block_size": 32, "max_model_len": 2048, "max_num_seqs": 64}
-#: 100 blocks of 32 tokens, prefix caching off (the recorded scrape's server): preempts at 4 requests/s.
+#: 100 blocks of 32 tokens, prefix caching off (the recorded scrape's server): preempts under a burst of requests.
 SCARCE = {**BASE_KNOBS, "num_gpu_blocks_override": 100, "enable_prefix_caching": False}
 #: 4,096 blocks (131k tokens: all 60 requests at once fit), prefix caching on.
 AMPLE = {**BASE_KNOBS, "num_gpu_blocks_override": 4096}
