@@ -172,7 +172,7 @@ def num_evictable(blk, ids):
     """How many of these slots are in the free queue."""
     n = 0
     for s in ids:
-        if blk[REF, s] == 0:
+        if s >= 0 and blk[REF, s] == 0:
             n += 1
     return n
 
@@ -182,6 +182,8 @@ def touch(blk, state, ids):
     """Take a reference on each slot, taking the free ones out of the queue; returns how many were free."""
     taken = 0
     for s in ids:
+        if s < 0:
+            return -1
         count = blk[REF, s]
         if count < 0:
             return -1
@@ -193,12 +195,34 @@ def touch(blk, state, ids):
 
 
 @_compiled
-def free(blk, state, ids):
-    """Drop a reference on each slot, last first; a block left unreferenced goes to the free queue's back.  Returns
-    how many did."""
+def free(blk, tab, state, ids, own):
+    """A request drops its reference on each of its blocks ``ids``, last first (SingleTypeKVCacheManager.free,
+    vllm/v1/core/single_type_kv_cache_manager.py, 0.33.0); a block left unreferenced goes to the free queue's back
+    (BlockPool.free_blocks).  An id ``~serial`` at position ``p`` is one of its own blocks not in the map yet (see
+    PrefixBlockPool.cache_blocks): it gets a slot and its key ``own + 2 * p`` first.  Returns how many were freed."""
+    shift = state[SHIFT]
     freed = 0
     for i in range(ids.shape[0] - 1, -1, -1):
         s = ids[i]
+        if s < 0:
+            top = state[TOP] - 1
+            if top < 0:
+                return -1
+            state[TOP] = top
+            serial = ~s
+            s = blk[STACK, top]
+            key = own + 2 * i
+            row = _find(tab, key, shift)
+            if row >= 0:
+                return -1  # (no block carries a request's own key before its first free)
+            row = ~row
+            tab[TKEY, row] = key
+            tab[THEAD, row] = s
+            tab[TTAIL, row] = s
+            blk[KEY, s] = key
+            blk[REF, s] = 1
+            blk[SERIAL, s] = serial
+            blk[CNEXT, s] = -1
         count = blk[REF, s] - 1
         if count < 0:
             return -1
@@ -242,7 +266,8 @@ def warm_up() -> None:
     cache(blk, tab, state, shared, 0, 3, 1, 0, out)
     ids = out[:3].copy()
     lookup(tab, state, shared, 1, 3, out)
-    free(blk, state, ids)
+    ids[2] = ~3  # (one own block not in the map yet)
+    free(blk, tab, state, ids, 1)
     num_evictable(blk, ids)
     touch(blk, state, ids[:1])
     evict(blk, tab, state, 2)

@@ -52,8 +52,9 @@ class PrefixBlockPool:
     """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash.
 
     Hashed blocks are slots of arrays, their loops compiled (``sim/engine/_prefix_kernels.py`` describes the
-    layout); a request's ``block_ids`` are its hashed blocks' slots.  :meth:`blocks`, :meth:`free_queue` and
-    :meth:`all_copies` show the state as plain Python values (tests)."""
+    layout); a request's ``block_ids`` are its hashed blocks' slots, or ``~serial`` for own blocks hashed before
+    its first free, which stay out of the arrays until it frees them (see :meth:`cache_blocks`).  :meth:`blocks`,
+    :meth:`unmapped`, :meth:`free_queue` and :meth:`all_copies` show the state as plain Python values (tests)."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "_blk", "_tab", "_state",
                  "_out", "_next_id", "block_size")
@@ -99,7 +100,13 @@ class PrefixBlockPool:
             self._out = np.empty(limit, dtype=np.int64)
         # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
         n = _k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
-        return self._out[:n].tolist() if n else []
+        hits = self._out[:n].tolist() if n else []
+        ids = req.block_ids
+        if n < limit and len(ids) > n and not req.blocks_freed and n >= len(req.prefix_keys):
+            # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
+            # scheduler looks a request up when it holds none).
+            hits.extend(ids[n:limit])
+        return hits
 
     def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks are free (taking them still costs a free block)."""
@@ -125,8 +132,26 @@ class PrefixBlockPool:
             return
         bid = self._next_id
         self._next_id = bid + full - position
-        # Beyond its shared keys (prefix_keys) the keys are its own (own_key + 2 * position): no array needed.
-        shared = _shared(req) if position < len(req.prefix_keys) else _NONE
+        num_shared = len(req.prefix_keys)
+        if not req.blocks_freed:
+            # Until the pool first frees a request's blocks, its own keys (own_key + 2 * position, past its shared
+            # ones) are carried only by the blocks it holds, which nobody else can hit and it cannot look up while
+            # it holds them: such a block is only named, ``~serial``, and enters the map when freed (free).
+            if position >= num_shared:
+                if full == position + 1:
+                    ids.append(~bid)  # (most calls: a decode step filling one own block)
+                else:
+                    ids.extend(range(~bid, ~(bid + full - position), -1))
+                return
+            if full > num_shared:
+                self._cache(req, ids, _shared(req), position, num_shared, bid)
+                ids.extend(range(~(bid + num_shared - position), ~(bid + full - position), -1))
+                return
+        # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one; then
+        # its own keys, which only its own earlier blocks may carry (once the pool has freed them).
+        self._cache(req, ids, _shared(req) if position < num_shared else _NONE, position, full, bid)
+
+    def _cache(self, req: Request, ids: list[int], shared: np.ndarray, position: int, full: int, bid: int) -> None:
         first = _k.cache(self._blk, self._tab, self._state, shared, position, full, own_key(req), bid, self._out)
         if first < 0:
             raise RuntimeError("prefix pool: more hashed blocks than blocks")
@@ -139,7 +164,7 @@ class PrefixBlockPool:
         """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
         ids = req.block_ids
         unhashed = req.blocks - len(ids)
-        freed = _k.free(self._blk, self._state, np.array(ids, dtype=np.int64)) if ids else 0
+        freed = _k.free(self._blk, self._tab, self._state, np.array(ids, dtype=np.int64), own_key(req)) if ids else 0
         if freed < 0:
             raise RuntimeError("prefix pool: freed a block nobody holds")
         self.num_cached += freed
@@ -150,8 +175,15 @@ class PrefixBlockPool:
         req.blocks_freed = True
 
     # ---- the state as Python values (tests) ------------------------------------------------------------
+    @staticmethod
+    def unmapped(req: Request) -> list[tuple[int, int, int]]:
+        """``req``'s own blocks not in the map yet (cache_blocks): (id, hash, serial); each has reference count 1
+        and is its hash's only copy."""
+        own = own_key(req)
+        return [(bid, own + 2 * p, ~bid) for p, bid in enumerate(req.block_ids) if bid < 0]
+
     def blocks(self) -> dict[int, tuple[int, int, int]]:
-        """Every hashed block: slot -> (hash, reference count, serial)."""
+        """Every hashed block in the map: slot -> (hash, reference count, serial)."""
         blk = self._blk
         return {s: (int(blk[_k.KEY, s]), int(blk[_k.REF, s]), int(blk[_k.SERIAL, s]))
                 for s in np.flatnonzero(blk[_k.REF] >= 0).tolist()}

@@ -92,7 +92,8 @@ class Request:
         #: ``prefix_keys`` as an int64 array, made by the pool when it first needs it.
         self.prefix_array = None
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
-        #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`); the other ``blocks - len(block_ids)`` have none.
+        #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`: its slots, negative for own blocks not in its map yet);
+        #: the other ``blocks - len(block_ids)`` have none.
         self.block_ids: list[int] = []
         #: That pool has freed its blocks before (a preemption): copies of its own blocks may still be cached.
         self.blocks_freed = False

@@ -109,6 +109,8 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
                     holders[bid] = holders.get(bid, 0) + 1
             assert pool.num_used == sum(r.blocks - len(r.block_ids) for r in holding) + len(holders)
             refs = {bid: n for bid, (_, n, _) in pool.blocks().items()}
+            # (An own block not in the pool's map yet, id < 0, has one holder: the request that hashed it.)
+            refs.update((bid, 1) for r in holding for bid, _, _ in pool.unmapped(r))
             assert holders == {bid: n for bid, n in refs.items() if n}
             assert sorted(pool.free_queue()) == sorted(bid for bid, n in refs.items() if n == 0)
         else:

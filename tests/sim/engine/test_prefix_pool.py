@@ -116,15 +116,26 @@ def _state(pool, reqs) -> tuple:
             [(r.blocks, list(r.block_ids)) for r in reqs])
 
 
-def _array_state(pool: PrefixBlockPool, reqs) -> tuple:
-    """The array pool's state in the reference's terms: each slot named by its block's serial (its id there)."""
-    blocks = pool.blocks()
-    serial = {s: ser for s, (_, _, ser) in blocks.items()}
+def _serials(pool: PrefixBlockPool, reqs) -> dict[int, int]:
+    """Block id -> serial (its id in the reference pool), for the blocks in the map and those not in it yet."""
+    serial = {s: ser for s, (_, _, ser) in pool.blocks().items()}
+    serial.update((bid, ser) for r in reqs for bid, _, ser in pool.unmapped(r))
     assert len(set(serial.values())) == len(serial), "two blocks with one serial"
-    copies = pool.all_copies()  # (checks the map and the slot stack)
+    return serial
+
+
+def _array_state(pool: PrefixBlockPool, reqs) -> tuple:
+    """The array pool's state in the reference's terms: each block named by its serial (its id there)."""
+    blocks = list(pool.blocks().values())
+    unmapped = [entry for r in reqs for entry in pool.unmapped(r)]
+    blocks += [(key, 1, ser) for _, key, ser in unmapped]
+    serial = _serials(pool, reqs)
+    copies = {key: [serial[s] for s in held] for key, held in pool.all_copies().items()}  # (checks map and stack)
+    for _, key, ser in unmapped:
+        assert key not in copies, "an own block not in the map yet has a copy in it"
+        copies[key] = [ser]
     return (pool.num_used, pool.num_empty, pool.num_cached, [serial[s] for s in pool.free_queue()], pool._next_id,
-            {ser: key for key, _, ser in blocks.values()}, {ser: ref for _, ref, ser in blocks.values()},
-            {key: [serial[s] for s in held] for key, held in copies.items()},
+            {ser: key for key, _, ser in blocks}, {ser: ref for _, ref, ser in blocks}, copies,
             [(r.blocks, [serial[s] for s in r.block_ids]) for r in reqs])
 
 
@@ -156,7 +167,7 @@ def test_pool_fast_paths_match_the_block_by_block_pool(run):
     for op, which, size, fill, step in ops:
         which %= len(prefixes)
         if op == "lookup":
-            serial = {s: ser for s, (_, _, ser) in fast.blocks().items()}
+            serial = _serials(fast, fast_reqs)
             assert [serial[s] for s in fast.lookup(fast_reqs[which], size)] == slow.lookup(slow_reqs[which], size)
             continue
         for pool, reqs in ((fast, fast_reqs), (slow, slow_reqs)):
