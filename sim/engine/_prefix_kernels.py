@@ -15,6 +15,9 @@ most half full) from a hash to its copies: rows ``TKEY``, ``THEAD`` (oldest copy
 ``TTAIL`` (youngest copy).  A row is deleted by shifting the rows after it back (no tombstones).  ``state``:
 ``QHEAD``, ``QTAIL`` (the free queue's ends), ``TOP``, ``SHIFT`` (64 - log2 of the map's size).
 
+A request's own block hashed before its first free is in none of these (the pool names it ``~serial`` in the
+request's ``block_ids``; see ``PrefixBlockPool.cache_blocks``) until :func:`free` maps it.
+
 Every kernel returns a negative value where it found the state broken (never, while the invariants hold); the pool
 raises then.  tests/sim/engine/test_prefix_pool.py checks the pool against a dict-based one, call by call.
 """
