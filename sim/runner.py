@@ -226,7 +226,7 @@ class Simulation:
         column = df["hash_ids"].to_numpy()
         hashes = _prefix_hashes(column, prompts, block_size, self.hash_block_tokens)
         if hashes is None:
-            hashes = _prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens)
+            hashes = _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
         return hashes
 
     # ---- processes -------------------------------------------------------------------------------------
@@ -378,6 +378,16 @@ def _prefix_hashes_loop(column: np.ndarray, prompts: np.ndarray, block_size: int
         num_blocks = min(len(ids) * hash_block_tokens, int(prompt)) // block_size
         keys.append(tuple((int(ids[i // per_hash]) * per_hash + i % per_hash) << 1 for i in range(num_blocks)))
     return keys
+
+
+def _int64_keys(keys: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``keys`` unchanged if they all fit int64 (the prefix pool's arrays), else every distinct key renamed to twice
+    its rank among them (still even, still distinct: the pool only compares keys)."""
+    flat = {key for row in keys for key in row}
+    if not flat or (min(flat) >= -(1 << 63) and max(flat) < 1 << 63):
+        return keys
+    rank = {key: 2 * i for i, key in enumerate(sorted(flat))}
+    return [tuple(rank[key] for key in row) for row in keys]
 
 
 def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,

@@ -186,11 +186,13 @@ def _kernels():
 def warm_up() -> None:
     """Load the compiled kernels now (numba: ~1 s the first time in a process, compiling them once per machine),
     so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it.
-    The CPU KV tier's store kernel (sim/engine/_lru_kernels.py) too."""
-    from sim.engine import _lru_kernels
+    The CPU KV tier's store kernel (sim/engine/_lru_kernels.py) and the shared-prefix pool's
+    (sim/engine/_prefix_kernels.py) too."""
+    from sim.engine import _lru_kernels, _prefix_kernels
 
     _kernels().warm_up()
     _lru_kernels.warm_up()
+    _prefix_kernels.warm_up()
 
 
 __all__ = ["DecodeColumns", "warm_up"]

@@ -16,15 +16,18 @@ It follows vLLM 0.33.0's ``BlockPool`` (vllm/v1/core/block_pool.py) and ``FullAt
 - allocation pops the front of the free queue and drops the hash of a cached block it takes
   (``BlockPool.get_new_blocks``); a hit on a free block takes it out of the queue (``BlockPool.touch``).
 
-Blocks without a hash are interchangeable, so they are only counted (``num_empty``); hashed blocks have ids.
+Blocks without a hash are interchangeable, so they are only counted (``num_empty``); hashed blocks have ids, the
+slots of the arrays that hold their state, and the loops over them are compiled (``sim/engine/_prefix_kernels.py``:
+the free queue a linked list, the hash -> copies map an open-addressing table).  Keys are int64 (the runner renames
+trace keys beyond it).
 The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for prompts that share nothing.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import chain
+import numpy as np
 
+from sim.engine import _prefix_kernels as _k
 from sim.engine.request import Request
 
 
@@ -46,33 +49,32 @@ def own_key(req: Request) -> int:
 
 
 class PrefixBlockPool:
-    """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash."""
+    """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash.
 
-    __slots__ = ("num_blocks", "num_used", "num_empty", "enable_caching", "free_hashed", "copies", "hash_of",
-                 "ref", "_next_id", "block_size")
+    Hashed blocks are slots of arrays, their loops compiled (``sim/engine/_prefix_kernels.py`` describes the
+    layout); a request's ``block_ids`` are its hashed blocks' slots, or ``~serial`` for own blocks hashed before
+    its first free, which stay out of the arrays until it frees them (see :meth:`cache_blocks`).  :meth:`blocks`,
+    :meth:`unmapped`, :meth:`free_queue` and :meth:`all_copies` show the state as plain Python values (tests)."""
+
+    __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "_blk", "_tab", "_state",
+                 "_out", "_next_id", "block_size")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_used = 0
         self.num_empty = num_blocks
+        self.num_cached = 0
         self.enable_caching = True
-        #: Free blocks that keep their hash, in eviction order (front first).
-        self.free_hashed: OrderedDict[int, None] = OrderedDict()
-        #: hash -> ids of the blocks carrying it, oldest first.
-        self.copies: dict[int, dict[int, None]] = {}
-        self.hash_of: dict[int, int] = {}
-        #: Reference count of every hashed block (0: it is in ``free_hashed``).
-        self.ref: dict[int, int] = {}
+        self._blk, self._tab, self._state = _k.new_state(num_blocks)
+        #: The kernels' output (cache_blocks hashes at most num_blocks blocks; lookup grows it).
+        self._out = np.empty(max(num_blocks, 1), dtype=np.int64)
+        #: Blocks hashed so far (the next one's serial).
         self._next_id = 0
 
     @property
-    def num_cached(self) -> int:
-        return len(self.free_hashed)
-
-    @property
     def num_free(self) -> int:
-        return self.num_empty + len(self.free_hashed)
+        return self.num_empty + self.num_cached
 
     def allocate(self, num_blocks: int) -> None:
         """Hand out ``num_blocks`` blocks without a hash: empty ones first, then the oldest cached ones."""
@@ -85,53 +87,39 @@ class PrefixBlockPool:
             return
         # Eviction pops the free queue's front and drops the block's hash (BlockPool.get_new_blocks and
         # _maybe_evict_cached_block, vllm/v1/core/block_pool.py, 0.33.0).
-        pop, hash_pop, copies, ref = self.free_hashed.popitem, self.hash_of.pop, self.copies, self.ref
-        for _ in range(num_blocks - from_empty):
-            bid = pop(False)[0]
-            key = hash_pop(bid)
-            del ref[bid]
-            held = copies[key]
-            if len(held) == 1:
-                del copies[key]  # its last copy (held is {bid: None})
-            else:
-                del held[bid]
+        evicted = num_blocks - from_empty
+        if _k.evict(self._blk, self._tab, self._state, evicted) < 0:
+            raise RuntimeError("prefix pool: fewer cached blocks than evicted")
+        self.num_cached -= evicted
 
     def lookup(self, req: Request, limit: int) -> list[int]:
         """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries."""
-        copies = self.copies
-        get = copies.get
-        keys = req.prefix_keys
-        out: list[int] = []
-        append = out.append
-        # Its shared keys are prefix_keys (block_hash's even keys), read without a block_hash call per block;
-        # a hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
-        for key in keys[:limit]:
-            held = get(key)
-            if held is None:
-                return out
-            append(next(iter(held)))
-        for position in range(len(keys), limit):
-            held = get(block_hash(req, position))
-            if held is None:
-                break
-            append(next(iter(held)))
-        return out
+        if limit <= 0:
+            return []
+        if limit > len(self._out):  # (a repeated key hits one block at several positions)
+            self._out = np.empty(limit, dtype=np.int64)
+        # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
+        n = _k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
+        hits = self._out[:n].tolist() if n else []
+        ids = req.block_ids
+        if n < limit and len(ids) > n and not req.blocks_freed and n >= len(req.prefix_keys):
+            # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
+            # scheduler looks a request up when it holds none).
+            hits.extend(ids[n:limit])
+        return hits
 
     def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks are free (taking them still costs a free block)."""
-        return list(map(self.ref.__getitem__, ids)).count(0)
+        return _k.num_evictable(self._blk, np.array(ids, dtype=np.int64)) if ids else 0
 
     def touch(self, req: Request, ids: list[int]) -> None:
         """``req`` (holding nothing yet) takes these hit blocks as its leading blocks."""
-        ref, free = self.ref, self.free_hashed
-        taken = 0
-        for bid in ids:
-            count = ref[bid]
-            if not count:
-                del free[bid]
-                taken += 1
-            ref[bid] = count + 1
-        self.num_used += taken
+        if ids:
+            taken = _k.touch(self._blk, self._state, np.array(ids, dtype=np.int64))
+            if taken < 0:
+                raise RuntimeError("prefix pool: touched a block that carries no hash")
+            self.num_cached -= taken
+            self.num_used += taken
         req.block_ids = list(ids)
         req.blocks = len(ids)
 
@@ -142,63 +130,107 @@ class PrefixBlockPool:
         full = num_tokens // self.block_size
         if full <= position:
             return
-        # Until the pool first frees a request's blocks, every block carrying one of its own keys is one it holds,
-        # at that key's position (below len(ids)), so no block carries the own keys hashed here yet.
-        own_fresh = not req.blocks_freed
-        own = own_key(req)
-        copies, hash_of, ref = self.copies, self.hash_of, self.ref
         bid = self._next_id
         self._next_id = bid + full - position
-        shared = req.prefix_keys
-        if own_fresh and full == position + 1 and position >= len(shared):
-            # Fast path for the loops below, for a decode step filling one own block (most calls).
-            key = own + 2 * position
-            hash_of[bid] = key
-            ref[bid] = 1
-            copies[key] = {bid: None}
-            ids.append(bid)
-            return
-        append = ids.append
+        num_shared = len(req.prefix_keys)
+        if not req.blocks_freed:
+            # Until the pool first frees a request's blocks, its own keys (own_key + 2 * position, past its shared
+            # ones) are carried only by the blocks it holds, which nobody else can hit and it cannot look up while
+            # it holds them: such a block is only named, ``~serial``, and enters the map when freed (free).
+            if position >= num_shared:
+                if full == position + 1:
+                    ids.append(~bid)  # (most calls: a decode step filling one own block)
+                else:
+                    ids.extend(range(~bid, ~(bid + full - position), -1))
+                return
+            if full > num_shared:
+                self._cache(req, ids, _shared(req), position, num_shared, bid)
+                ids.extend(range(~(bid + num_shared - position), ~(bid + full - position), -1))
+                return
         # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one; then
         # its own keys, which only its own earlier blocks may carry (once the pool has freed them).
-        stop = full if full < len(shared) else len(shared)
-        own_from = position if position > stop else stop
-        keys = shared[position:stop]
-        if not own_fresh:
-            keys = chain(keys, (block_hash(req, p) for p in range(own_from, full)))
-        for key in keys:
-            hash_of[bid] = key
-            ref[bid] = 1
-            held = copies.get(key)
-            if held is None:
-                copies[key] = {bid: None}
-            else:
-                held[bid] = None
-            append(bid)
-            bid += 1
-        if own_fresh:
-            # Fast path for the copies lookup above (see above: no block carries these keys yet).
-            for key in range(own + 2 * own_from, own + 2 * full, 2):
-                hash_of[bid] = key
-                ref[bid] = 1
-                copies[key] = {bid: None}
-                append(bid)
-                bid += 1
+        self._cache(req, ids, _shared(req) if position < num_shared else _NONE, position, full, bid)
+
+    def _cache(self, req: Request, ids: list[int], shared: np.ndarray, position: int, full: int, bid: int) -> None:
+        first = _k.cache(self._blk, self._tab, self._state, shared, position, full, own_key(req), bid, self._out)
+        if first < 0:
+            raise RuntimeError("prefix pool: more hashed blocks than blocks")
+        if full == position + 1:
+            ids.append(first)
+        else:
+            ids.extend(self._out[:full - position].tolist())
 
     def free(self, req: Request) -> None:
         """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
         ids = req.block_ids
         unhashed = req.blocks - len(ids)
-        ref, free = self.ref, self.free_hashed
-        freed = 0
-        for bid in reversed(ids):
-            count = ref[bid] - 1
-            ref[bid] = count
-            if not count:
-                free[bid] = None
-                freed += 1
+        freed = _k.free(self._blk, self._tab, self._state, np.array(ids, dtype=np.int64), own_key(req)) if ids else 0
+        if freed < 0:
+            raise RuntimeError("prefix pool: freed a block nobody holds")
+        self.num_cached += freed
         self.num_used -= unhashed + freed
         self.num_empty += unhashed
         req.block_ids = []
         req.blocks = 0
         req.blocks_freed = True
+
+    # ---- the state as Python values (tests) ------------------------------------------------------------
+    @staticmethod
+    def unmapped(req: Request) -> list[tuple[int, int, int]]:
+        """``req``'s own blocks not in the map yet (cache_blocks): (id, hash, serial); each has reference count 1
+        and is its hash's only copy."""
+        own = own_key(req)
+        return [(bid, own + 2 * p, ~bid) for p, bid in enumerate(req.block_ids) if bid < 0]
+
+    def blocks(self) -> dict[int, tuple[int, int, int]]:
+        """Every hashed block in the map: slot -> (hash, reference count, serial)."""
+        blk = self._blk
+        return {s: (int(blk[_k.KEY, s]), int(blk[_k.REF, s]), int(blk[_k.SERIAL, s]))
+                for s in np.flatnonzero(blk[_k.REF] >= 0).tolist()}
+
+    def free_queue(self) -> list[int]:
+        """The cached blocks' slots in eviction order, front first (checking the links both ways)."""
+        blk, state = self._blk, self._state
+        out, s, prev = [], int(state[_k.QHEAD]), -1
+        while s >= 0:
+            assert blk[_k.QPREV, s] == prev and len(out) <= self.num_blocks, "free queue links"
+            out.append(s)
+            prev, s = s, int(blk[_k.QNEXT, s])
+        assert prev == state[_k.QTAIL], "free queue tail"
+        return out
+
+    def copies_of(self, key: int) -> list[int]:
+        """The slots of the blocks carrying ``key``, oldest first."""
+        row = int(_k.find_row(self._tab, self._state, key))
+        if row < 0:
+            return []
+        blk, out, s = self._blk, [], int(self._tab[_k.THEAD, row])
+        while s >= 0:
+            assert blk[_k.KEY, s] == key and blk[_k.REF, s] >= 0 and len(out) <= self.num_blocks, "copy chain"
+            out.append(s)
+            s = int(blk[_k.CNEXT, s])
+        assert out[-1] == self._tab[_k.TTAIL, row], "copy chain tail"
+        return out
+
+    def all_copies(self) -> dict[int, list[int]]:
+        """Hash -> slots carrying it, oldest first, for every hash in the map (each found by probing, once)."""
+        tab = self._tab
+        keys = tab[_k.TKEY, tab[_k.THEAD] >= 0].tolist()
+        assert len(set(keys)) == len(keys), "a hash in two rows"
+        out = {key: self.copies_of(key) for key in keys}
+        stack = self._blk[_k.STACK, :int(self._state[_k.TOP])].tolist()
+        assert sorted(stack + [s for held in out.values() for s in held]) == list(range(self.num_blocks)), \
+            "every slot is on the stack or carries a hash, once"
+        return out
+
+
+#: The shared keys of a request past them.
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _shared(req: Request) -> np.ndarray:
+    """``req.prefix_keys`` as an int64 array (made once per request)."""
+    keys = req.prefix_array
+    if keys is None:
+        keys = req.prefix_array = np.array(req.prefix_keys, dtype=np.int64)
+    return keys

@@ -108,8 +108,11 @@ def _run_checked(workload, config, batch_runs, hash_block_tokens=512):
                 for bid in r.block_ids:
                     holders[bid] = holders.get(bid, 0) + 1
             assert pool.num_used == sum(r.blocks - len(r.block_ids) for r in holding) + len(holders)
-            assert holders == {bid: n for bid, n in pool.ref.items() if n}
-            assert set(pool.free_hashed) == {bid for bid, n in pool.ref.items() if n == 0}
+            refs = {bid: n for bid, (_, n, _) in pool.blocks().items()}
+            # (An own block not in the pool's map yet, id < 0, has one holder: the request that hashed it.)
+            refs.update((bid, 1) for r in holding for bid, _, _ in pool.unmapped(r))
+            assert holders == {bid: n for bid, n in refs.items() if n}
+            assert sorted(pool.free_queue()) == sorted(bid for bid, n in refs.items() if n == 0)
         else:
             assert pool.num_used == sum(r.blocks for r in holding)
         assert len(scheduler.running) <= resolved.max_num_seqs
@@ -205,7 +208,7 @@ def test_shared_prefix_blocks(workload, config_and_runs):
     pool = sim.core.scheduler.pool
     assert pool.num_used == 0
     if sim.core.scheduler.blocks_hashed:
-        assert not any(pool.ref.values()), "a block is still referenced"
+        assert not any(ref for _, ref, _ in pool.blocks().values()), "a block is still referenced"
     for req in sim.requests:
         if req.status == Status.FINISHED:
             full = req.prompt_tokens + req.num_output_tokens - 1 + req.recomputed_tokens

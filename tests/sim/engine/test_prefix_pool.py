@@ -5,6 +5,7 @@ state, and the one-pass hashes equal the per-request loop's."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 
 import numpy as np
 from hypothesis import given, settings
@@ -12,14 +13,33 @@ from hypothesis import strategies as st
 
 from sim.engine.prefix_pool import PrefixBlockPool, block_hash
 from sim.engine.request import Request
-from sim.runner import _prefix_hashes, _prefix_hashes_loop
+from sim.runner import _int64_keys, _prefix_hashes, _prefix_hashes_loop
 
 BLOCK = 4
 
 
-class ReferencePool(PrefixBlockPool):
+class ReferencePool:
     """PrefixBlockPool's methods as of a95f957, block by block (only the doubling of the shared keys moved to the
-    runner); the state and its initial values are the pool's own."""
+    runner), with its state as of 016a765 (dicts: block ids are serials, a free queue as an OrderedDict)."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_used = 0
+        self.num_empty = num_blocks
+        self.free_hashed: OrderedDict[int, None] = OrderedDict()
+        self.copies: dict[int, dict[int, None]] = {}
+        self.hash_of: dict[int, int] = {}
+        self.ref: dict[int, int] = {}
+        self._next_id = 0
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.free_hashed)
+
+    @property
+    def num_free(self) -> int:
+        return self.num_empty + len(self.free_hashed)
 
     def allocate(self, num_blocks: int) -> None:
         if num_blocks <= 0:
@@ -91,12 +111,40 @@ class ReferencePool(PrefixBlockPool):
 
 
 def _state(pool, reqs) -> tuple:
-    return (pool.num_used, pool.num_empty, list(pool.free_hashed), pool._next_id, dict(pool.hash_of), dict(pool.ref),
-            {key: list(held) for key, held in pool.copies.items()}, [(r.blocks, list(r.block_ids)) for r in reqs])
+    return (pool.num_used, pool.num_empty, pool.num_cached, list(pool.free_hashed), pool._next_id,
+            dict(pool.hash_of), dict(pool.ref), {key: list(held) for key, held in pool.copies.items()},
+            [(r.blocks, list(r.block_ids)) for r in reqs])
+
+
+def _serials(pool: PrefixBlockPool, reqs) -> dict[int, int]:
+    """Block id -> serial (its id in the reference pool), for the blocks in the map and those not in it yet."""
+    serial = {s: ser for s, (_, _, ser) in pool.blocks().items()}
+    serial.update((bid, ser) for r in reqs for bid, _, ser in pool.unmapped(r))
+    assert len(set(serial.values())) == len(serial), "two blocks with one serial"
+    return serial
+
+
+def _array_state(pool: PrefixBlockPool, reqs) -> tuple:
+    """The array pool's state in the reference's terms: each block named by its serial (its id there)."""
+    blocks = list(pool.blocks().values())
+    unmapped = [entry for r in reqs for entry in pool.unmapped(r)]
+    blocks += [(key, 1, ser) for _, key, ser in unmapped]
+    serial = _serials(pool, reqs)
+    copies = {key: [serial[s] for s in held] for key, held in pool.all_copies().items()}  # (checks map and stack)
+    for _, key, ser in unmapped:
+        assert key not in copies, "an own block not in the map yet has a copy in it"
+        copies[key] = [ser]
+    return (pool.num_used, pool.num_empty, pool.num_cached, [serial[s] for s in pool.free_queue()], pool._next_id,
+            {ser: key for key, _, ser in blocks}, {ser: ref for _, ref, ser in blocks}, copies,
+            [(r.blocks, [serial[s] for s in r.block_ids]) for r in reqs])
+
+
+#: Trace keys the shared ones are made of: negative and large ones too (the pool's map hashes int64 keys).
+TRACE_KEYS = (0, 1, 2, -3, (1 << 61) - 1, -(1 << 61))
 
 
 def _requests(prefixes) -> list[Request]:
-    return [Request(i, i, "a", 0.0, 1000, 10, 10_000, prefix_keys=tuple(2 * k for k in keys))
+    return [Request(i, i, "a", 0.0, 1000, 10, 10_000, prefix_keys=tuple(2 * TRACE_KEYS[k] for k in keys))
             for i, keys in enumerate(prefixes)]
 
 
@@ -119,7 +167,8 @@ def test_pool_fast_paths_match_the_block_by_block_pool(run):
     for op, which, size, fill, step in ops:
         which %= len(prefixes)
         if op == "lookup":
-            assert fast.lookup(fast_reqs[which], size) == slow.lookup(slow_reqs[which], size)
+            serial = _serials(fast, fast_reqs)
+            assert [serial[s] for s in fast.lookup(fast_reqs[which], size)] == slow.lookup(slow_reqs[which], size)
             continue
         for pool, reqs in ((fast, fast_reqs), (slow, slow_reqs)):
             req = reqs[which]
@@ -141,8 +190,8 @@ def test_pool_fast_paths_match_the_block_by_block_pool(run):
                 pool.cache_blocks(req, min(len(req.block_ids) + fill % 3, req.blocks) * BLOCK + step)
             elif op == "free":
                 pool.free(req)
-        assert _state(fast, fast_reqs) == _state(slow, slow_reqs)
-        assert fast.num_used + len(fast.free_hashed) + fast.num_empty == num_blocks
+        assert _array_state(fast, fast_reqs) == _state(slow, slow_reqs)
+        assert fast.num_used + fast.num_cached + fast.num_empty == num_blocks
 
 
 
@@ -185,3 +234,14 @@ def test_vectorized_prefix_hashes_take_ordinary_traces():
     prompts = np.array([40, 10, 20], dtype=np.int64)
     assert _prefix_hashes(column, prompts, 8, 16) == _prefix_hashes_loop(column, prompts, 8, 16) == [
         (20, 22, 24, 26), (), (20, 22)]
+
+
+def test_keys_beyond_int64_are_renamed_alike():
+    keys = [(2 << 64, 4, 2 << 64), (), (-(2 << 70), 4)]
+    renamed = _int64_keys(keys)
+    assert [len(row) for row in renamed] == [3, 0, 2]
+    flat, new = [k for row in keys for k in row], [k for row in renamed for k in row]
+    assert all(-(1 << 63) <= k < 1 << 63 and k % 2 == 0 for k in new)
+    assert [[a == b for b in flat] for a in flat] == [[a == b for b in new] for a in new]
+    small = [(2, 4), (-6,)]
+    assert _int64_keys(small) is small

@@ -91,5 +91,5 @@ def test_lookup_takes_the_oldest_copy_of_a_block():
     pool = sim.core.scheduler.pool
     assert pool.num_used == 0
     # Block 2 of hash ids [1, 2, 3] (4 blocks per id) has key 1 * 4 + 2; both copies are cached, oldest first.
-    assert list(pool.copies[block_hash(sim.requests[0], 2)]) == [second[2], first[2]]
+    assert pool.copies_of(block_hash(sim.requests[0], 2)) == [second[2], first[2]]
     assert pool.lookup(sim.requests[0], 3)[2] == second[2]
