@@ -37,7 +37,8 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids", "blocks_freed", "appended_tokens",
+        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids", "blocks_freed",
+        "appended_tokens",
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
         "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
     )
