@@ -1,5 +1,7 @@
 """Trial executors: where trials run.  The study asks for up to ``capacity`` trials, submits them, and tells each
-result to Optuna as it comes back from :meth:`Executor.wait` (ask/tell, results in finishing order).
+result to Optuna as it comes back from :meth:`Executor.wait` (ask/tell, results in finishing order).  Where the
+driver has a CPU of its own (:attr:`Executor.asks_ahead`), it also asks for one trial more while every worker is
+busy, and submits it the moment one frees, before telling the trial that ended.
 
 - :class:`RayExecutor`: warm Ray workers, one actor per trial slot (one CPU each, and ``gpus_per_trial`` GPUs as a
   Ray resource for replay trials), on a local Ray or an existing cluster by address.  A trial's timeout counts from
@@ -58,6 +60,10 @@ def _run_trial(backend: TrialBackend, params: Mapping[str, Any], seeds: Sequence
 
 class Executor(ABC):
     """Runs trials; ``submit`` up to ``capacity`` at once, ``wait`` for those that ended."""
+
+    #: The driver has a CPU the trials do not use, so it may ask Optuna for the next trial while they run and hold
+    #: it until a worker frees (the study then submits it before telling the trial that ended).
+    asks_ahead: bool = False
 
     @property
     @abstractmethod
@@ -247,6 +253,22 @@ class RayExecutor(Executor):
     A trial's timeout counts from the moment its worker starts it (the worker reports it); a trial past it has its
     worker killed and a fresh one started in its place.  A worker that dies fails its trial as ``crashed``.
     """
+
+    @property
+    def asks_ahead(self) -> bool:
+        """On a cluster the trials run on other CPUs than the driver's; on a local Ray, only if the workers leave
+        the machine a CPU.  Where they take every CPU, asking ahead only moves the driver's CPU into the trials'
+        time and changes what a sampler such as TPE sees when it draws (it draws with one more trial in flight):
+        40 incident trials on 2 local workers, 2 cores, same TPE seeds, took 14.1 / 14.1 / 14.1 s with it and
+        14.1 / 13.0 / 13.7 s without; with 1 worker it raised the trial loop's rate from 2.51 / 2.59 to 2.80 / 2.83
+        trials/s."""
+        if self.address is not None:
+            return True
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cpus = os.cpu_count() or 1
+        return self._capacity < cpus
 
     def __init__(self, address: str | None = None, *, workers: int | None = None, num_cpus: int | None = None,
                  runtime_env: dict | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,

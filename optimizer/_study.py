@@ -362,6 +362,10 @@ class _Run:
         self.tuner, self.study, self.executor, self.backend = tuner, study, executor, backend
         self.progress, self.grid, self.target = progress, grid, target
         self.inflight: dict[int, tuple[optuna.Trial, dict[str, Any]]] = {}
+        #: A trial asked while every worker was busy (``Executor.asks_ahead``), submitted as soon as one frees:
+        #: the worker then waits for a submit, not for Optuna's tell and ask.
+        self.ahead: tuple[optuna.Trial, dict[str, Any]] | None = None
+        self.capacity = 1  # trials at once (set by loop)
         #: Trials that drew the params of a trial in flight: told its outcome when it ends (number -> trials).
         self.followers: dict[int, list[tuple[optuna.Trial, dict[str, Any]]]] = {}
         #: Trials that drew the params of a trial another driver runs: told its result once it is stored.
@@ -381,8 +385,9 @@ class _Run:
         finished = running = 0
         done: dict[str, FrozenTrial] = {}
         self.elsewhere = {}
-        mine = set(self.inflight) | {t.number for fs in self.followers.values() for t, _ in fs} | {
-            t.number for t, _, _ in self.remote_followers}
+        mine = (set(self.inflight) | {t.number for t, _ in self._ahead()}
+                | {t.number for fs in self.followers.values() for t, _ in fs}
+                | {t.number for t, _, _ in self.remote_followers})
         for t in self.study.get_trials(deepcopy=False):
             if is_finished(t):
                 finished += 1
@@ -402,7 +407,8 @@ class _Run:
 
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-                beating = (list(self.inflight.values()) + [f for fs in list(self.followers.values()) for f in fs]
+                beating = (list(self.inflight.values()) + self._ahead()
+                           + [f for fs in list(self.followers.values()) for f in fs]
                            + [(t, k) for t, k, _ in list(self.remote_followers)])
                 for trial, _ in beating:
                     try:
@@ -433,7 +439,9 @@ class _Run:
         phases = tuner.phases
         ctx = tuner.ctx
         assert ctx is not None
-        capacity = min(self.executor.capacity, tuner.workers) if tuner.workers else self.executor.capacity
+        capacity = self.capacity = (min(self.executor.capacity, tuner.workers) if tuner.workers
+                                    else self.executor.capacity)
+        ask_ahead = self.executor.asks_ahead
         if tuner.workers_note:
             progress.message(tuner.workers_note)
         if tuner.backend is None and spec.backend.is_replay and spec.backend.url is None:
@@ -453,7 +461,9 @@ class _Run:
                 if recovered:
                     progress.message(f"kvtune: trials {recovered} lost their driver and are enqueued again")
             self.finished, running, done = self._stored()
-            while len(self.inflight) < capacity and self.finished + running < self.target:
+            self._submit_ahead()
+            while ((len(self.inflight) < capacity or (ask_ahead and self.ahead is None))
+                   and self.finished + running < self.target):
                 with phases.time("ask"):
                     trial = self._ask()
                     running += 1
@@ -468,7 +478,8 @@ class _Run:
                     self._told()
                     running -= 1
                     continue
-                leader = next((n for n, (t, _) in self.inflight.items() if _params_key(t.params) == key), None)
+                leader = next((t.number for t, _ in list(self.inflight.values()) + self._ahead()
+                               if _params_key(t.params) == key), None)
                 if leader is not None:
                     self.followers.setdefault(leader, []).append((trial, knobs))
                     continue
@@ -482,9 +493,10 @@ class _Run:
                     running -= 1
                     done[key] = study._storage.get_trial(trial._trial_id)  # noqa: SLF001
                     continue
-                with phases.time("submit"):
-                    self.executor.submit(trial.number, self.backend, knobs, ctx.seeds, tuner.timeout_s)
-                self.inflight[trial.number] = (trial, knobs)
+                if len(self.inflight) < capacity:
+                    self._submit(trial, knobs)
+                else:
+                    self.ahead = (trial, knobs)
             progress.running = len(self.inflight)
             progress.done = self.finished
             progress.update()
@@ -496,12 +508,25 @@ class _Run:
                 continue
             with phases.time("wait"):
                 outcomes = self.executor.wait(timeout_s=1.0)
-            for outcome in outcomes:
-                entry = self.inflight.pop(outcome.number, None)
-                if entry is None:
-                    continue
+            ended = [(self.inflight.pop(o.number), o) for o in outcomes if o.number in self.inflight]
+            self._submit_ahead()  # before telling: the freed worker starts the held trial at once
+            for entry, outcome in ended:
                 with phases.time("tell"):
                     self._outcome(entry, outcome)
+
+    def _ahead(self) -> list[tuple[optuna.Trial, dict[str, Any]]]:
+        return [self.ahead] if self.ahead is not None else []
+
+    def _submit(self, trial: optuna.Trial, knobs: dict[str, Any]) -> None:
+        with self.tuner.phases.time("submit"):
+            self.executor.submit(trial.number, self.backend, knobs, self.tuner.ctx.seeds, self.tuner.timeout_s)
+        self.inflight[trial.number] = (trial, knobs)
+
+    def _submit_ahead(self) -> None:
+        if self.ahead is not None and len(self.inflight) < self.capacity:
+            trial, knobs = self.ahead
+            self.ahead = None
+            self._submit(trial, knobs)
 
     def _settle_remote_followers(self) -> None:
         """Tell each remote follower the result its leader (another driver's trial) stored, once it is stored."""
@@ -563,10 +588,13 @@ class _Run:
                     tuner._interrupt(study, follower, f"its config's trial ended ({outcome.kind}); re-enqueued")
 
     def interrupt_inflight(self, reason: str) -> None:
-        """Tell every trial in flight (and each follower) as ``interrupted`` and enqueue it again."""
-        entries = (list(self.inflight.values()) + [f for fs in self.followers.values() for f in fs]
+        """Tell every trial in flight (the one held ahead and each follower too) as ``interrupted`` and enqueue
+        it again."""
+        entries = (list(self.inflight.values()) + self._ahead()
+                   + [f for fs in self.followers.values() for f in fs]
                    + [(t, k) for t, k, _ in self.remote_followers])
         self.inflight.clear()
+        self.ahead = None
         self.followers.clear()
         self.remote_followers.clear()
         for trial, _ in entries:
