@@ -333,8 +333,10 @@ class Simulation:
         self._drain()
         unfinished = [req for req in self._live.values()
                       if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)]
+        settle = self.core.scheduler.settle
         for req in unfinished:
             req.status = Status.UNFINISHED
+            settle(req)
         self.log.record_all(unfinished)
         self.core.flush_rows()
         requests = self.log.table()

@@ -19,12 +19,22 @@ _HEAD, _TAIL, _TOTAL = 0, 1, 2
 
 
 @_compiled
-def offload_many(keys, fulls, news, count, prev, nxt, state, capacity):
+def offload_many(keys, fulls, news, count, prev, nxt, state, capacity, copied):
     """For each ``(keys[i], fulls[i])`` in turn: keep ``min(fulls[i], capacity)`` leading blocks of the key as the
     newest entry, evicting the oldest entries' blocks (the last one perhaps in part, which stays the oldest) to
-    stay within ``capacity``; ``news[i]``: blocks newly copied (beyond what the key held before).  False if the
-    blocks to evict were not on the list (never, while its invariants hold)."""
+    stay within ``capacity``; ``news[i]``: blocks newly copied (beyond what the key held before), also added to
+    ``copied[key]`` (the key's copies not yet taken by ``CpuBlockTier.take_copied``).  Returns the blocks newly
+    copied in all; ``-(top + 2)`` without changing anything if key ``top`` (the largest) is beyond the arrays (the
+    caller grows them and calls again); -1 if the blocks to evict were not on the list (never, while its
+    invariants hold)."""
+    top = -1
+    for i in range(keys.shape[0]):
+        if keys[i] > top:
+            top = keys[i]
+    if top >= count.shape[0]:
+        return -(top + 2)
     head, tail, total = state[_HEAD], state[_TAIL], state[_TOTAL]
+    stored = 0
     for i in range(keys.shape[0]):
         key = keys[i]
         n = fulls[i]
@@ -51,7 +61,7 @@ def offload_many(keys, fulls, news, count, prev, nxt, state, capacity):
             old = head
             held = count[old] if old >= 0 else 0
             if held <= 0:
-                return False  # the list lost entries (a broken invariant): the caller raises
+                return -1  # the list lost entries (a broken invariant): the caller raises
             if held > overflow:
                 count[old] = held - overflow
                 total -= overflow
@@ -74,9 +84,12 @@ def offload_many(keys, fulls, news, count, prev, nxt, state, capacity):
             head = key
         tail = key
         total += n
-        news[i] = n - have if n > have else 0
+        new = n - have if n > have else 0
+        news[i] = new
+        copied[key] += new
+        stored += new
     state[_HEAD], state[_TAIL], state[_TOTAL] = head, tail, total
-    return True
+    return stored
 
 
 def warm_up() -> None:
@@ -85,4 +98,4 @@ def warm_up() -> None:
     links = np.full(2, -1, dtype=np.int64)
     state = np.array([-1, -1, 0], dtype=np.int64)
     offload_many(np.array([0, 1], dtype=np.int64), np.array([2, 1], dtype=np.int64), np.zeros(2, dtype=np.int64),
-                 count, links, links.copy(), state, 2)
+                 count, links, links.copy(), state, 2, np.zeros(2, dtype=np.int64))

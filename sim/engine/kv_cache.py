@@ -123,14 +123,19 @@ class CpuBlockTier:
     blocks as :class:`LruBlockStore` keeps them, held as arrays over request indices with a compiled store pass
     (``sim/engine/_lru_kernels.py``)."""
 
-    __slots__ = ("capacity", "_count", "_prev", "_next", "_state", "_k")
+    __slots__ = ("capacity", "_count", "_prev", "_next", "_copied", "_state", "_news", "_k")
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._count = np.zeros(0, dtype=np.int64)  # blocks held per key (0: no entry)
         self._prev = np.zeros(0, dtype=np.int64)  # the next older entry's key (-1: none)
         self._next = np.zeros(0, dtype=np.int64)  # the next newer entry's key (-1: none)
+        #: Blocks copied per key since :meth:`take_copied` last took them: the scheduler adds them to
+        #: ``Request.swapped_out_blocks`` when the request ends, instead of one Python update per stored request
+        #: per step.
+        self._copied = np.zeros(0, dtype=np.int64)
         self._state = np.array([-1, -1, 0], dtype=np.int64)  # oldest key, newest key, total blocks
+        self._news = np.zeros(256, dtype=np.int64)  # the kernel's per-key output for :meth:`store`
         self._k = None  # sim.engine._lru_kernels, imported at the first store (numba loads then)
 
     @property
@@ -146,19 +151,35 @@ class CpuBlockTier:
         ints); returns the blocks newly copied for each."""
         keys = np.asarray(keys, dtype=np.int64)
         news = np.zeros(len(keys), dtype=np.int64)
+        if self.capacity > 0 and len(keys):
+            self._run(keys, fulls, news)
+        return news
+
+    def store(self, keys, fulls) -> int:
+        """:meth:`offload_many` returning only the blocks newly copied in all (the scheduler's store after each
+        step: each key's copies are kept for :meth:`take_copied`)."""
         if self.capacity <= 0 or not len(keys):
-            return news
+            return 0
+        keys = np.asarray(keys, dtype=np.int64)
+        if len(keys) > len(self._news):
+            self._news = np.zeros(2 * len(keys), dtype=np.int64)
+        return self._run(keys, fulls, self._news)
+
+    def _run(self, keys: np.ndarray, fulls, news: np.ndarray) -> int:
         if self._k is None:
             from sim.engine import _lru_kernels
 
             self._k = _lru_kernels
-        top = int(keys.max())
-        if top >= len(self._count):
-            self._grow(top + 1)
-        if not self._k.offload_many(keys, np.asarray(fulls, dtype=np.int64), news, self._count, self._prev,
-                                    self._next, self._state, self.capacity):
+        fulls = np.asarray(fulls, dtype=np.int64)
+        stored = self._k.offload_many(keys, fulls, news, self._count, self._prev, self._next, self._state,
+                                      self.capacity, self._copied)
+        if stored < -1:  # a key beyond the arrays (checked before any change): grow them, then store
+            self._grow(-stored - 1)
+            stored = self._k.offload_many(keys, fulls, news, self._count, self._prev, self._next, self._state,
+                                          self.capacity, self._copied)
+        if stored < 0:
             raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
-        return news
+        return stored
 
     def _grow(self, size: int) -> None:
         size = max(size, 2 * len(self._count), 1024)
@@ -166,8 +187,19 @@ class CpuBlockTier:
         count = np.zeros(size, dtype=np.int64)
         prev = np.full(size, -1, dtype=np.int64)
         nxt = np.full(size, -1, dtype=np.int64)
-        count[:old], prev[:old], nxt[:old] = self._count, self._prev, self._next
-        self._count, self._prev, self._next = count, prev, nxt
+        copied = np.zeros(size, dtype=np.int64)
+        count[:old], prev[:old], nxt[:old], copied[:old] = self._count, self._prev, self._next, self._copied
+        self._count, self._prev, self._next, self._copied = count, prev, nxt, copied
+
+    def take_copied(self, key: int) -> int:
+        """Blocks copied for ``key`` since the last call (0 if none), and forget them."""
+        copied = self._copied
+        if key >= len(copied):
+            return 0
+        n = int(copied[key])
+        if n:
+            copied[key] = 0
+        return n
 
     def cached_prefix(self, key: int) -> int:
         return int(self._count[key]) if key < len(self._count) else 0

@@ -82,6 +82,8 @@ class Request:
         self.recomputed_tokens = 0
         self.preempted_at = math.nan
         self.resume_wait_s = 0.0
+        #: Blocks copied out to CPU memory (V0 swap, V1 offload).  The V1 CPU tier's copies are counted in the tier
+        #: and added here when the request ends (``BaseScheduler.settle``), so while it is live this lacks them.
         self.swapped_out_blocks = 0
         self.swapped_in_blocks = 0
         self.kv_blocks_peak = 0

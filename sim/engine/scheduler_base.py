@@ -398,23 +398,27 @@ class BaseScheduler(ABC):
         :meth:`_store_segment_blocks` (their Request attributes are stale)."""
         block_size = self.block_size
         rest = [req for req, _ in out.scheduled[skip:] if req.blocks]
-        fulls = [req.num_computed_tokens // block_size for req in rest]
-        self._store_blocks(out, rest, [req.index for req in rest], fulls)
+        if rest:
+            self._store_blocks(out, [req.index for req in rest],
+                               [req.num_computed_tokens // block_size for req in rest])
 
     def _store_segment_blocks(self, out: SchedulerOutput) -> None:
         """:meth:`_store_computed_blocks` for the decode columns, the step's leading entries (they hold blocks),
         from the arrays."""
         cols = self._columns
-        self._store_blocks(out, cols.requests, cols.index, cols.computed // self.block_size)
+        self._store_blocks(out, cols.index, cols.computed // self.block_size)
 
-    def _store_blocks(self, out: SchedulerOutput, reqs: list[Request], keys, fulls) -> None:
-        """Store ``fulls`` leading blocks of each of ``reqs`` (CPU-tier ``keys``), in order, and count the copies."""
-        stored = 0
-        for req, new in zip(reqs, self.cpu.offload_many(keys, fulls).tolist()):
-            if new:
-                req.swapped_out_blocks += new  # (not a decode column: written on the object)
-                stored += new
-        out.swap_out_blocks += stored
+    def _store_blocks(self, out: SchedulerOutput, keys, fulls) -> None:
+        """Store ``fulls`` leading blocks of the requests with CPU-tier ``keys``, in order, and count the step's
+        copies.  Each request's copies stay in the tier until it ends (:meth:`settle`)."""
+        out.swap_out_blocks += self.cpu.store(keys, fulls)
+
+    def settle(self, req: Request) -> None:
+        """Write to ``req`` what is counted outside it: the blocks copied to the CPU tier for it
+        (``Request.swapped_out_blocks``).  Done when it ends, and by the runner for requests still live at the
+        end of the run."""
+        if self.cpu.capacity > 0:
+            req.swapped_out_blocks += self.cpu.take_copied(req.index)
 
     def flush_deferred(self) -> bool:
         """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
@@ -462,6 +466,7 @@ class BaseScheduler(ABC):
         req.status = status
         req.end_s = now
         req.end_stall(now)  # ended while preempted: the stall lasted until then
+        self.settle(req)
         self.finished.append(req)
 
     def _account(self, out: SchedulerOutput, req: Request, num_new: int, sign: int = 1) -> None:
@@ -515,9 +520,8 @@ class BaseScheduler(ABC):
         the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
         if not self.write_through:  # write-through already stored the victim's computed blocks
             full = victim.num_computed_tokens // self.block_size
-            stored = self.cpu.offload(victim.index, full)
+            stored = self.cpu.offload(victim.index, full)  # (counted for the victim in the tier: settle)
             if stored:
-                victim.swapped_out_blocks += stored
                 out.swap_out_blocks += stored
                 out.swap_copies += stored * self.copies_per_block
         self._free(victim)

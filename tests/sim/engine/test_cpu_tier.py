@@ -1,10 +1,13 @@
 """The CPU KV tier (sim/engine/kv_cache.py CpuBlockTier: an LRU of per-request leading full blocks, as arrays with a
 compiled store pass) against the OrderedDict tier it replaced (kept here as the reference, built on
 LruBlockStore): random sequences of stores, one at a time and a step's worth at once, and prefix lookups give the
-same returns and the same entries in the same order after every call."""
+same returns and the same entries in the same order after every call, and each key's copies taken back
+(``take_copied``, what the scheduler adds to ``Request.swapped_out_blocks`` when a request ends) are the sum of
+its stores' returns since it was last taken."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +43,9 @@ fulls = st.integers(-1, 30)
 ops = st.lists(st.one_of(
     st.tuples(st.just("one"), keys, fulls),
     st.tuples(st.just("many"), st.lists(st.tuples(keys, fulls), max_size=12)),
+    st.tuples(st.just("store"), st.lists(st.tuples(keys, fulls), max_size=12)),
     st.tuples(st.just("lookup"), st.integers(0, 5000)),
+    st.tuples(st.just("take"), st.one_of(keys, st.integers(0, 5000))),
 ), max_size=60)
 
 
@@ -48,13 +53,24 @@ ops = st.lists(st.one_of(
 @given(capacity=st.integers(0, 60), calls=ops)
 def test_cpu_tier_matches_the_ordered_dict_tier(capacity, calls):
     tier, ref = CpuBlockTier(capacity), ReferenceTier(capacity)
+    pending: dict[int, int] = {}  # copies per key not yet taken
     for call in calls:
         if call[0] == "one":
-            assert tier.offload(call[1], call[2]) == ref.offload(call[1], call[2])
-        elif call[0] == "many":
+            new = ref.offload(call[1], call[2])
+            assert tier.offload(call[1], call[2]) == new
+            pending[call[1]] = pending.get(call[1], 0) + new
+        elif call[0] in ("many", "store"):
             pairs = call[1]
-            got = tier.offload_many([k for k, _ in pairs], [n for _, n in pairs]).tolist()
-            assert got == [ref.offload(k, n) for k, n in pairs]
+            if call[0] == "many":
+                got = tier.offload_many([k for k, _ in pairs], [n for _, n in pairs]).tolist()
+            else:  # the scheduler's store: only the total comes back
+                got = tier.store(np.array([k for k, _ in pairs], dtype=np.int64), [n for _, n in pairs])
+            news = [ref.offload(k, n) for k, n in pairs]
+            assert got == (news if call[0] == "many" else sum(news))
+            for (k, _), new in zip(pairs, news):
+                pending[k] = pending.get(k, 0) + new
+        elif call[0] == "take":
+            assert tier.take_copied(call[1]) == pending.pop(call[1], 0)
         else:
             assert tier.cached_prefix(call[1]) == ref.cached_prefix(call[1])
         assert tier.entries() == list(ref.store.entries.items())
@@ -68,4 +84,5 @@ def test_a_store_into_a_full_tier_evicts_the_oldest_entries_tail_first():
     assert tier.entries() == [(1, 1), (2, 6), (3, 3)]
     assert tier.offload(2, 7) == 1  # request 2 becomes the newest; one more block evicts request 1 whole
     assert tier.entries() == [(3, 3), (2, 7)]
+    assert [tier.take_copied(k) for k in (1, 2, 3, 2)] == [4, 7, 3, 0]  # taken once
     assert tier.cached_prefix(1) == 0 and tier.cached_prefix(99) == 0

@@ -67,3 +67,15 @@ def test_loads_are_asynchronous_and_the_request_resumes_after_its_load_lands():
         assert any(t >= ready for t in scheduled_at[rid])
     # What was loaded was not recomputed.
     assert table["recomputed_tokens"].sum() < table["num_preemptions"].sum() * 300
+
+
+def test_a_run_cut_short_counts_the_copies_of_requests_still_live():
+    # The CPU tier counts each request's copies and they reach its row when it ends, or when the run does for
+    # requests still in the system (BaseScheduler.settle): the per-request counts add up to the steps' copies.
+    wl = make_workload([(0.01 * i, 200 + 37 * i, 400 + 5 * i) for i in range(12)])
+    config = EngineConfig(max_model_len=2048, kv_offloading_size_gb=1.0, enable_prefix_caching=False)
+    result = Simulation(wl, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"), max_sim_time_s=0.5).run()
+    table = result.requests
+    live = table[table["status"] == "unfinished"]
+    assert len(live) and (live["swapped_out_blocks"] > 0).all()
+    assert result.steps["swap_out_blocks"].sum() == table["swapped_out_blocks"].sum() > 0
