@@ -144,11 +144,11 @@ class CpuBlockTier:
 
     def offload(self, key: int, num_full_blocks: int) -> int:
         """Keep ``num_full_blocks`` leading blocks of ``key`` on the CPU; returns blocks newly copied."""
-        return int(self.offload_many([key], [num_full_blocks])[0])
+        return self.store([key], [num_full_blocks])
 
     def offload_many(self, keys, fulls) -> np.ndarray:
-        """:meth:`offload` for each ``(key, full)`` in turn (a step's scheduled requests, in order; sequences of
-        ints); returns the blocks newly copied for each."""
+        """:meth:`offload` for each ``(key, full)`` in turn (sequences of ints); returns the blocks newly copied for
+        each (the scheduler needs only their total, :meth:`store`; tests compare these with the reference tier)."""
         keys = np.asarray(keys, dtype=np.int64)
         news = np.zeros(len(keys), dtype=np.int64)
         if self.capacity > 0 and len(keys):

@@ -395,23 +395,19 @@ class BaseScheduler(ABC):
         """Write-through offload: the full computed blocks of every request of the step go to the CPU tier (the
         copies overlap compute, so the step's duration does not include them), in the step's order (the tier
         is an LRU).  The first ``skip`` entries are the decode columns', stored already by
-        :meth:`_store_segment_blocks` (their Request attributes are stale)."""
+        :meth:`_store_segment_blocks` (their Request attributes are stale).  The step counts its copies; each
+        request's are counted in the tier until it ends (:meth:`settle`)."""
         block_size = self.block_size
         rest = [req for req, _ in out.scheduled[skip:] if req.blocks]
         if rest:
-            self._store_blocks(out, [req.index for req in rest],
-                               [req.num_computed_tokens // block_size for req in rest])
+            out.swap_out_blocks += self.cpu.store([req.index for req in rest],
+                                                  [req.num_computed_tokens // block_size for req in rest])
 
     def _store_segment_blocks(self, out: SchedulerOutput) -> None:
         """:meth:`_store_computed_blocks` for the decode columns, the step's leading entries (they hold blocks),
         from the arrays."""
         cols = self._columns
-        self._store_blocks(out, cols.index, cols.computed // self.block_size)
-
-    def _store_blocks(self, out: SchedulerOutput, keys, fulls) -> None:
-        """Store ``fulls`` leading blocks of the requests with CPU-tier ``keys``, in order, and count the step's
-        copies.  Each request's copies stay in the tier until it ends (:meth:`settle`)."""
-        out.swap_out_blocks += self.cpu.store(keys, fulls)
+        out.swap_out_blocks += self.cpu.store(cols.index, cols.computed // self.block_size)
 
     def settle(self, req: Request) -> None:
         """Write to ``req`` what is counted outside it: the blocks copied to the CPU tier for it
