@@ -6,7 +6,10 @@ checkout under test (``--new``) defines them, so a case added with the change ru
 columns must be equal; float columns equal up to ``--rtol`` (relative, default 1e-9: sums of per-step
 shares may be added in another order) with NaN equal to NaN.
 
-    python benchmarks/tools/compare_tables.py --base /path/to/other/checkout [--cases 1x,incident,...]
+    python benchmarks/tools/compare_tables.py --base /path/to/other/checkout [--cases 1x,incident,...] [--merge-runs]
+
+``--merge-runs`` compares the step tables in :func:`merge_runs`'s form, for a change that cuts the same decode steps
+into runs differently (more steps per row); the request tables must still be equal.
 
 Prints one line per case and exits 1 when any table differs.
 """
@@ -45,7 +48,7 @@ def _dump(root: Path, case: str, out: Path, cases_root: Path) -> tuple:
         return pickle.load(f)
 
 
-def _diff(name: str, a, b, rtol: float) -> list[str]:
+def _diff(name: str, a, b, rtol: float, atol: float = 0.0) -> list[str]:
     import numpy as np
 
     problems = []
@@ -57,7 +60,8 @@ def _diff(name: str, a, b, rtol: float) -> list[str]:
         x, y = a[col].to_numpy(), b[col].to_numpy()
         if x.dtype.kind == "f" or y.dtype.kind == "f":
             x, y = x.astype(float), y.astype(float)
-            same = (x == y) | (np.isnan(x) & np.isnan(y)) | (np.abs(x - y) <= rtol * np.maximum(np.abs(x), np.abs(y)))
+            close = np.abs(x - y) <= atol + rtol * np.maximum(np.abs(x), np.abs(y))
+            same = (x == y) | (np.isnan(x) & np.isnan(y)) | close
         else:
             same = x == y
         if not same.all():
@@ -66,24 +70,56 @@ def _diff(name: str, a, b, rtol: float) -> list[str]:
     return problems
 
 
+def merge_runs(steps):
+    """The step table with each stretch of decode-only rows that continue one another (no prefill, preemption
+    or swap; the same running, waiting and swapped counts; each row starting where the one before ended) merged
+    into one row: the form in which two engines that cut the same decode steps into runs differently agree.
+    Counts and times add up, the blocks in use are the last row's."""
+    import numpy as np
+
+    decode = ((steps["prefill_tokens_new"] == 0) & (steps["prefill_tokens_recompute"] == 0) & (steps["preempted"] == 0)
+              & (steps["swap_out_blocks"] == 0) & (steps["swap_in_blocks"] == 0)).to_numpy()
+    same = np.ones(len(steps), dtype=bool)
+    for col in ("num_running", "num_waiting", "num_swapped", "kv_blocks_total"):
+        x = steps[col].to_numpy()
+        same[1:] &= x[1:] == x[:-1]
+    end = (steps["start_s"] + steps["duration_s"]).to_numpy()
+    start = steps["start_s"].to_numpy()
+    joins = np.zeros(len(steps), dtype=bool)
+    joins[1:] = decode[1:] & decode[:-1] & same[1:] & np.isclose(start[1:], end[:-1], rtol=1e-12, atol=1e-12)
+    group = np.cumsum(~joins)
+    summed = [c for c in steps.columns if c in ("num_steps", "duration_s", "decode_tokens") or c.startswith("time_")]
+    agg = {c: ("sum" if c in summed else "last" if c == "kv_blocks_used" else "first") for c in steps.columns}
+    return steps.groupby(group, sort=False).agg(agg).reset_index(drop=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path, help="the other checkout (e.g. a `git archive` of main)")
     ap.add_argument("--new", default=HERE, type=Path, help="the checkout under test (default: this one)")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--rtol", type=float, default=1e-9)
+    ap.add_argument("--atol", type=float, default=0.0,
+                    help="absolute tolerance of float columns besides --rtol (e.g. 1e-9 s: a run's closed-form sums "
+                         "and the same steps added one by one round differently)")
+    ap.add_argument("--merge-runs", action="store_true",
+                    help="compare the step tables after merge_runs (for a change that cuts decode runs differently)")
     args = ap.parse_args()
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             base = _dump(args.base, case, Path(tmp) / f"base-{case}.pkl", args.new)
             new = _dump(args.new, case, Path(tmp) / f"new-{case}.pkl", args.new)
-            problems = _diff("requests", base[0], new[0], args.rtol) + _diff("steps", base[1], new[1], args.rtol)
+            steps_a, steps_b = (merge_runs(base[1]), merge_runs(new[1])) if args.merge_runs else (base[1], new[1])
+            problems = (_diff("requests", base[0], new[0], args.rtol, args.atol)
+                        + _diff("steps", steps_a, steps_b, args.rtol, args.atol))
             if base[2:] != new[2:]:
                 problems.append(f"iterations/aborted: {base[2:]} vs {new[2:]}")
             failed |= bool(problems)
+            rows = f"{len(base[1])} -> {len(new[1])} step rows ({len(steps_b)} merged)" if args.merge_runs \
+                else f"{len(new[1])} step rows"
             print(f"{case}: {'identical' if not problems else 'DIFFERENT'} ({len(new[0])} requests, "
-                  f"{len(new[1])} step rows, {new[2]} iterations)", flush=True)
+                  f"{rows}, {new[2]} iterations)", flush=True)
             for line in problems[:20]:
                 print("  " + line)
     return 1 if failed else 0

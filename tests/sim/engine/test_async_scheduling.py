@@ -101,3 +101,37 @@ def test_no_stall_when_the_held_slot_was_the_only_thing_in_the_way():
     table = sim.run().requests.set_index("request_id")
     assert table.loc[1, "first_scheduled_s"] == table.loc[0, "end_s"] == 0.02
     assert sim.core.scheduler.pool.num_used == 0 and not sim.core.scheduler.deferred_free
+
+
+def _run_rows(rows, batch_runs: bool, **knobs):
+    sim = make_sim(make_workload(rows), enable_prefix_caching=False, async_scheduling=True, **knobs)
+    sim.core.batch_decode_runs = batch_runs
+    result = sim.run()
+    return result.requests.set_index("request_id"), result.steps
+
+
+def test_the_step_after_a_finish_starts_a_decode_run_when_nothing_waits():
+    # Request 0 finishes after 2 tokens; request 1 decodes on alone with nobody waiting.  The schedule() that
+    # still counts request 0's held slot and blocks decides what the steps after it decide (nothing can be
+    # admitted), so it opens the run: prefill, one decode, then one run of the 28 decodes left.
+    rows = [(0.0, 16, 2), (0.0, 16, 30)]
+    batched, steps = _run_rows(rows, True)
+    single, single_steps = _run_rows(rows, False)
+    assert steps["num_steps"].tolist() == [1, 1, 28]
+    assert len(single_steps) == 30 and int(single_steps["num_steps"].sum()) == 30
+    assert batched["end_s"].tolist() == pytest.approx(single["end_s"].tolist(), abs=1e-12)
+    assert batched["generated_tokens"].tolist() == single["generated_tokens"].tolist() == [2, 30]
+    # With a CPU offload tier the step stays single: a run stores to the tier once, single steps once each.
+    _, offload_steps = _run_rows(rows, True, kv_offloading_size_gb=0.05)
+    assert offload_steps["num_steps"].tolist() == [1, 1, 1, 27]
+
+
+def test_the_step_after_a_finish_stays_single_while_a_request_waits():
+    # As above with request 2 waiting for the slot (max_num_seqs=2): the schedule() after request 0's last
+    # token cannot admit it (the held slot), the next one does, so that step must not open a run.
+    rows = [(0.0, 16, 2), (0.0, 16, 30), (0.001, 16, 4)]
+    batched, steps = _run_rows(rows, True, max_num_seqs=2)
+    single, _ = _run_rows(rows, False, max_num_seqs=2)
+    assert steps["num_steps"].tolist()[:3] == [1, 1, 1]
+    assert batched.loc[2, "first_scheduled_s"] == single.loc[2, "first_scheduled_s"] == pytest.approx(0.03)
+    assert batched["end_s"].tolist() == pytest.approx(single["end_s"].tolist(), abs=1e-12)
