@@ -259,8 +259,6 @@ class BaseScheduler(ABC):
                 # Fast path: the decode columns advance in one compiled pass (the loop below is the slow path).
                 grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
                                               run_decode if shares is not None else None, run_overhead)
-                if self.write_through:
-                    self._store_segment_blocks(out)  # (before finished requests leave the columns)
             segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
                 for req, _ in segment:
@@ -297,6 +295,8 @@ class BaseScheduler(ABC):
                         cache_blocks(cols.requests[i], int(computed[i]))
                 for req, _ in scheduled[ncol:]:
                     cache_blocks(req, req.num_computed_tokens)
+            if self.write_through:
+                self._store_run_blocks(out, num_steps)  # (before finished requests leave the columns)
             if ncol:
                 done[:0] = self._columns_finished()
         else:
@@ -365,8 +365,8 @@ class BaseScheduler(ABC):
                             req.end_stall(end_s)
                     if req.num_output_tokens >= req.max_output:
                         done.append(req)
-        if self.write_through:
-            self._store_computed_blocks(out, out.columnar)
+            if self.write_through:
+                self._store_computed_blocks(out, out.columnar)
         for req in done:
             # A request whose last token comes out of the step that crosses its client deadline is finished:
             # vLLM 0.33.0 applies the step's output (v1/core/sched/scheduler.py update_from_output) before the
@@ -408,6 +408,20 @@ class BaseScheduler(ABC):
         from the arrays."""
         cols = self._columns
         out.swap_out_blocks += self.cpu.store(cols.index, cols.computed // self.block_size)
+
+    def _store_run_blocks(self, out: SchedulerOutput, num_steps: int) -> None:
+        """The stores of a run of ``num_steps`` decode steps (after its update), one per step as single steps make
+        them (:meth:`_store_segment_blocks`, then :meth:`_store_computed_blocks`): a tier that holds fewer blocks
+        than the batch evicts at each step what the next step copies again."""
+        cols = self._columns
+        rest = [req for req, _ in out.scheduled[out.columnar:] if req.blocks]
+        keys = np.fromiter((req.index for req in rest), dtype=np.int64, count=len(rest))
+        tokens = np.fromiter((req.num_computed_tokens for req in rest), dtype=np.int64, count=len(rest))
+        if out.columnar:
+            keys, tokens = np.concatenate((cols.index, keys)), np.concatenate((cols.computed, tokens))
+        block_size = self.block_size
+        for back in range(num_steps - 1, -1, -1):  # step j of the run had computed ``tokens - (num_steps - j)``
+            out.swap_out_blocks += self.cpu.store(keys, (tokens - back) // block_size)
 
     def settle(self, req: Request) -> None:
         """Write to ``req`` what is counted outside it: the blocks copied to the CPU tier for it

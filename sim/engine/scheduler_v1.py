@@ -117,12 +117,11 @@ class V1Scheduler(BaseScheduler):
         # A steady decode step opens a run of identical steps (EngineCore._decode_run).  Requests finished by the
         # previous step still hold their slots and blocks here (async scheduling); the next schedule() sees them
         # freed, which can only admit a waiting request (it cannot preempt: more blocks are free), so with
-        # nobody waiting this step decides what the run's later steps decide and may open the run.  Not with a
-        # CPU offload tier: a run stores to it once, not once per step, and would count fewer copies still.
+        # nobody waiting this step decides what the run's later steps decide and may open the run.
         out.steady_decode = (
             all_decode and all_running_scheduled and not out.preempted and out.num_admitted == 0
             and out.swap_in_blocks == 0 and bool(out.scheduled)
-            and not (self.deferred_free and (len(self.waiting) or self.write_through))
+            and not (self.deferred_free and len(self.waiting))
         )
         return out
 

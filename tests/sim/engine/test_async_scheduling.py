@@ -121,9 +121,11 @@ def test_the_step_after_a_finish_starts_a_decode_run_when_nothing_waits():
     assert len(single_steps) == 30 and int(single_steps["num_steps"].sum()) == 30
     assert batched["end_s"].tolist() == pytest.approx(single["end_s"].tolist(), abs=1e-12)
     assert batched["generated_tokens"].tolist() == single["generated_tokens"].tolist() == [2, 30]
-    # With a CPU offload tier the step stays single: a run stores to the tier once, single steps once each.
-    _, offload_steps = _run_rows(rows, True, kv_offloading_size_gb=0.05)
-    assert offload_steps["num_steps"].tolist() == [1, 1, 1, 27]
+    # With a CPU offload tier too (a run stores to it once per step, as single steps do).
+    offload, offload_steps = _run_rows(rows, True, kv_offloading_size_gb=0.05)
+    offload_single, _ = _run_rows(rows, False, kv_offloading_size_gb=0.05)
+    assert offload_steps["num_steps"].tolist() == [1, 1, 28]
+    assert offload["swapped_out_blocks"].tolist() == offload_single["swapped_out_blocks"].tolist() == [1, 2]
 
 
 def test_the_step_after_a_finish_stays_single_while_a_request_waits():

@@ -171,7 +171,8 @@ def test_batched_decode_runs_match_single_steps(workload, config_and_runs):
     config, _ = config_and_runs
     _, batched = _run_checked(workload, config, True)
     _, single = _run_checked(workload, config, False)
-    cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens"]
+    # (swapped_out_blocks: a run stores to a CPU offload tier once per step, as single steps do.)
+    cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens", "swapped_out_blocks"]
     assert batched.requests[cols].equals(single.requests[cols])
     # Closed-form sums of a run and step-by-step sums differ only by float rounding.
     assert np.allclose(batched.requests["end_s"].fillna(-1), single.requests["end_s"].fillna(-1), rtol=0, atol=1e-9)
@@ -227,7 +228,8 @@ def test_batched_decode_runs_match_single_steps_with_shared_prefixes(workload, c
     config, _ = config_and_runs
     _, batched = _run_checked(workload, config, True, hash_block_tokens=32)
     _, single = _run_checked(workload, config, False, hash_block_tokens=32)
-    cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens"]
+    cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens",
+            "swapped_out_blocks"]
     assert batched.requests[cols].equals(single.requests[cols])
     for col in ("first_token_s", "end_s"):
         assert np.allclose(batched.requests[col].fillna(-1), single.requests[col].fillna(-1), rtol=0, atol=1e-9)
