@@ -62,6 +62,7 @@ def replay_metrics(result: ReplayResult, classes) -> dict[str, float]:
     if len(result.requests) and total == total:
         d["preemptions_per_request.mean"] = total / len(result.requests)
     d["replay.send_lag_max_s"] = float(result.info.get("send_lag_max_s", math.nan))
+    d["replay.close_lag_max_s"] = float(result.info.get("close_lag_max_s", math.nan))
     d["replay.wall_s"] = float(result.info.get("wall_s", math.nan))
     d["replay.num_errors"] = float(result.info.get("num_errors", 0))
     d["replay.iterations"] = result.counter_delta("iterations_total")

@@ -10,7 +10,9 @@ shared: identical ids, identical tokens), ``max_tokens`` = the trace's output le
 (clipped to ``max_model_len - prompt``, which the simulator does as well) and ``ignore_eos``, asking for
 per-chunk usage so that multi-token chunks are counted.  A class's client timeout and the workload's cancel
 draws (``Workload.client_deadlines(seed)``, the same draws the simulator uses) close the stream at the
-deadline; the row is then ``timed_out`` / ``cancelled`` with ``end_s`` at the deadline.
+deadline; the row is then ``timed_out`` / ``cancelled`` with ``end_s`` at the deadline.  Its tokens are those read
+by then, plus those the connection had delivered when a late deadline (a loaded machine) closed it; ``info``'s
+``close_lag_max_s`` says how late the latest close came.
 
 Outcomes of an HTTP answer other than a stream (vLLM 0.32, vllm/entrypoints/serve/engine/protocol.py
 ``ErrorResponse`` body ``{"error": {"message", "type", "param", "code"}}``; the older flat body is read too):
@@ -103,6 +105,9 @@ class _Record:
     finish_seen: bool = False
     #: The failure was the client's (see the module docstring): the run is an error.
     client_error: bool = False
+    #: When a cancel (a client deadline) stopped the read; then how long after its deadline the stream closed.
+    cancel_seen: float = math.nan
+    close_lag: float = math.nan
 
 
 class ServerError(KvtuneError):
@@ -317,6 +322,8 @@ class _Replay:
                 rec.error = "stream ended without a finish reason"
                 rec.end = loop.time()
         except TimeoutError:
+            seen = rec.cancel_seen
+            rec.close_lag = max((seen if seen == seen else loop.time()) - when, 0.0)
             if not rec.finish_seen:
                 rec.status = abort_status
                 rec.end = when
@@ -340,49 +347,72 @@ class _Replay:
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: _Record, loop) -> None:
         """Consume the SSE stream: count tokens (per-chunk usage when the server sends it, else one per chunk),
         note when each came and the finish.  Whatever bytes are buffered are parsed in one go, stamped with the
-        time they were read."""
-        record_tokens = self.options.record_tokens
+        time they were read.
+
+        When a client deadline cancels the read, the bytes the connection had already delivered are counted too.
+        They came before the cancel took effect: when this process is descheduled across a deadline, the event loop
+        wakes with both the socket's data and the overdue deadline ready and runs the deadline first, so those
+        tokens would otherwise be lost (tests/replay/test_deadline_drain.py: 1 token counted of 4 delivered).  How
+        late the close came is ``rec.close_lag``."""
         buf = b""
-        async for data in resp.content.iter_any():
-            t = loop.time()
-            buf += data
-            if b"\n" not in data:
+        try:
+            async for data in resp.content.iter_any():
+                buf, done = self._take(rec, buf, data, loop.time())
+                if done:
+                    return
+        except asyncio.CancelledError:
+            now = loop.time()
+            try:
+                data = resp.content.read_nowait()
+            except Exception:  # noqa: BLE001 - the connection failed meanwhile: nothing more was delivered
+                data = b""
+            if data:
+                self._take(rec, buf, data, now)
+            rec.cancel_seen = now
+            raise
+
+    def _take(self, rec: _Record, buf: bytes, data: bytes, t: float) -> tuple[bytes, bool]:
+        """Parse ``data`` (after the partial line ``buf``) read at ``t`` into ``rec``; returns the new partial line
+        and whether the stream is over (``[DONE]`` or an error chunk)."""
+        buf += data
+        if b"\n" not in data:
+            return buf, False
+        lines = buf.split(b"\n")
+        buf = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
                 continue
-            lines = buf.split(b"\n")
-            buf = lines.pop()
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    return
-                chunk = json.loads(payload)
-                choices = chunk.get("choices")
-                if choices:
-                    usage = chunk.get("usage")
-                    if usage and usage.get("completion_tokens") is not None:
-                        count = int(usage["completion_tokens"])
-                    else:
-                        count = rec.tokens + 1
-                    new = count - rec.tokens
-                    if new > 0:
-                        if rec.tokens == 0:
-                            rec.first_token = t
-                        if record_tokens:
-                            rec.token_times.extend([t] * new)
-                        rec.tokens = count
-                    reason = choices[0].get("finish_reason")
-                    if reason:
-                        rec.end = t
-                        rec.finish_seen = True
-                        rec.status = "finished" if reason in ("length", "stop") else "unfinished"
-                        if rec.status != "finished":
-                            rec.error = f"finish_reason {reason}"
-                elif "error" in chunk or chunk.get("object") == "error":
-                    rec.error = error_message(payload.decode(errors="replace"))[:500]
-                    rec.status = "unfinished"
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return buf, True
+            chunk = json.loads(payload)
+            choices = chunk.get("choices")
+            if choices:
+                usage = chunk.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    count = int(usage["completion_tokens"])
+                else:
+                    count = rec.tokens + 1
+                new = count - rec.tokens
+                if new > 0:
+                    if rec.tokens == 0:
+                        rec.first_token = t
+                    if self.options.record_tokens:
+                        rec.token_times.extend([t] * new)
+                    rec.tokens = count
+                reason = choices[0].get("finish_reason")
+                if reason:
                     rec.end = t
-                    return
+                    rec.finish_seen = True
+                    rec.status = "finished" if reason in ("length", "stop") else "unfinished"
+                    if rec.status != "finished":
+                        rec.error = f"finish_reason {reason}"
+            elif "error" in chunk or chunk.get("object") == "error":
+                rec.error = error_message(payload.decode(errors="replace"))[:500]
+                rec.status = "unfinished"
+                rec.end = t
+                return buf, True
+        return buf, False
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
         interval = self.options.sample_interval_wall_s
@@ -476,6 +506,7 @@ class _Replay:
                 * self.options.speed for r in records
             }
         lags = np.array([r.sent - self.wall_time(self.arrivals[r.index]) for r in records if r.sent == r.sent])
+        close_lags = [r.close_lag for r in records if r.close_lag == r.close_lag]
         errors = [(int(self.ids[r.index]), r.error) for r in records if r.error]
         info = {
             "url": self.base_url,
@@ -490,6 +521,8 @@ class _Replay:
             "send_lag_max_s": float(lags.max() * self.options.speed) if len(lags) else 0.0,
             "send_lag_p99_s": float(np.quantile(lags, 0.99) * self.options.speed) if len(lags) else 0.0,
             "send_lag_p50_s": float(np.quantile(lags, 0.5) * self.options.speed) if len(lags) else 0.0,
+            # How late streams closed after their client deadlines (what a loaded client adds to what it counts).
+            "close_lag_max_s": float(max(close_lags) * self.options.speed) if close_lags else 0.0,
             "num_samples": len(self.samples),
             "errors": errors[:50],
             "num_errors": len(errors),

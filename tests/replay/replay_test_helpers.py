@@ -41,8 +41,9 @@ def make_workload(rows: list[tuple[str, float, int, int]], classes: dict[str, Re
 def replay_lag_s(result, worst: bool = False) -> float:
     """What this machine's load did to a wall-clock replay, as measured by the replay itself (trace seconds):
     the client's send lag (p99, or with ``worst`` its largest, for a bound on every request; once going out, once
-    for the answer read late) plus the twin's engine-clock lag (its largest, from its /metrics).  Milliseconds x
-    SPEED on a quiet machine; seconds under CPU contention."""
+    for the answer read late), the twin's engine-clock lag (its largest, from its /metrics) and how late the client
+    closed streams after their deadlines (its largest).  Milliseconds x SPEED on a quiet machine; seconds under CPU
+    contention."""
     twin = result.metrics_after.get("twin_max_lag_s", 0.0)
     send = result.info["send_lag_max_s" if worst else "send_lag_p99_s"]
-    return 2 * send + (twin if twin == twin else 0.0)
+    return 2 * send + (twin if twin == twin else 0.0) + result.info.get("close_lag_max_s", 0.0)
