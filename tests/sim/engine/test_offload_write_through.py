@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from optimizer._export import unused_host_tier
 from sim.engine.config import EngineConfig
 from sim.profiles import load_gpu, load_model
@@ -24,12 +22,11 @@ def test_every_request_is_stored_and_the_stores_cost_no_step_time():
     assert (table["num_preemptions"] == 0).all()
     assert (table["swapped_out_blocks"] == (table["prompt_tokens"] + table["output_tokens_target"] - 1) // 16).all()
     assert offload.steps["swap_out_blocks"].sum() == table["swapped_out_blocks"].sum()
-    # Overlapped with compute: the same steps take the same time as without offload.  (Without a tier, the step
-    # after a finish may open a decode run, see V1Scheduler.schedule: the same steps summed in closed form, so
-    # equal up to float rounding.)
-    assert offload.num_iterations == plain.num_iterations
-    assert offload.steps["duration_s"].sum() == pytest.approx(plain.steps["duration_s"].sum(), rel=1e-12)
-    assert offload.requests["e2e_s"].tolist() == pytest.approx(plain.requests["e2e_s"].tolist(), rel=0, abs=1e-12)
+    # Overlapped with compute: the same steps, cut into the same decode runs (a run stores once per step, as single
+    # steps do), take the same time as without offload.
+    assert offload.steps["num_steps"].tolist() == plain.steps["num_steps"].tolist()
+    assert offload.steps["duration_s"].sum() == plain.steps["duration_s"].sum()
+    assert offload.requests["e2e_s"].tolist() == plain.requests["e2e_s"].tolist()
 
 
 def test_an_offload_tier_that_is_never_read_is_flagged():
