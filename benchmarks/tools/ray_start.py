@@ -1,0 +1,85 @@
+"""Where a local Ray's start goes: the wall time of ``ray.init`` (with the options kvtune's ``RayExecutor`` passes)
+and of warming up N one-CPU actors, then the CPU seconds each process has used by then, Ray's own and the
+driver's.  A study with local Ray pays all of it before its first trial, on the same cores as its trials.
+
+    python benchmarks/tools/ray_start.py [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _label(cmdline: str) -> str:
+    """A process's short name: ``ray::X`` titles as they are, else the script or binary run."""
+    if cmdline.startswith("ray::"):
+        return cmdline.split()[0]
+    parts = cmdline.split()
+    for part in parts:
+        if part.endswith(".py"):
+            return Path(part).name
+    return Path(parts[0]).name if parts else "?"
+
+
+def _process_cpu() -> list[tuple[float, str]]:
+    """(CPU seconds, name) of every process of this session's Ray and of this driver."""
+    me = os.getpid()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # (gone meanwhile, or not ours to read)
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / _HZ  # utime + stime
+        pid = int(entry.name)
+        if pid == me or "/ray/" in cmdline or cmdline.startswith("ray::"):
+            out.append((cpu, "driver (this process)" if pid == me else _label(cmdline)))
+    return sorted(out, reverse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    import ray
+
+    t1 = time.perf_counter()
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as RayExecutor.start
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+             configure_logging=True)
+    t2 = time.perf_counter()
+
+    @ray.remote(num_cpus=1)
+    class Worker:
+        def ready(self) -> bool:
+            return True
+
+    actors = [Worker.remote() for _ in range(args.workers)]
+    ray.get([a.ready.remote() for a in actors])
+    t3 = time.perf_counter()
+    rows = _process_cpu()
+    print(f"import ray {t1 - t0:.2f} s, ray.init {t2 - t1:.2f} s, {args.workers} actors ready {t3 - t2:.2f} s "
+          f"(wall)")
+    print("| process | CPU s |\n|---|---|")
+    for cpu, name in rows:
+        if cpu > 0:
+            print(f"| {name} | {cpu:.2f} |")
+    print(f"| all | {sum(cpu for cpu, _ in rows):.2f} |")
+    t4 = time.perf_counter()
+    ray.shutdown()
+    print(f"ray.shutdown {time.perf_counter() - t4:.2f} s (wall)")
+
+
+if __name__ == "__main__":
+    main()
