@@ -312,7 +312,7 @@ class _Replay:
                             self._fail(i)
                         return
                     try:
-                        await self._read_stream(resp, rec, loop)
+                        await self._read_stream(resp, rec, loop, when)
                     finally:
                         if not rec.finish_seen:
                             resp.close()  # drop the connection: the server sees the client leave
@@ -342,7 +342,7 @@ class _Replay:
                 rec.end = loop.time()
             raise
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: _Record, loop) -> None:
+    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: _Record, loop, when: float | None) -> None:
         """Consume the SSE stream: count tokens (per-chunk usage when the server sends it, else one per chunk),
         note when each came and the finish.  Whatever bytes are buffered are parsed in one go, stamped with the
         time they were read.
@@ -350,8 +350,9 @@ class _Replay:
         When a client deadline cancels the read, the bytes the connection had already delivered are counted too.
         They came before the cancel took effect: when this process is descheduled across a deadline, the event loop
         wakes with both the socket's data and the overdue deadline ready and runs the deadline first, so those
-        tokens would otherwise be lost (tests/replay/test_deadline_drain.py: 1 token counted of 4 delivered).  How
-        late the close came is ``rec.close_lag``."""
+        tokens would otherwise be lost (tests/replay/test_deadline_drain.py: 1 token counted of 4 delivered).  They
+        are stamped at the deadline ``when`` at the latest (the row ends there, so no token comes after its end).
+        How late the close came is ``rec.close_lag``."""
         buf = b""
         try:
             async for data in resp.content.iter_any():
@@ -364,7 +365,8 @@ class _Replay:
             except Exception:  # noqa: BLE001 - the connection failed meanwhile: nothing more was delivered
                 data = b""
             if data:
-                self._take(rec, buf, data, loop.time())
+                now = loop.time()
+                self._take(rec, buf, data, now if when is None or now < when else when)
             raise
 
     def _take(self, rec: _Record, buf: bytes, data: bytes, t: float) -> tuple[bytes, bool]:

@@ -1,5 +1,5 @@
-"""Where a local Ray's start goes: the wall time of ``ray.init`` (with the options kvtune's ``RayExecutor`` passes)
-and of warming up N one-CPU actors, then the CPU seconds each process has used by then, Ray's own and the
+"""Where a local Ray's start goes: the wall time of kvtune's ``RayExecutor.start`` (``ray.init`` and N trial workers
+warmed up, as a study starts them), then the CPU seconds each process has used by then, Ray's own and the
 driver's.  A study with local Ray pays all of it before its first trial, on the same cores as its trials.
 
     python benchmarks/tools/ray_start.py [--workers 2]
@@ -8,11 +8,12 @@ driver's.  A study with local Ray pays all of it before its first trial, on the 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's optimizer/
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -52,33 +53,22 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    import ray
+    from optimizer._executors import RayExecutor
 
     t1 = time.perf_counter()
-    os.environ.setdefault("RAY_worker_niceness", "0")  # as RayExecutor.start
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-             configure_logging=True)
+    executor = RayExecutor(workers=args.workers)
+    executor.start()
     t2 = time.perf_counter()
-
-    @ray.remote(num_cpus=1)
-    class Worker:
-        def ready(self) -> bool:
-            return True
-
-    actors = [Worker.remote() for _ in range(args.workers)]
-    ray.get([a.ready.remote() for a in actors])
-    t3 = time.perf_counter()
     rows = _process_cpu()
-    print(f"import ray {t1 - t0:.2f} s, ray.init {t2 - t1:.2f} s, {args.workers} actors ready {t3 - t2:.2f} s "
-          f"(wall)")
+    print(f"imports {t1 - t0:.2f} s, RayExecutor.start ({executor.capacity} workers ready) {t2 - t1:.2f} s (wall)")
     print("| process | CPU s |\n|---|---|")
     for cpu, name in rows:
         if cpu > 0:
             print(f"| {name} | {cpu:.2f} |")
     print(f"| all | {sum(cpu for cpu, _ in rows):.2f} |")
-    t4 = time.perf_counter()
-    ray.shutdown()
-    print(f"ray.shutdown {time.perf_counter() - t4:.2f} s (wall)")
+    t3 = time.perf_counter()
+    executor.shutdown()
+    print(f"RayExecutor.shutdown {time.perf_counter() - t3:.2f} s (wall)")
 
 
 if __name__ == "__main__":

@@ -51,29 +51,17 @@ def classify(steps) -> dict[str, float]:
     }
 
 
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="1x,4x,incident,offload,overload-4x,reasoning,prefix,v0-swap")
     parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                         help="change an engine knob of every case (EngineConfig field)")
     args = parser.parse_args()
-    changes = {}
-    for item in args.set:
-        knob, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected KNOB=VALUE")
-        changes[knob] = _value(value)
 
     import sim_speed
+    from optimizer.cli_simulate import parse_set
+    from sim.engine.config import EngineConfig
+    from sim.errors import ConfigError
     from sim.profiles import load_gpu, load_model
     from sim.runner import simulate
 
@@ -81,8 +69,12 @@ def main() -> None:
     for case in args.cases.split(","):
         workload, config, model, gpu, kwargs = sim_speed._build(case)
         kwargs.pop("trial", None)
-        if changes:
-            config = config.replace(**changes)
+        if args.set:
+            try:  # the case's knobs with --set's on top, read and checked as `kvtune simulate --set` reads them
+                config = EngineConfig.from_dict({**config.explicit_knobs(), **parse_set(args.set)}, "--set")
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
         result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
         row = classify(result.steps)
         if columns is None:

@@ -117,6 +117,10 @@ def test_tokens_delivered_before_a_late_deadline_are_counted(drained):
     assert row["e2e_s"] == pytest.approx(TIMEOUT_S)  # censored at the deadline, however late the client closed
     # 1 read before the block, 3 delivered during it (without reading what the connection held: 1)
     assert row["generated_tokens"] == 4
+    # Each token is stamped when it was read, the drained ones at the deadline at the latest: none after the row's end.
+    times = drained.token_times[int(row["request_id"])]
+    assert len(times) == 4
+    assert times.max() <= row["arrival_s"] + row["e2e_s"] + 1e-9
 
 
 def test_the_close_lag_is_reported(drained):
