@@ -28,7 +28,9 @@ CPU time less so), simulated requests per CPU second, engine iterations per CPU 
 process, and, from a second run of the same case under cProfile, the share of ``simulate`` spent in the
 scheduler (``schedule``, ``update_from_output``, admission and aborts), the latency model (every
 ``LatencyModel`` method) and building the result tables.  cProfile slows Python calls unevenly, so the shares
-are indicative.  ``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its
+are indicative, and given only for the interpreted engine: cProfile sees no function of the compiled one
+(``sim/_compiled.py``; the header says which ran), so run ``KVTUNE_PURE_PYTHON=1 python benchmarks/sim_speed.py``
+for them.  ``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its
 on-disk cache), done before the clock starts, as a study worker does at its warm-up.
 
     python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N] [--engine CHECKOUT]
@@ -255,9 +257,15 @@ def main() -> None:
     import importlib.util
 
     engine = Path(importlib.util.find_spec("sim").origin).parent.parent
+    try:
+        from sim import _compiled
+
+        native = _compiled.state()  # the children decide the same way (same sources, build and environment)
+    except ImportError:
+        native = "interpreted (a checkout without sim/_compiled.py)"
     ctx = mp.get_context("spawn")
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second;"
-          f" engine {engine}")
+          f" engine {engine}, {native}")
     print("| case | requests | wall s | CPU s | sim req/s (CPU) | sim req/s (wall) | engine steps/s (CPU) | "
           "peak RSS MB | iterations | step rows | preemptions | timed out | scheduler | latency | tables | "
           "kernel load s |")
@@ -271,7 +279,9 @@ def main() -> None:
         row["cpu"] = statistics.median(r["cpu"] for r in runs)
         row["peak_mb"] = max(r["peak_mb"] for r in runs)
         shares = {"scheduler": float("nan"), "latency": float("nan"), "tables": float("nan")}
-        if not args.no_profile and name != "1m" and not name.startswith("gen-"):
+        # cProfile sees no function of the compiled engine (its time lands in the interpreted caller), so the
+        # shares are only given for the interpreted one (KVTUNE_PURE_PYTHON=1).
+        if not args.no_profile and name != "1m" and not name.startswith("gen-") and native != "compiled":
             shares = _run(ctx, name, True)
         print(f"| {name} | {row['requests']} | {row['wall']:.2f} | {row['cpu']:.2f} | "
               f"{row['requests'] / row['cpu']:.0f} | {row['requests'] / row['wall']:.0f} | "

@@ -395,27 +395,23 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
     sim = _simulation(trace, config, max_model_len, batch_decode_runs=False, observer=observer)
     # The observer sees every step that scheduled something; a step that only preempted (possible under the
     # priority policy) and idle schedule() calls reach it not, so wrap schedule() for those.
+    # (Hooks, not wrapped methods: the compiled engine calls its methods directly.)
     scheduler = sim.core.scheduler
-    original = scheduler.schedule
-    original_abort = scheduler.abort
 
-    def schedule(now):
-        out = original(now)
+    def scheduled(out):
         free_after_schedule[0] = scheduler.pool.num_free
         if not out.scheduled:
             if out.preempted:
                 record(out)
             else:
                 idle[0] += 1
-        return out
 
     def abort(req, status, now):
         if req.status in (Status.WAITING, Status.RUNNING, Status.SWAPPED):
             aborted[f"r{req.index}"] = len(steps)
-        original_abort(req, status, now)
 
-    scheduler.schedule = schedule
-    scheduler.abort = abort
+    sim.core.schedule_hook = scheduled
+    scheduler.abort_hook = abort
     result = sim.run()
     rt = result.requests
     preemptions = {f"r{i}": int(n) for i, n in zip(range(len(rt)), rt.num_preemptions)}

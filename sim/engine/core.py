@@ -75,6 +75,10 @@ class EngineCore:
         self.batch_decode_runs = batch_decode_runs
         #: Called after every ``schedule()`` with (iteration index, time, output), before the output is applied.
         self.observer = observer
+        #: Called with the output of every ``schedule()`` call, right after it (the decode columns stay on):
+        #: instrumentation (conformance, tests) that would otherwise wrap the scheduler's methods, which the
+        #: compiled engine (sim/_compiled.py) calls directly.
+        self.schedule_hook: Callable[[SchedulerOutput], None] | None = None
         self.step_rows: list[tuple] = []
         self.num_iterations = 0
         self._pending: StepResult | None = None
@@ -94,11 +98,15 @@ class EngineCore:
         if self.observer is not None and scheduler._columns is not None:
             scheduler.stop_decode_columns()  # an observer may read any running request's state
         out = scheduler.schedule(now)
+        if self.schedule_hook is not None:
+            self.schedule_hook(out)
         # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
         # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
         # next, frees them.  When that left nothing to run, vLLM's next schedule() follows at once.
         if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
             out = scheduler.schedule(now)
+            if self.schedule_hook is not None:
+                self.schedule_hook(out)
         shape = out.shape
         # V1 offload stores run on their own stream, overlapped with compute (see BaseScheduler.write_through);
         # only loads are on the step's path.  V0 swaps block the step both ways.

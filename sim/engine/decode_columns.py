@@ -22,6 +22,8 @@ tests/sim/engine/test_column_kernels.py checks each kernel against numpy.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sim.engine.request import Request
@@ -50,7 +52,7 @@ class DecodeColumns:
         self.ints = np.zeros((len(_INT), capacity), dtype=np.int64)
         self.floats = np.zeros((len(_FLOAT), capacity), dtype=np.float64)
         self._positions = np.zeros(capacity, dtype=np.int64)  # the kernels' output positions
-        self._k = None  # sim.engine._column_kernels, imported when the first request joins (numba loads then)
+        self._k: Any = None  # sim.engine._column_kernels, imported when the first request joins (numba loads then)
 
     def __len__(self) -> int:
         return len(self.requests)

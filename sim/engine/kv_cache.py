@@ -17,6 +17,7 @@ Swap space (V0 ``--swap-space``): a plain counter; swap-out fails when it is exh
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class CpuBlockTier:
         self._copied = np.zeros(0, dtype=np.int64)
         self._state = np.array([-1, -1, 0], dtype=np.int64)  # oldest key, newest key, total blocks
         self._news = np.zeros(256, dtype=np.int64)  # the kernel's per-key output for :meth:`store`
-        self._k = None  # sim.engine._lru_kernels, imported at the first store (numba loads then)
+        self._k: Any = None  # sim.engine._lru_kernels, imported at the first store (numba loads then)
 
     @property
     def num_blocks(self) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from enum import Enum
 
+import numpy as np
+
 
 class Status(str, Enum):
     """Final statuses of DESIGN section 3, plus the live ones."""
@@ -93,7 +95,7 @@ class Request:
         #: :func:`~sim.engine.prefix_pool.block_hash`).
         self.prefix_keys = prefix_keys
         #: ``prefix_keys`` as an int64 array, made by the pool when it first needs it.
-        self.prefix_array = None
+        self.prefix_array: np.ndarray | None = None  # (typed: the compiled engine checks it, sim/_compiled.py)
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`: its slots, negative for own blocks not in its map yet);
         #: the other ``blocks - len(block_ids)`` have none.

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Callable
 
 import numpy as np
 
@@ -126,8 +127,10 @@ class WaitingQueue:
 class BaseScheduler(ABC):
     """Queues and accounting common to the V0 and V1 flavors."""
 
-    #: Whether the flavor's running loop allows decode columns (see :meth:`use_decode_columns`).
-    supports_decode_columns = False
+    @property
+    def supports_decode_columns(self) -> bool:
+        """Whether the flavor's running loop allows decode columns (see :meth:`use_decode_columns`)."""
+        return False
 
     def __init__(
         self,
@@ -169,7 +172,10 @@ class BaseScheduler(ABC):
         #: load_kv_async): the request holds its blocks in Status.LOADING and is scheduled in a step after the
         #: load has landed, instead of the load's time being charged to everyone in the step.  ``load_time``
         #: (blocks, copies) -> seconds is set by the engine builder from the latency model.
-        self.load_time = None
+        self.load_time: Callable[[int, int], float] | None = None
+        #: Called with (request, status, now) when :meth:`abort` starts: instrumentation (conformance) that would
+        #: otherwise wrap the method, which the compiled engine (sim/_compiled.py) calls directly.
+        self.abort_hook: Callable[[Request, Status, float], None] | None = None
         self.loading: list[tuple[float, Request]] = []
         #: The running batch's leading steady decodes as arrays (off unless :meth:`use_decode_columns`).
         self._columns: DecodeColumns | None = None
@@ -290,9 +296,9 @@ class BaseScheduler(ABC):
                 # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
                 cache_blocks = self.pool.cache_blocks
                 if ncol:
-                    computed = cols.computed
+                    col_computed = cols.computed  # (not ``computed``, an int above: the compiled engine types locals)
                     for i in crossed.tolist():
-                        cache_blocks(cols.requests[i], int(computed[i]))
+                        cache_blocks(cols.requests[i], int(col_computed[i]))
                 for req, _ in scheduled[ncol:]:
                     cache_blocks(req, req.num_computed_tokens)
             if self.write_through:
@@ -442,6 +448,8 @@ class BaseScheduler(ABC):
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:
         """The client went away (timeout or cancel): free its blocks now and record the status."""
+        if self.abort_hook is not None:
+            self.abort_hook(req, status, now)  # before anything changes (see abort_hook)
         if req.status in (Status.RUNNING,):
             cols = self._columns
             if cols is not None and len(cols):
@@ -645,9 +653,9 @@ class BaseScheduler(ABC):
             if seg:
                 # A segment request at c computed holds c // B hashed blocks: the token fills one when
                 # (c + 1) % B == 0.
-                computed = cols.computed
+                col_computed = cols.computed
                 for i in cols.filling().tolist():
-                    cache_blocks(cols.requests[i], int(computed[i]) + 1)
+                    cache_blocks(cols.requests[i], int(col_computed[i]) + 1)
             for position, req in to_hash:
                 if position >= seg:  # (the segment's were hashed above, joiners included)
                     cache_blocks(req, req.num_computed_tokens + 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 from sim.errors import EngineAborted
@@ -23,8 +24,10 @@ V0_WATERMARK = 0.01
 class V0Scheduler(BaseScheduler):
     """The ``vllm-v0`` flavor (fcfs)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
+                 predicted_output: dict[str, int] | None = None):
+        # Explicit arguments: the compiled engine (sim/_native.py) does not forward *args to a native base.
+        super().__init__(config, num_gpu_blocks, num_cpu_blocks, predicted_output)
         self.watermark_blocks = int(V0_WATERMARK * self.pool.num_blocks)
         self.chunked = bool(self.config.enable_chunked_prefill)
         self.swap_mode = self.config.preemption_mode == "swap"

@@ -8,6 +8,7 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
+from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 
@@ -15,12 +16,16 @@ from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 class V1Scheduler(BaseScheduler):
     """The ``vllm-v1`` flavor."""
 
-    #: Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS; the
-    #: priority policy keeps no columns, see use_decode_columns).
-    supports_decode_columns = True
+    @property
+    def supports_decode_columns(self) -> bool:
+        """Its running loop reads only the requests after the decode prefix and preempts from the back (FCFS;
+        the priority policy keeps no columns, see use_decode_columns)."""
+        return True
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
+                 predicted_output: dict[str, int] | None = None):
+        # Explicit arguments: the compiled engine (sim/_native.py) does not forward *args to a native base.
+        super().__init__(config, num_gpu_blocks, num_cpu_blocks, predicted_output)
         config = self.config
         # vLLM's kv_cache_manager: int(watermark * kv_cache_config.num_blocks), the null block included
         # (the pool here holds the usable num_blocks - 1).

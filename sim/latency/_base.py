@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 
 @dataclass
@@ -65,6 +66,8 @@ class StepParts:
         return self.prefill_new_s + self.recompute_s + self.decode_s + self.transfer_s + self.overhead_s
 
 
+# Compiled (sim/_compiled.py) and still subclassed by interpreted models (LinearStepModel, ScaledLatency, a user's).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LatencyModel(ABC):
     """Maps a step's shape to its duration in seconds."""
 

@@ -197,6 +197,11 @@ class RooflineModel(LatencyModel):
             self._allreduce_s_per_token = 2 * model.num_layers * per_token_bytes / link
             self._allreduce_fixed_s = 2 * model.num_layers * c.allreduce_latency_s
 
+        #: Decode attention's compute and KV bytes are both proportional to the context, and the roof of two
+        #: proportional terms is proportional too: seconds per token of context.
+        self._decode_attention_per_token: float = float(self._roof(
+            self._attn_flops_per_pair / self._bf16_flops_per_s, self._kv_bytes_per_token / self._bytes_per_s))
+
     # ------------------------------------------------------------------------------------------------
     def _roof(self, flops_time, bytes_time):
         """Kernel time from its compute and memory times: ``max`` when ``roofline_norm`` is inf, else the
@@ -275,16 +280,6 @@ class RooflineModel(LatencyModel):
     def _decode_time(self, batch_size: int, context):
         host, gpu = self._decode_parts(batch_size)
         return self._combine(host, gpu + self._decode_attention_per_token * context)
-
-    @property
-    def _decode_attention_per_token(self) -> float:
-        """Decode attention's compute and KV bytes are both proportional to the context, and the roof of two
-        proportional terms is proportional too: seconds per token of context."""
-        value = self.__dict__.get("_attn_s_per_ctx")
-        if value is None:
-            value = self.__dict__["_attn_s_per_ctx"] = float(self._roof(
-                self._attn_flops_per_pair / self._bf16_flops_per_s, self._kv_bytes_per_token / self._bytes_per_s))
-        return value
 
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.num_decode

@@ -90,6 +90,22 @@ def test_a_changed_spec_is_refused(tmp_path):
     assert info.value.field == "objectives"
 
 
+#: Put first on the killed driver's PYTHONPATH: its 5th simulated trial says so in a file and then hangs, so the
+#: test kills it mid-trial with 4 trials done however fast trials are (no race against the study's end).
+_HANG_AT_FIFTH_TRIAL = """
+import os, time
+from optimizer._backend import SimBackend
+_run, _calls = SimBackend.run, [0]
+def run(self, params, seeds):
+    _calls[0] += 1
+    if _calls[0] == 5:
+        open(os.environ["KVTUNE_TEST_HANG_MARKER"], "w").close()
+        time.sleep(3600)
+    return _run(self, params, seeds)
+SimBackend.run = run
+"""
+
+
 @pytest.mark.slow
 def test_killed_driver_process(tmp_path):
     """SIGKILL a real `kvtune tune` process mid-study, then run the same command again."""
@@ -98,23 +114,24 @@ def test_killed_driver_process(tmp_path):
     cmd = [sys.executable, "-m", "optimizer.cli", "tune", str(path), "--in-process", "--storage", storage,
            "--out", str(tmp_path / "out"), "--no-export"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HANG_AT_FIFTH_TRIAL)
+    marker = tmp_path / "hanging"
+    killed_env = {**env, "PYTHONPATH": f"{hook}{os.pathsep}{REPO}", "KVTUNE_TEST_HANG_MARKER": str(marker)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=killed_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        done = 0
-        while time.monotonic() < deadline and proc.poll() is None:
+        deadline = time.monotonic() + 300  # (only a bound on a broken run: the driver hangs at its 5th trial)
+        while time.monotonic() < deadline and proc.poll() is None and not marker.exists():
             time.sleep(0.2)
-            try:
-                study = optuna.load_study(study_name="conv-l40s", storage=storage)
-                done = sum(t.state == TrialState.COMPLETE for t in study.trials)
-                busy = any(t.state == TrialState.RUNNING for t in study.trials)
-            except (KeyError, Exception):  # the study may not exist yet
-                done, busy = 0, False
-            if done >= 4 and busy:  # kill it mid-trial
-                break
-        assert proc.poll() is None, "the study finished before it could be killed"
+        assert marker.exists() and proc.poll() is None, "the driver never reached its 5th trial"
+        study = optuna.load_study(study_name="conv-l40s", storage=storage)
+        assert sum(t.state == TrialState.COMPLETE for t in study.trials) >= 4
+        assert any(t.state == TrialState.RUNNING for t in study.trials)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         proc.wait(timeout=30)
     before = {t.number: (t.state, t.values) for t in optuna.load_study(study_name="conv-l40s", storage=storage).trials}
     running = [n for n, (state, _) in before.items() if state == TrialState.RUNNING]

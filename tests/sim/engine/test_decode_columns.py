@@ -61,18 +61,20 @@ def _run(workload, config, batch_runs, columns_min):
     if columns_min is not None:
         scheduler = sim.core.scheduler
         scheduler.use_decode_columns(columns_min)
-        schedule = scheduler.schedule
 
-        def checked(now):
+        def checked(out):
             # The fast path's leading entries (the segment's kept from step to step by the columns) are the
             # leading running requests, one token each, as the object path would list them.
-            out = schedule(now)
             bulk = out.scheduled[:out.bulk_decode]
             assert [r for r, _ in bulk] == scheduler.running[:out.bulk_decode]
             assert all(n == 1 for _, n in bulk)
-            return out
+            checks[0] += 1
 
-        scheduler.schedule = checked
+        checks = [0]
+        sim.core.schedule_hook = checked
+        result = sim.run()
+        assert checks[0] > 0
+        return sim, result
     return sim, sim.run()
 
 
@@ -112,16 +114,11 @@ def test_v0_decode_columns_give_the_object_paths_tables(case):
     _check(case)
 
 
-def _columns_from(scheduler, min_batch: int) -> list[int]:
+def _columns_from(sim, min_batch: int) -> list[int]:
     """Turn the decode columns on; the returned list gets each step's segment length."""
-    scheduler.use_decode_columns(min_batch)
-    seen, original = [], scheduler.update_from_output
-
-    def spy(out, *args, **kwargs):
-        seen.append(out.columnar)
-        return original(out, *args, **kwargs)
-
-    scheduler.update_from_output = spy
+    sim.core.scheduler.use_decode_columns(min_batch)
+    seen: list[int] = []
+    sim.core.schedule_hook = lambda out: seen.append(out.columnar)
     return seen
 
 
@@ -132,7 +129,7 @@ def test_the_columns_take_on_a_large_batch(flavor):
     config = EngineConfig(flavor=flavor, max_num_seqs=64, max_model_len=MAX_MODEL_LEN)
     sim = Simulation(workload, config, load_model("Llama-3-8B"),
                      load_gpu("H100-SXM"), latency=LinearStepModel(0.01, 1e-5), batch_decode_runs=False)
-    seen = _columns_from(sim.core.scheduler, 32)
+    seen = _columns_from(sim, 32)
     table = sim.run().requests
     assert max(seen) == 64
     assert (table["generated_tokens"] == 200).all()
@@ -152,7 +149,7 @@ def test_write_through_offload_stores_from_the_columns(size_gb):
         scheduler = sim.core.scheduler
         assert scheduler.write_through
         if columns:
-            seen = _columns_from(scheduler, 32)
+            seen = _columns_from(sim, 32)
         tables.append(sim.run())
     assert max(seen) == 64
     slow, fast = tables
