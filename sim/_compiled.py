@@ -33,6 +33,7 @@ COMPILED = (
     "sim.engine.core",
     "sim.runner",
     "sim.engine.decode_columns",
+    "sim.engine.prefix_pool",
     "sim.latency._base",
     "sim.latency._roofline",
 )

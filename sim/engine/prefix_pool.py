@@ -191,7 +191,8 @@ class PrefixBlockPool:
     def free_queue(self) -> list[int]:
         """The cached blocks' slots in eviction order, front first (checking the links both ways)."""
         blk, state = self._blk, self._state
-        out, s, prev = [], int(state[_k.QHEAD]), -1
+        out: list[int] = []
+        s, prev = int(state[_k.QHEAD]), -1
         while s >= 0:
             assert blk[_k.QPREV, s] == prev and len(out) <= self.num_blocks, "free queue links"
             out.append(s)
@@ -204,7 +205,8 @@ class PrefixBlockPool:
         row = int(_k.find_row(self._tab, self._state, key))
         if row < 0:
             return []
-        blk, out, s = self._blk, [], int(self._tab[_k.THEAD, row])
+        out: list[int] = []
+        blk, s = self._blk, int(self._tab[_k.THEAD, row])
         while s >= 0:
             assert blk[_k.KEY, s] == key and blk[_k.REF, s] >= 0 and len(out) <= self.num_blocks, "copy chain"
             out.append(s)
