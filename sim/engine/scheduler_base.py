@@ -10,7 +10,6 @@ import heapq
 import math
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Callable
 
@@ -35,34 +34,35 @@ DECODE_COLUMNS_MIN = 48
 DECODE_COLUMNS_JOIN = 4
 
 
-@dataclass
 class SchedulerOutput:
-    """One step's decision, with the token accounting the step table needs."""
+    """One step's decision, with the token accounting the step table needs.  (A plain class, made anew by every
+    ``schedule()``: see :class:`~sim.latency.StepShape` on why not a dataclass.)"""
 
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    num_admitted: int = 0
-    prefill_tokens_new: int = 0
-    prefill_tokens_recompute: int = 0
-    decode_tokens: int = 0
-    swap_out_blocks: int = 0
-    swap_in_blocks: int = 0
-    swap_copies: int = 0
-    shape: StepShape = field(default_factory=StepShape)
-    #: True when this step is pure decode of every running request, nothing admitted or preempted, and
-    #: whatever stopped admission cannot change until a request finishes (so identical steps can be batched).
-    steady_decode: bool = False
-    #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
-    min_remaining_outputs: int = 0
-    #: How many leading entries of ``scheduled`` the decode fast path scheduled (one decode token each, see
-    #: :meth:`BaseScheduler._schedule_decode_prefix`); it leaves their processed-token count to
-    #: update_from_output.
-    bulk_decode: int = 0
-    #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
-    #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
-    splits: list[tuple[int, int, int]] = field(default_factory=list)
-    #: How many of the bulk entries are the scheduler's decode columns (updated as arrays).
-    columnar: int = 0
+    def __init__(self) -> None:
+        self.scheduled: list[tuple[Request, int]] = []
+        self.preempted: list[Request] = []
+        self.num_admitted = 0
+        self.prefill_tokens_new = 0
+        self.prefill_tokens_recompute = 0
+        self.decode_tokens = 0
+        self.swap_out_blocks = 0
+        self.swap_in_blocks = 0
+        self.swap_copies = 0
+        self.shape = StepShape()
+        #: True when this step is pure decode of every running request, nothing admitted or preempted, and
+        #: whatever stopped admission cannot change until a request finishes (so identical steps can be batched).
+        self.steady_decode = False
+        #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
+        self.min_remaining_outputs = 0
+        #: How many leading entries of ``scheduled`` the decode fast path scheduled (one decode token each, see
+        #: :meth:`BaseScheduler._schedule_decode_prefix`); it leaves their processed-token count to
+        #: update_from_output.
+        self.bulk_decode = 0
+        #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
+        #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
+        self.splits: list[tuple[int, int, int]] = []
+        #: How many of the bulk entries are the scheduler's decode columns (updated as arrays).
+        self.columnar = 0
 
 
 def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:

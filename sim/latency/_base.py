@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
 
-@dataclass
 class StepShape:
     """What one step computes, aggregated over its requests.
 
@@ -20,26 +18,45 @@ class StepShape:
     ``swap_blocks``/``swap_copies``: blocks moved over the host link and the number of copy calls;
     ``recompute_tokens``/``recompute_attention``/``recompute_context``: the part of the three prefill fields that
     re-prefills tokens computed before a preemption (included in them, kept apart for :meth:`LatencyModel.step_parts`).
+
+    A plain class with its own ``__init__``, not a dataclass: the compiled engine (sim/_compiled.py) makes one or
+    more per step, and a compiled dataclass keeps the ``__init__`` the dataclasses module generates, run by the
+    interpreter (``benchmarks/tools/compiled_profile.py``: with SchedulerOutput and StepParts, ~20% of the
+    reasoning case).
     """
 
-    prefill_tokens: int = 0
-    prefill_attention: float = 0.0
-    prefill_context: int = 0
-    num_decode: int = 0
-    decode_context: int = 0
-    num_seqs: int = 0
-    swap_blocks: int = 0
-    swap_copies: int = 0
-    recompute_tokens: int = 0
-    recompute_attention: float = 0.0
-    recompute_context: int = 0
+    def __init__(self, prefill_tokens: int = 0, prefill_attention: float = 0.0, prefill_context: int = 0,
+                 num_decode: int = 0, decode_context: int = 0, num_seqs: int = 0, swap_blocks: int = 0,
+                 swap_copies: int = 0, recompute_tokens: int = 0, recompute_attention: float = 0.0,
+                 recompute_context: int = 0) -> None:
+        self.prefill_tokens = prefill_tokens
+        self.prefill_attention = prefill_attention
+        self.prefill_context = prefill_context
+        self.num_decode = num_decode
+        self.decode_context = decode_context
+        self.num_seqs = num_seqs
+        self.swap_blocks = swap_blocks
+        self.swap_copies = swap_copies
+        self.recompute_tokens = recompute_tokens
+        self.recompute_attention = recompute_attention
+        self.recompute_context = recompute_context
+
+    def as_tuple(self) -> tuple:
+        return (self.prefill_tokens, self.prefill_attention, self.prefill_context, self.num_decode,
+                self.decode_context, self.num_seqs, self.swap_blocks, self.swap_copies, self.recompute_tokens,
+                self.recompute_attention, self.recompute_context)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepShape) and self.as_tuple() == other.as_tuple()
+
+    def __repr__(self) -> str:
+        return f"StepShape{self.as_tuple()}"
 
 
 #: The parts of a step's duration, in the order of the step table's ``time_*_s`` columns.
 PART_NAMES: tuple[str, ...] = ("prefill_new", "recompute", "decode", "transfer", "overhead")
 
 
-@dataclass(frozen=True)
 class StepParts:
     """A step's duration split by what it served (seconds; the parts sum to the duration).
 
@@ -49,14 +66,23 @@ class StepParts:
     ``transfer_s`` is host-link time (swap, CPU-offload stores and loads).  ``decode_s`` is what the step's
     decodes alone cost beyond the overhead; ``prefill_new_s`` + ``recompute_s`` is what its prefill chunks add on
     top of the decodes (their marginal cost: the weights a decode batch streams anyway are not charged again),
-    split between new and recomputed tokens in proportion to the marginal cost of each alone.
+    split between new and recomputed tokens in proportion to the marginal cost of each alone.  (A plain class for
+    the reason StepShape is one.)
     """
 
-    prefill_new_s: float = 0.0
-    recompute_s: float = 0.0
-    decode_s: float = 0.0
-    transfer_s: float = 0.0
-    overhead_s: float = 0.0
+    def __init__(self, prefill_new_s: float = 0.0, recompute_s: float = 0.0, decode_s: float = 0.0,
+                 transfer_s: float = 0.0, overhead_s: float = 0.0) -> None:
+        self.prefill_new_s = prefill_new_s
+        self.recompute_s = recompute_s
+        self.decode_s = decode_s
+        self.transfer_s = transfer_s
+        self.overhead_s = overhead_s
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepParts) and self.as_tuple() == other.as_tuple()
+
+    def __repr__(self) -> str:
+        return "StepParts(" + ", ".join(f"{n}_s={v!r}" for n, v in zip(PART_NAMES, self.as_tuple())) + ")"
 
     def as_tuple(self) -> tuple[float, float, float, float, float]:
         return (self.prefill_new_s, self.recompute_s, self.decode_s, self.transfer_s, self.overhead_s)
