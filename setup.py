@@ -1,7 +1,7 @@
 """Builds the compiled engine (mypyc) beside the sources; everything else is in pyproject.toml.
 
 The modules are ``sim._compiled.COMPILED``; ``KVTUNE_PURE_PYTHON=1 pip install -e .`` builds none (the engine then
-runs interpreted, about 2x slower).  The sha256 of each compiled source is written to ``sim/_compiled_build.json``,
+runs interpreted, 2-4x slower).  The sha256 of each compiled source is written to ``sim/_compiled_build.json``,
 which ``sim._compiled.install`` checks at import so that an edited source is never shadowed by an older build.
 """
 

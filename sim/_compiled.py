@@ -1,15 +1,15 @@
 """The compiled engine: the modules ``setup.py`` compiles with mypyc, and the import-time check that a build is
 not stale.
 
-The engine's per-step Python (scheduling, applying outputs, the run loop) runs about 2x faster compiled by mypyc
-(``benchmarks/sim_speed.py``; README "Speed").  The compiled modules are the same sources, so decisions cannot
-differ; ``tests/sim/engine/test_compiled_engine.py`` compares the compiled and interpreted engines' tables.  A
-compiled module is an extension file beside its source (``pip install -e .`` builds them in place), and Python
-imports an extension before a source of the same name, so a build older than an edited source would run the old
-code.  :func:`install` (called by ``sim/__init__.py``) therefore checks the sources against the hashes the build
-recorded, and runs the interpreted sources (all of them: compiled classes cannot derive from interpreted ones)
-when any differs, with a warning that says how to rebuild, or when ``KVTUNE_PURE_PYTHON`` is set.  With no
-extension built (``KVTUNE_PURE_PYTHON=1 pip install -e .``), the sources run as they are.
+The engine's per-step Python (scheduling, applying outputs, the latency model, the run loop) runs 2-4x faster
+compiled by mypyc (``benchmarks/sim_speed.py``; README "Speed"). The compiled modules are the same sources, so
+decisions cannot differ; ``tests/sim/engine/test_compiled_engine.py`` compares the compiled and interpreted engines'
+tables. A compiled module is an extension file beside its source (``pip install -e .`` builds them in place), and
+Python imports an extension before a source of the same name, so a build older than an edited source would run the
+old code. :func:`install` (called by ``sim/__init__.py``) therefore checks the sources against the hashes the build
+recorded, and runs the interpreted sources (all of them: compiled classes cannot derive from interpreted ones) when
+any differs, with a warning that says how to rebuild, or when ``KVTUNE_PURE_PYTHON`` is set. With no extension built
+(``KVTUNE_PURE_PYTHON=1 pip install -e .``), the sources run as they are.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def install(root: Path = _ROOT) -> str:
             shown = ", ".join(str(source_path(name, root).relative_to(root)) for name in stale[:3])
             more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
             warnings.warn(f"kvtune: {shown}{more} changed since the compiled engine was built; running the "
-                          f"interpreted engine (about 2x slower). Rebuild it with `pip install -e .` (or set "
+                          f"interpreted engine (2-4x slower). Rebuild it with `pip install -e .` (or set "
                           f"{ENV}=1 to silence this).", RuntimeWarning, stacklevel=2)
         return _state
     _state = "compiled"

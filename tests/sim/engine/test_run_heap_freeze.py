@@ -1,6 +1,6 @@
 """``simulate`` and ``Simulation.run`` freeze the heap they start with (the collector's full passes skip it) and
-leave the collector as it found it: unfrozen after a run, also one that failed, and still frozen after a run inside a heap
-someone else froze."""
+leave the collector as it found it: unfrozen after a run, also one that failed, and still frozen after a run inside
+a heap someone else froze."""
 
 from __future__ import annotations
 
