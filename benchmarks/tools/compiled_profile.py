@@ -3,8 +3,8 @@ cProfile cannot see: valgrind's callgrind, collecting only inside ``simulate``, 
 
 - each compiled engine function (``CPyDef_...``: module, class and method in mypyc's naming);
 - numba's dispatcher (``Dispatcher_call``: typing the arguments of each kernel call, plus the kernels it runs);
-- a few CPython and numpy costs that the compiled code still pays (float and tuple objects, dataclass
-  ``__init__``s run by the interpreter, numpy element assignment, the cyclic collector).
+- a few CPython and numpy costs that the compiled code still pays (float and tuple objects, Python run by the
+  interpreter, numpy arrays made from lists, the cyclic collector).
 
 One run of the case, built as ``benchmarks/sim_speed.py`` builds it (valgrind runs Python 20-60x slower: the reasoning
 case takes ~2.5 minutes).  Instruction counts, not seconds: repeatable whatever else the machine does.
@@ -45,9 +45,9 @@ simulate(workload, config, model, gpu, **kwargs)
 #: Named costs outside the engine's own functions: label -> callgrind function name (inclusive).
 _NAMED = {
     "numba dispatcher and kernels": "Dispatcher_call",
-    "interpreted Python (SimPy, dataclass __init__s; self cost)": "_PyEval_EvalFrameDefault",
-    "numpy element assignment": "PyArray_Pack",
-    "numpy shape discovery": "PyArray_DiscoverDTypeAndShape",
+    "interpreted Python (SimPy; the frame loop's own cost)": "_PyEval_EvalFrameDefault",
+    "numpy arrays made from Python lists (np.array)": "PyArray_FromAny_int",
+    "numpy element packing (in np.array of lists, arr[i] = x)": "PyArray_Pack",
     "cyclic collector": "gc_collect_main",
     "float objects made": "PyFloat_FromDouble",
     "tuples freed": "tupledealloc",
