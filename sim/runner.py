@@ -153,6 +153,9 @@ class Simulation:
         self._arrivals_s = df["arrival_s"].to_numpy(dtype=float)
         self._prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
         self._outputs = df["output_tokens"].to_numpy(dtype=np.int64)
+        #: All requests' prefix keys in one int64 array and where each request's start (None: not made).
+        self._key_array: np.ndarray | None = None
+        self._key_starts: list[int] = []
         self._keys = self._prefix_keys(df, self._prompts)
         self.log = RequestLog(self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs)
         #: The columns of requests ``[_lists_start, _lists_start + LIST_CHUNK)`` as Python lists (see _request).
@@ -193,12 +196,16 @@ class Simulation:
     def _new_request(self, i: int, request_id: int, cls: str, arrival_s: float, prompt: int, output: int,
                      priority: int, timeout_at: float, cancel_at: float, keys: tuple[int, ...]) -> Request:
         predicted = self._predicted
-        return Request(
+        req = Request(
             index=i, request_id=request_id, class_name=cls, arrival_s=arrival_s, prompt_tokens=prompt,
             output_tokens_target=output, max_model_len=self.config.max_model_len, priority=priority,
             predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
             prefix_keys=keys,
         )
+        if keys and self._key_array is not None:
+            start = self._key_starts[i]
+            req.prefix_array = self._key_array[start:start + len(keys)]
+        return req
 
     def _drain(self) -> None:
         """Ended requests: their rows go to the request table's arrays and their live state is dropped."""
@@ -225,10 +232,15 @@ class Simulation:
             raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
                                             f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
         column = df["hash_ids"].to_numpy()
-        hashes = _prefix_hashes(column, prompts, block_size, self.hash_block_tokens)
-        if hashes is None:
-            hashes = _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
-        return hashes
+        found = _prefix_hash_array(column, prompts, block_size, self.hash_block_tokens)
+        if found is None:
+            return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
+        # Each request's keys are also handed to it as a view of the one array (Request.prefix_array), so that the
+        # prefix pool does not convert its tuple: that conversion was ~30% of the elements the prefix case turned
+        # from lists into arrays (benchmarks/tools/compiled_profile.py --case prefix).
+        self._key_array, ends = found
+        self._key_starts = [0, *ends[:-1]]
+        return _key_tuples(*found)
 
     # ---- processes -------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
@@ -424,16 +436,17 @@ def _int64_keys(keys: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return [tuple(rank[key] for key in row) for row in keys]
 
 
-def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
-                   hash_block_tokens: int) -> list[tuple[int, ...]] | None:
-    """:func:`_prefix_hashes_loop` in one numpy pass over all requests, or ``None`` where it might differ: ids
-    that are not all int64 (floats, or ints beyond int64) or so large that the hashes could overflow int64."""
+def _prefix_hash_array(column: np.ndarray, prompts: np.ndarray, block_size: int,
+                       hash_block_tokens: int) -> tuple[np.ndarray, list[int]] | None:
+    """:func:`_prefix_hashes_loop` in one numpy pass over all requests, as all requests' keys in one int64 array and
+    where each request's end, or ``None`` where it might differ: ids that are not all int64 (floats, or ints beyond
+    int64) or so large that the hashes could overflow int64."""
     per_hash = hash_block_tokens // block_size
     rows = [() if ids is None else ids for ids in column]
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     flat = np.array([i for ids in rows for i in ids])
     if not len(flat):
-        return [()] * len(rows)
+        return np.zeros(0, dtype=np.int64), [0] * len(rows)
     limit = (1 << 62) // per_hash - 1  # |id| <= limit: |2 * (id * per_hash + offset)| < 2**63
     if flat.dtype.kind != "i" or flat.min() < -limit or flat.max() > limit:
         return None
@@ -441,6 +454,17 @@ def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
     ends = np.cumsum(num_blocks)
     block = np.arange(int(ends[-1])) - np.repeat(ends - num_blocks, num_blocks)  # i within its request
     first_id = np.repeat(np.cumsum(lengths) - lengths, num_blocks)  # where the request's ids start in flat
-    hashes = ((flat[first_id + block // per_hash] * per_hash + block % per_hash) << 1).tolist()
-    ends = ends.tolist()
-    return [tuple(hashes[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+    hashes = (flat[first_id + block // per_hash] * per_hash + block % per_hash) << 1
+    return hashes.astype(np.int64, copy=False), ends.tolist()
+
+
+def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
+                   hash_block_tokens: int) -> list[tuple[int, ...]] | None:
+    """:func:`_prefix_hash_array` as one tuple per request (:func:`_prefix_hashes_loop`'s form)."""
+    found = _prefix_hash_array(column, prompts, block_size, hash_block_tokens)
+    return None if found is None else _key_tuples(*found)
+
+
+def _key_tuples(hashes: np.ndarray, ends: list[int]) -> list[tuple[int, ...]]:
+    flat = hashes.tolist()
+    return [tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
