@@ -30,8 +30,9 @@ scheduler (``schedule``, ``update_from_output``, admission and aborts), the late
 ``LatencyModel`` method) and building the result tables.  cProfile slows Python calls unevenly, so the shares
 are indicative, and given only for the interpreted engine: cProfile sees no function of the compiled one
 (``sim/_compiled.py``; the header says which ran), so run ``KVTUNE_PURE_PYTHON=1 python benchmarks/sim_speed.py``
-for them, and ``benchmarks/tools/compiled_profile.py`` (callgrind) for where the compiled engine's time goes.  ``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its
-on-disk cache), done before the clock starts, as a study worker does at its warm-up.
+for them, and ``benchmarks/tools/compiled_profile.py`` (callgrind) for where the compiled engine's time goes.
+``kernel load s``: loading the engine's compiled kernels in the fresh process (numba, from its on-disk cache), done
+before the clock starts, as a study worker does at its warm-up.
 
     python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N] [--engine CHECKOUT]
 """

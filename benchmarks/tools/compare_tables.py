@@ -36,6 +36,8 @@ from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
 workload, config, model, gpu, kwargs = sim_speed._build(case)
 kwargs.pop("trial", None)
+import sim
+assert sim.__file__.startswith(str(__import__("pathlib").Path(root).resolve())), f"ran {sim.__file__}, not {root}"
 result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
 with open(path, "wb") as f:
     pickle.dump((result.requests, result.steps, result.num_iterations, result.aborted), f)
@@ -43,7 +45,7 @@ with open(path, "wb") as f:
 
 
 def _dump(root: Path, case: str, out: Path, cases_root: Path) -> tuple:
-    subprocess.run([sys.executable, "-c", _DUMP, str(root), case, str(out), str(cases_root)], check=True)
+    subprocess.run([sys.executable, "-c", _DUMP, str(root.resolve()), case, str(out), str(cases_root)], check=True)
     with open(out, "rb") as f:
         return pickle.load(f)
 
@@ -105,6 +107,11 @@ def main() -> int:
     ap.add_argument("--merge-runs", action="store_true",
                     help="compare the step tables after merge_runs (for a change that cuts decode runs differently)")
     args = ap.parse_args()
+    for root in (args.base, args.new):
+        # (Without sim/ there, the run would import another engine, the installed one, and compare it with itself.)
+        if not (root / "sim" / "__init__.py").is_file():
+            print(f"error: {root}: not a kvtune checkout (no sim/__init__.py)", file=sys.stderr)
+            return 2
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):

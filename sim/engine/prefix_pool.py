@@ -57,7 +57,7 @@ class PrefixBlockPool:
     :meth:`unmapped`, :meth:`free_queue` and :meth:`all_copies` show the state as plain Python values (tests)."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "_blk", "_tab", "_state",
-                 "_out", "_next_id", "block_size", "_hits", "_hits_array")
+                 "_out", "_next_id", "block_size")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -71,9 +71,6 @@ class PrefixBlockPool:
         self._out = np.empty(max(num_blocks, 1), dtype=np.int64)
         #: Blocks hashed so far (the next one's serial).
         self._next_id = 0
-        #: The last lookup's hits, and the same as an int64 array (see lookup).
-        self._hits: list[int] = []
-        self._hits_array = np.zeros(0, dtype=np.int64)
 
     @property
     def num_free(self) -> int:
@@ -95,46 +92,36 @@ class PrefixBlockPool:
             raise RuntimeError("prefix pool: fewer cached blocks than evicted")
         self.num_cached -= evicted
 
-    def lookup(self, req: Request, limit: int) -> list[int]:
-        """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries."""
+    def lookup(self, req: Request, limit: int) -> np.ndarray:
+        """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries, as an
+        int64 array: :meth:`num_evictable` and :meth:`touch` take it as it is (converting a list there, twice per
+        admission, was ~35% of the elements the prefix case of benchmarks/sim_speed.py turned into arrays)."""
         if limit <= 0:
-            return []
+            return _NONE
         if limit > len(self._out):  # (a repeated key hits one block at several positions)
             self._out = np.empty(limit, dtype=np.int64)
         # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
         n = _k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
-        hits = self._out[:n].tolist() if n else []
         ids = req.block_ids
-        found = self._out[:n].copy()
         if n < limit and len(ids) > n and not req.blocks_freed and n >= len(req.prefix_keys):
             # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
             # scheduler looks a request up when it holds none).
-            hits.extend(ids[n:limit])
-            found = np.array(hits, dtype=np.int64)
-        # The hits as an array too, for the num_evictable and touch that follow (the scheduler passes this list
-        # unchanged): converting the list twice was ~35% of the elements the prefix case turned into arrays.
-        self._hits, self._hits_array = hits, found
-        return hits
+            return np.concatenate((self._out[:n], np.array(ids[n:limit], dtype=np.int64)))
+        return self._out[:n].copy()
 
-    def _ids_array(self, ids: list[int]) -> np.ndarray:
-        """``ids`` as int64: the last lookup's array when ``ids`` is the list it returned, unchanged."""
-        if ids is self._hits and len(ids) == len(self._hits_array):
-            return self._hits_array
-        return np.array(ids, dtype=np.int64)
+    def num_evictable(self, ids: np.ndarray) -> int:
+        """How many of these hit blocks (:meth:`lookup`'s) are free (taking them still costs a free block)."""
+        return _k.num_evictable(self._blk, ids) if len(ids) else 0
 
-    def num_evictable(self, ids: list[int]) -> int:
-        """How many of these hit blocks are free (taking them still costs a free block)."""
-        return _k.num_evictable(self._blk, self._ids_array(ids)) if ids else 0
-
-    def touch(self, req: Request, ids: list[int]) -> None:
-        """``req`` (holding nothing yet) takes these hit blocks as its leading blocks."""
-        if ids:
-            taken = _k.touch(self._blk, self._state, self._ids_array(ids))
+    def touch(self, req: Request, ids: np.ndarray) -> None:
+        """``req`` (holding nothing yet) takes these hit blocks (:meth:`lookup`'s) as its leading blocks."""
+        if len(ids):
+            taken = _k.touch(self._blk, self._state, ids)
             if taken < 0:
                 raise RuntimeError("prefix pool: touched a block that carries no hash")
             self.num_cached -= taken
             self.num_used += taken
-        req.block_ids = list(ids)
+        req.block_ids = ids.tolist()
         req.blocks = len(ids)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:

@@ -26,7 +26,7 @@ class V0Scheduler(BaseScheduler):
 
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
                  predicted_output: dict[str, int] | None = None):
-        # Explicit arguments: the compiled engine (sim/_native.py) does not forward *args to a native base.
+        # Explicit arguments: the compiled engine (sim/_compiled.py) does not forward *args to a native base.
         super().__init__(config, num_gpu_blocks, num_cpu_blocks, predicted_output)
         self.watermark_blocks = int(V0_WATERMARK * self.pool.num_blocks)
         self.chunked = bool(self.config.enable_chunked_prefill)

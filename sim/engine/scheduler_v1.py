@@ -8,9 +8,15 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
+
+
+#: No prefix-cache hits (a unique prompt's admission; PrefixBlockPool.lookup returns hits as int64 arrays).
+_NO_HITS = np.zeros(0, dtype=np.int64)
 
 
 class V1Scheduler(BaseScheduler):
@@ -24,7 +30,7 @@ class V1Scheduler(BaseScheduler):
 
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
                  predicted_output: dict[str, int] | None = None):
-        # Explicit arguments: the compiled engine (sim/_native.py) does not forward *args to a native base.
+        # Explicit arguments: the compiled engine (sim/_compiled.py) does not forward *args to a native base.
         super().__init__(config, num_gpu_blocks, num_cpu_blocks, predicted_output)
         config = self.config
         # vLLM's kv_cache_manager: int(watermark * kv_cache_config.num_blocks), the null block included
@@ -130,7 +136,7 @@ class V1Scheduler(BaseScheduler):
         )
         return out
 
-    def _take_blocks(self, req: Request, hit_ids: list[int], gpu_hit: int, total: int, computed: int) -> None:
+    def _take_blocks(self, req: Request, hit_ids: np.ndarray, gpu_hit: int, total: int, computed: int) -> None:
         """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
         pool = self.pool
         if self.blocks_hashed:
@@ -194,7 +200,7 @@ class V1Scheduler(BaseScheduler):
         # Prefix cache: the longest run of leading blocks found in the cache; vLLM always recomputes at least
         # the last token (get_computed_blocks: max_cache_hit_length = num_tokens - 1).
         max_hit = (num_tokens - 1) // block_size
-        hit_ids: list[int] = []
+        hit_ids = _NO_HITS
         if self.blocks_hashed:
             # Shared prefixes: blocks keyed by content, possibly computed (or being computed) by other requests.
             hit_ids = pool.lookup(req, max_hit)
