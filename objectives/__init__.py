@@ -1,4 +1,5 @@
-"""Metrics of a run (request and step tables, DESIGN sections 3 and 6) and the objectives built on them.
+"""Metrics of a run (request and step tables; docs/design.md, 'Data contracts' and 'Metrics') and the objectives
+built on them.
 
 ``summarize`` is the entry point; the single metrics are exported for callers that need one of them.
 Latency percentiles use one rule everywhere (``percentile``: sorted-index, numpy ``method="higher"``) and

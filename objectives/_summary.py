@@ -122,7 +122,8 @@ def summarize(
     prompt_bucket_edges: Sequence[float] = DEFAULT_PROMPT_EDGES,
     output_bucket_edges: Sequence[float] = DEFAULT_OUTPUT_EDGES,
 ) -> Summary:
-    """All metrics of a run from its request and step tables (DESIGN section 3) and its class definitions.
+    """All metrics of a run from its request and step tables (docs/design.md, 'Data contracts') and its class
+    definitions.
 
     ``steps`` may be ``None`` when a backend has no step table: the step metrics are then NaN; or the
     :class:`~objectives.StepTotals` a run accumulated instead of keeping its step table.

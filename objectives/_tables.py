@@ -1,4 +1,4 @@
-"""Column names of the request and step tables (DESIGN section 3) and the checks metrics rely on.
+"""Column names of the request and step tables (docs/design.md, 'Data contracts') and the checks metrics rely on.
 
 Only the columns a metric reads are required; a column the replay backend cannot observe is present but NaN,
 and the metrics that need it come out NaN (never invented).
@@ -37,7 +37,7 @@ def require_columns(table: pd.DataFrame, columns: Iterable[str], name: str) -> N
     """Raise ``ConfigError`` naming every missing column: a missing column is a producer bug, not a NaN."""
     missing = [c for c in columns if c not in table.columns]
     if missing:
-        raise ConfigError(name, f"missing columns {missing} (see DESIGN section 3)")
+        raise ConfigError(name, f"missing columns {missing} (see docs/design.md, 'Data contracts')")
 
 
 def check_requests(requests: pd.DataFrame) -> None:

@@ -1,4 +1,4 @@
-"""GPU replay and the digital twin (DESIGN section 2).
+"""GPU replay and the digital twin (docs/design.md, 'Replay and the digital twin').
 
 - ``ReplayBackend`` (TrialBackend): start vLLM (or the twin) with a trial's config, replay a workload open-loop
   with its timing, scrape ``/metrics``, return the request table and a step-like timeline.

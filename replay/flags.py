@@ -40,7 +40,8 @@ from sim.errors import ConfigError
 if TYPE_CHECKING:
     from replay.vllm_env import VllmInstall
 
-#: The version kvtune's V1 semantics were read from (DESIGN section 4), used when none is given for V1.
+#: The version kvtune's V1 semantics were read from (docs/design.md, 'Engine semantics'), used when none is given
+#: for V1.
 DEFAULT_VLLM_VERSION = "0.33.0"
 
 

@@ -1,4 +1,5 @@
-"""What a replay produces: the request table and a step-like timeline (DESIGN section 3), and their files.
+"""What a replay produces: the request table and a step-like timeline (docs/design.md, 'Data contracts'), and their
+files.
 
 Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``), then ``reason`` (why a request did not
 finish: a rejection's message, an error; None for finished requests).  What a client cannot see is NaN:

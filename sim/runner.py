@@ -37,7 +37,7 @@ LIST_CHUNK = 65536
 
 @dataclass
 class SimResult:
-    """The two tables of DESIGN section 3 and what the run needs to be explained."""
+    """The two tables (docs/design.md, 'Data contracts') and what the run needs to be explained."""
 
     requests: pd.DataFrame
     #: The step table; empty when the run did not keep it (``record_steps=False``).

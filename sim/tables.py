@@ -1,4 +1,4 @@
-"""The request table and the step table of DESIGN section 3.
+"""The request table and the step table (docs/design.md, 'Data contracts').
 
 The request table is kept as compact arrays while the run goes (:class:`RequestLog`: a request's row is
 written when it ends, so its live state can be dropped), and the step table as row tuples, optionally handed

@@ -212,8 +212,8 @@ class WhatIf:
 
 def translate_flavor(knobs: Mapping[str, Any], flavor: str) -> dict[str, Any]:
     """Knobs of one flavor as the nearest config of the other: V0 swap preemption with ``swap_space_gb`` becomes
-    V1's CPU offload of the same size (DESIGN section 4: "the V1 counterpart of swap") and back; knobs the new
-    flavor lacks are dropped."""
+    V1's CPU offload of the same size (docs/design.md, 'Engine semantics': "the V1 counterpart of swap") and back;
+    knobs the new flavor lacks are dropped."""
     out = {k: v for k, v in knobs.items()}
     if flavor == "vllm-v1":
         swap = out.get("preemption_mode") == "swap"

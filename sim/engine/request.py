@@ -9,7 +9,7 @@ import numpy as np
 
 
 class Status(str, Enum):
-    """Final statuses of DESIGN section 3, plus the live ones."""
+    """Final statuses of the request table (docs/design.md, 'Data contracts'), plus the live ones."""
 
     WAITING = "waiting"
     RUNNING = "running"

@@ -1,4 +1,4 @@
-"""Roofline iteration-latency model (DESIGN section 5).
+"""Roofline iteration-latency model (docs/design.md, 'Latency model').
 
 A step is a sequence of kernels, each bounded by its own roofline: compute time is its FLOPs at a fraction
 (``mfu``) of the GPU's dense peak, memory time is the bytes it moves at a fraction (``bw_eff``) of HBM bandwidth,
@@ -56,9 +56,9 @@ class LatencyCoefficients:
     - ``bw_eff`` 0.78: one-token GEMMs (pure weight streaming) in Vidur's profiles move 75-78% of peak HBM
       bandwidth on A100 and 77-86% on H100 (Llama-2-7B, Llama-3-8B, Llama-2/3-70B layers).
     - ``roofline_norm`` 2: a kernel takes ``(compute**p + memory**p) ** (1/p)``; ``inf`` gives the hard roofline
-      ``max`` of DESIGN section 5.  Near the ridge (64-512 tokens) loads and math do not overlap perfectly: Vidur's
-      GEMM times there are up to 40% above the hard max (H100 Llama-2-7B at 256 tokens: 0.26 ms per layer
-      measured, 0.16 ms hard max, 0.22 ms with p=2).  p=2 cuts the 90th-percentile error over Vidur's 1-4096
+      ``max`` (docs/design.md, 'Latency model').  Near the ridge (64-512 tokens) loads and math do not overlap
+      perfectly: Vidur's GEMM times there are up to 40% above the hard max (H100 Llama-2-7B at 256 tokens: 0.26 ms per
+      layer measured, 0.16 ms hard max, 0.22 ms with p=2).  p=2 cuts the 90th-percentile error over Vidur's 1-4096
       token range (all models, TP 1-8) from 32% to 23%; the published end-to-end points barely move.
     - ``overhead_s`` 2 ms per step (scheduling, input preparation, sampling, launch): NIM Llama-3.3-70B ITL at
       concurrency 1 (18.6 ms) is 2.0 ms above the model's GPU time; TensorRT-LLM first-token latency at 128

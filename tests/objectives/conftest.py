@@ -1,4 +1,4 @@
-"""Builders of small request and step tables (DESIGN section 3) for the objectives tests."""
+"""Builders of small request and step tables (docs/design.md, 'Data contracts') for the objectives tests."""
 
 from __future__ import annotations
 
