@@ -2,8 +2,8 @@
 not stale.
 
 The engine's per-step Python (scheduling, applying outputs, the latency model, the run loop) runs 2-4x faster
-compiled by mypyc (``benchmarks/sim_speed.py``; README "Speed"). The compiled modules are the same sources, so
-decisions cannot differ; ``tests/sim/engine/test_compiled_engine.py`` compares the compiled and interpreted engines'
+compiled by mypyc (``benchmarks/sim_speed.py``; benchmarks/speed/README.md). The compiled modules are the same sources,
+so decisions cannot differ; ``tests/sim/engine/test_compiled_engine.py`` compares the compiled and interpreted engines'
 tables. A compiled module is an extension file beside its source (``pip install -e .`` builds them in place), and
 Python imports an extension before a source of the same name, so a build older than an edited source would run the
 old code. :func:`install` (called by ``sim/__init__.py``) therefore checks the sources against the hashes the build

@@ -2,7 +2,7 @@
 
 Raising ``max_num_seqs`` lets more sequences share a nearly full cache, so more of them get preempted and
 recompute their prefix; reserving KV for running sequences stops admissions from eating the room they grow
-into.  Direction of p99/throughput is reported in the README (benchmarks/incident_sweep.py), not asserted.
+into.  Direction of p99/throughput is reported in benchmarks/README.md (benchmarks/incident_sweep.py), not asserted.
 """
 
 from __future__ import annotations
