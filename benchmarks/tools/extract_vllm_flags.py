@@ -1,7 +1,8 @@
-"""Regenerate ``vllm_flags.yaml`` from vLLM release wheels (a developer tool; not shipped, not imported).
+"""Regenerate ``optimizer/data/vllm_flags.yaml`` from vLLM release wheels (a maintainer's tool; not shipped, not
+imported).
 
     pip download --no-deps --only-binary :all: -d wheels/0.18.0 vllm==0.18.0     # one folder per version
-    python optimizer/data/extract_vllm_flags.py wheels/*/vllm-*.whl > optimizer/data/vllm_flags.yaml
+    python benchmarks/tools/extract_vllm_flags.py wheels/*/vllm-*.whl > optimizer/data/vllm_flags.yaml
 
 For each wheel it parses ``vllm/engine/arg_utils.py`` (no import, no torch needed) and lists every option string
 given to ``add_argument`` that starts with ``--``.  A flag is *negatable* (``--no-<flag>`` exists, which is what
@@ -84,7 +85,7 @@ def main(wheels: list[str]) -> None:
                                                                     for p in re.split(r"[.]", e["version"].replace("post", ""))])
     print("# Real `vllm serve` engine flags, per vLLM release, as data for `kvtune export`.")
     print("# Each list was read from vllm/engine/arg_utils.py of that release's wheel on PyPI (parsed, not imported) by")
-    print("# optimizer/data/extract_vllm_flags.py. `negatable`: boolean flags that also accept --no-<flag> (what")
+    print("# benchmarks/tools/extract_vllm_flags.py. `negatable`: boolean flags that also accept --no-<flag> (what")
     print("# `vllm serve --config` turns `flag: false` into). `engines`: v0 while the wheel still ships vllm/core/scheduler.py.")
     print("# A target version between two listed releases gets only the flags both of them have (see optimizer/_versions.py).")
     print("versions:")
