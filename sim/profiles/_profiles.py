@@ -11,8 +11,10 @@ kvtune does not list).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
+import re
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -38,10 +40,19 @@ class GpuProfile:
     #: Device total as vLLM's memory profiler sees it (torch.cuda.mem_get_info), GiB, where a vLLM log published
     #: it; ``None``: the nvidia-smi total less the H100's published difference (see ``vllm_total_bytes``).
     vllm_total_gib: float | None = None
+    #: Where ``price_per_hour_usd`` comes from (provider and page URL) and when it was read or published
+    #: (``YYYY-MM`` or ``YYYY-MM-DD``); ``None`` where the device has no price.
+    price_source: str | None = None
+    price_date: str | None = None
 
     @property
     def mem_bytes(self) -> float:
         return self.mem_gb * 1e9
+
+    @property
+    def has_price(self) -> bool:
+        """Whether the device has a price: ``price_per_hour_usd`` 0.0 means unknown (a device YAML without one)."""
+        return self.price_per_hour_usd > 0
 
     @property
     def vllm_total_bytes(self) -> float:
@@ -176,7 +187,27 @@ def load_model(name: str, field: str = "model") -> ModelProfile:
 #: Device YAML keys: required (peak compute, memory bandwidth, memory, host link) and optional with defaults.
 _DEVICE_REQUIRED = ("mem_gb", "hbm_bw_gbps", "bf16_tflops", "host_link_gbps")
 _DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "price_per_hour_usd": 0.0,
-                    "source": None}
+                    "source": None, "price_source": None, "price_date": None}
+_PRICE_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
+
+
+def _price_strings(data: dict, where: str) -> dict:
+    """``price_source`` and ``price_date`` of a device YAML: strings, the date ``YYYY-MM`` or ``YYYY-MM-DD`` (an
+    unquoted YAML date, which the parser reads as a date, is taken as its ISO text)."""
+    values: dict = {}
+    for key in ("price_source", "price_date"):
+        value = data.get(key)
+        if value is None:
+            values[key] = None
+            continue
+        if key == "price_date" and isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+            value = value.isoformat()
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where}: {key}", f"must be a non-empty string, got {value!r}")
+        if key == "price_date" and not _PRICE_DATE.match(value):
+            raise ConfigError(f"{where}: {key}", f"must be a date YYYY-MM or YYYY-MM-DD, got {value!r}")
+        values[key] = value
+    return values
 
 
 @functools.cache
@@ -221,14 +252,16 @@ def _device(path: str) -> GpuProfile:
     if not isinstance(name, str):
         raise ConfigError(f"{where}: name", f"must be a string, got {name!r}")
     source = data.get("source") or path
-    return GpuProfile(name=name, source=str(source), **values)
+    return GpuProfile(name=name, source=str(source), **values, **_price_strings(data, where))
 
 
 def load_device_yaml(path: str | Path) -> GpuProfile:
     """A device from a YAML file with hardware.yaml's fields: ``mem_gb`` (memory, GB), ``hbm_bw_gbps`` (memory
     bandwidth, GB/s), ``bf16_tflops`` (peak dense compute, TFLOP/s) and ``host_link_gbps`` (host<->device, GB/s),
-    required; ``name``, ``fp8_tflops``, ``gpu_link_gbps`` (default host_link_gbps), ``price_per_hour_usd``,
-    ``source``, optional.  ConfigError naming the file and field for a bad one."""
+    required; ``name``, ``fp8_tflops``, ``gpu_link_gbps`` (default host_link_gbps), ``price_per_hour_usd`` (USD per
+    GPU-hour; 0.0, the default, means unknown), ``price_source`` and ``price_date`` (strings: where and when the
+    price was read, ``YYYY-MM[-DD]``), ``source``, optional.  ConfigError naming the file and field for a bad
+    one."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(str(path), "no such device YAML")
