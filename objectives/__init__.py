@@ -8,6 +8,7 @@ count requests that did not finish as censored values (``latency_samples``), nev
 
 from objectives._censor import latency_samples
 from objectives._busy import BusyTime
+from objectives._cost import PRICE_KEY, deployment_price
 from objectives._cohorts import DEFAULT_OUTPUT_EDGES, DEFAULT_PROMPT_EDGES, CohortStats, Quantiles, StatusCounts, Tail
 from objectives._format import format_summary
 from objectives._percentile import percentile, percentiles
@@ -30,6 +31,7 @@ from objectives.registry import (
 
 __all__ = [
     "BUCKET_PREFIXES",
+    "PRICE_KEY",
     "DEFAULT_OUTPUT_EDGES",
     "DEFAULT_PROMPT_EDGES",
     "STATUSES",
@@ -46,6 +48,7 @@ __all__ = [
     "Tail",
     "Summary",
     "constraint_values",
+    "deployment_price",
     "format_summary",
     "get_objective",
     "goodput_rps",

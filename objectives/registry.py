@@ -16,6 +16,8 @@ Names (``[:<cohort>]``: all requests, or ``:<class>``, or a bucket such as ``:ou
 - stalls: ``p{50,90,99}_itl_s`` (run), ``{p50,p90,p99,max}_{max_itl,preempted,queue_wait,resume_wait}_s[:<cohort>]``;
 - preemption depth: ``preemptions_per_request`` (mean), ``preemptions_per_request_{p99,max}``,
   ``preempted_ge2_share``, ``preempted_ge1_share`` (minimize).
+- cost: ``cost_per_hour_usd``, ``usd_per_million_output_tokens`` (minimize; they read the deployment's price,
+  ``objectives.PRICE_KEY``, which the backend adds to the metrics: ``objectives._cost``).
 
 Constraints: every class SLO target (``slo_constraints``), and bounds on any objective, written
 ``"<objective> <= <number>"`` or ``">="`` (``parse_bound``), e.g. ``"slo_attainment:chat >= 0.95"``.
