@@ -14,8 +14,15 @@ Files written to the output folder:
   says ``sim``, ``backend`` the study's backend, and ``trial_values`` hold what the trial measured).
 
 The pick among Pareto points: the highest throughput (``output_tokens_per_s``, else ``goodput_rps``) by default,
-or with ``favor=CLASS`` the lowest tail latency of that class relative to its SLO.  When no trial meets every SLO,
-the trial closest to feasible is exported, marked infeasible, with each failing class and by how much.
+or with ``favor=CLASS`` the lowest tail latency of that class relative to its SLO.  Every study runs the target
+vLLM's default config as a trial (``kvtune_default``), so it is a candidate like any other: when it wins, the
+answer is "keep the default".
+
+When no trial meets every SLO, the export says so and never recommends a config worse than the default on a class
+the SLOs protect (p99 above both the target and the default's p99): it recommends the trial closest to feasible
+among those that miss less than the default (total relative violation) and are no worse on any protected class,
+marked infeasible; if there is none, it keeps the default.  ``recommended.json``'s ``comparison`` then holds, per
+class and SLO, the default and the least-violating trial side by side, with what each misses and by how much.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
 from optimizer._robustness import describe as describe_robustness
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
-from optimizer._storage import StudyContext, is_feasible, open_study, prepare, trial_metric, trial_metrics
+from optimizer._storage import (StudyContext, is_default, is_feasible, open_study, prepare, trial_metric,
+                               trial_metrics)
 from optimizer._versions import VllmTarget, version_validity
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -138,35 +146,96 @@ def _class_score(t: FrozenTrial, ctx: StudyContext, class_name: str) -> float:
 
 @dataclass
 class Pick:
-    trial: FrozenTrial
+    """The recommendation: ``trial`` (None only when the default is kept and the study holds no default trial, as a
+    study stored by an earlier kvtune), why (``rule``), whether it meets every SLO, the feasible Pareto front, the
+    SLOs it misses, the study's default-config trial, and when nothing is feasible the least-violating trial."""
+
+    trial: FrozenTrial | None
     rule: str
     feasible: bool
     front: list[FrozenTrial]
     shortfalls: list[Shortfall] = field(default_factory=list)
+    default: FrozenTrial | None = None
+    #: The recommendation is the engine's default config: no trial improves on it.
+    keep_default: bool = False
+    #: When no trial is feasible: the trial closest to feasible (least total relative violation), default included.
+    closest: FrozenTrial | None = None
 
 
-def choose(trials: Sequence[FrozenTrial], ctx: StudyContext, favor: str | None = None) -> Pick:
-    """The recommended trial (see the module docstring)."""
+def default_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The study's completed default-config trial (the first, if a resumed study ran it twice), else None."""
+    return next((t for t in trials if is_default(t) and t.state == TrialState.COMPLETE and t.values is not None),
+                None)
+
+
+def total_violation(metrics: Mapping[str, Any], ctx: StudyContext) -> float:
+    """Sum of the positive constraint violations of ``metrics`` (0: feasible)."""
+    return sum(max(0.0, float(c.violation(metrics))) for c in ctx.constraints)
+
+
+def worse_than_default(metrics: Mapping[str, Any], default: Mapping[str, Any], ctx: StudyContext) -> list[str]:
+    """The SLO-protected class tails on which ``metrics`` is worse than the default config's: p99 above both the
+    target and the default's p99 (a config that meets a class's SLO is never worse on it; one that misses it is
+    worse only where it misses by more than the default does).  Empty: no protected class loses."""
+    out = []
+    for c in ctx.constraints:
+        if isinstance(c, BoundConstraint):
+            continue
+        key = f"class.{c.class_name}.{c.metric}.p99"
+        mine, theirs = float(metrics.get(key, math.nan)), float(default.get(key, math.nan))
+        if math.isnan(mine) and math.isnan(theirs):
+            continue
+        if math.isnan(mine) or mine > max(c.target_s, theirs if not math.isnan(theirs) else -math.inf):
+            out.append(f"class {c.class_name}: p99 {c.metric} {mine:.4g} s against the default's {theirs:.4g} s "
+                       f"(target {c.target_s:g} s)")
+    return out
+
+
+def choose(trials: Sequence[FrozenTrial], ctx: StudyContext, favor: str | None = None,
+           default_metrics: Mapping[str, Any] | None = None) -> Pick:
+    """The recommended trial (see the module docstring).  ``default_metrics``: the default config's metrics, for
+    a study without a default-config trial (else that trial's are used)."""
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
     if not complete:
         raise KvtuneError(f"study {ctx.spec.name!r} has no completed trial yet; nothing to export")
     if favor is not None and favor not in ctx.classes:
         raise ConfigError("favor", f"no class {favor!r} in the workload; classes: {sorted(ctx.classes)}")
     names = list(ctx.spec.objectives)
+    default = default_trial(complete)
+    if default is not None:
+        default_metrics = trial_metrics(default)
     feasible = [t for t in complete if is_feasible(t)]
     front = pareto_front(feasible, ctx.directions)
     if not front:
-        best = min(complete, key=lambda t: (_total_violation(t), -_nan_low(_throughput_of(t, names))))
-        return Pick(best, "no trial meets every SLO: the trial closest to feasible (least total relative violation)",
-                    False, [], shortfalls(trial_metrics(best), ctx))
+        closest = min(complete, key=lambda t: (_total_violation(t), -_nan_low(_throughput_of(t, names)),
+                                               not is_default(t)))
+        falls = shortfalls(trial_metrics(closest), ctx)
+        if default_metrics is None:  # nothing to compare with (a stored study without its default)
+            return Pick(closest, "no trial meets every SLO: the trial closest to feasible (least total relative "
+                        "violation); the study holds no default-config trial to compare it with", False, [],
+                        falls, None, False, closest)
+        base = total_violation(default_metrics, ctx)
+        better = [t for t in complete if not is_default(t) and _total_violation(t) < base
+                  and not worse_than_default(trial_metrics(t), default_metrics, ctx)]
+        if better:
+            best = min(better, key=lambda t: (_total_violation(t), -_nan_low(_throughput_of(t, names)), t.number))
+            return Pick(best, "no trial meets every SLO: the trial closest to feasible among those that miss less "
+                        "than the default config and are no worse than it on any SLO-protected class", False, [],
+                        shortfalls(trial_metrics(best), ctx), default, False, closest)
+        return Pick(default, "no trial meets every SLO, and none misses less than the default config without being "
+                    "worse on an SLO-protected class: keep the default", False, [],
+                    shortfalls(default_metrics, ctx), default, True, closest)
     if favor is None:
-        best = max(front, key=lambda t: (_nan_low(_throughput_of(t, names)), -t.number))
+        best = max(front, key=lambda t: (_nan_low(_throughput_of(t, names)), is_default(t), -t.number))
         rule = "highest throughput among Pareto-optimal trials meeting every SLO"
     else:
-        best = min(front, key=lambda t: (_class_score(t, ctx, favor), -_nan_low(_throughput_of(t, names)), t.number))
+        best = min(front, key=lambda t: (_class_score(t, ctx, favor), -_nan_low(_throughput_of(t, names)),
+                                         not is_default(t), t.number))
         rule = (f"favor class {favor}: lowest p99/SLO of {favor} among Pareto-optimal trials meeting every SLO "
                 "(ties: highest throughput)")
-    return Pick(best, rule, True, front)
+    if is_default(best):
+        rule += "; it is the default config: keep the default"
+    return Pick(best, rule, True, front, [], default, is_default(best))
 
 
 def _nan_low(value: float) -> float:
@@ -175,7 +244,7 @@ def _nan_low(value: float) -> float:
 
 # ---- tables ----------------------------------------------------------------------------------------------------
 def trial_row(t: FrozenTrial, ctx: StudyContext) -> dict[str, Any]:
-    row: dict[str, Any] = {"trial": t.number, "feasible": is_feasible(t)}
+    row: dict[str, Any] = {"trial": t.number, "default": is_default(t), "feasible": is_feasible(t)}
     for name, value in zip(ctx.spec.objectives, t.values or ()):
         row[name] = value
     for key, value in t.user_attrs.get("knobs", {}).items():
@@ -191,10 +260,15 @@ def trial_row(t: FrozenTrial, ctx: StudyContext) -> dict[str, Any]:
     return row
 
 
-def pareto_table(front: Sequence[FrozenTrial], ctx: StudyContext) -> pd.DataFrame:
-    rows = [trial_row(t, ctx) for t in front]
+def pareto_table(front: Sequence[FrozenTrial], ctx: StudyContext, default: FrozenTrial | None = None
+                 ) -> pd.DataFrame:
+    """One row per Pareto-optimal trial (``pareto`` True), and the default-config trial's row when it is not one
+    of them (``pareto`` False), so the table always shows what the default gives."""
+    rows = [{**trial_row(t, ctx), "pareto": True} for t in front]
+    if default is not None and all(t.number != default.number for t in front):
+        rows.append({**trial_row(default, ctx), "pareto": False})
     if not rows:
-        cols = ["trial", "feasible", *ctx.spec.objectives]
+        cols = ["trial", "default", "feasible", "pareto", *ctx.spec.objectives]
         return pd.DataFrame(columns=cols)
     return pd.DataFrame(rows)
 
@@ -340,11 +414,51 @@ def predicted(metrics: Mapping[str, Any] | None, ctx: StudyContext, error: str |
     return out
 
 
+def side_by_side(pick: Pick, default_metrics: Mapping[str, Any] | None, ctx: StudyContext) -> dict[str, Any]:
+    """Per SLO-protected class and SLO metric, the default config and the trial closest to feasible side by side:
+    ``{class: {metric: {"target_s", "default": {"p99_s", "meets", "excess"}, "closest": {..., "trial"}}}}``."""
+    columns: list[tuple[str, Mapping[str, Any], int | None]] = []
+    if default_metrics is not None:
+        columns.append(("default", default_metrics, None if pick.default is None else pick.default.number))
+    if pick.closest is not None and not is_default(pick.closest):
+        columns.append(("closest", trial_metrics(pick.closest), pick.closest.number))
+    out: dict[str, Any] = {}
+    for c in ctx.constraints:
+        if isinstance(c, BoundConstraint):
+            continue
+        entry = out.setdefault(c.class_name, {}).setdefault(c.metric, {"target_s": c.target_s})
+        for label, metrics, number in columns:
+            p99 = float(metrics.get(f"class.{c.class_name}.{c.metric}.p99", math.nan))
+            entry[label] = {"trial": number, "p99_s": _finite(p99), "meets": p99 <= c.target_s,
+                            "excess": _finite((p99 - c.target_s) / c.target_s)}
+    return out
+
+
+def describe_comparison(comparison: Mapping[str, Any]) -> list[str]:
+    """One line per SLO: the default's p99 and the closest trial's, each against the target."""
+    lines = []
+    for cls, metrics in comparison.items():
+        for metric, entry in metrics.items():
+            parts = []
+            for label in ("default", "closest"):
+                if label not in entry:
+                    continue
+                e = entry[label]
+                name = label if label == "default" else f"closest trial {e['trial']}"
+                p99 = e["p99_s"]
+                verdict = ("meets" if e["meets"] else
+                           f"misses by {100 * e['excess']:.1f}%" if isinstance(e["excess"], float) else "misses")
+                parts.append(f"{name} {_show(p99)} s ({verdict})")
+            lines.append(f"class {cls} p99 {metric} (target {entry['target_s']:g} s): " + "; ".join(parts))
+    return lines
+
+
 # ---- export ----------------------------------------------------------------------------------------------------
 @dataclass
 class ExportResult:
     out: Path
-    trial: int
+    #: The recommended trial; None when the default is kept and the study holds no default-config trial.
+    trial: int | None
     feasible: bool
     rule: str
     front_size: int
@@ -355,15 +469,25 @@ class ExportResult:
     default: dict[str, Any]
     files: list[Path]
     robustness: dict[str, Any] = field(default_factory=dict)
+    keep_default: bool = False
+    #: When nothing is feasible: per class and SLO, the default and the least-violating trial (:func:`side_by_side`).
+    comparison: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
-        lines = [f"recommended trial {self.trial} ({self.rule})"]
+        which = "the engine's default config" if self.trial is None else f"trial {self.trial}"
+        lines = []
+        if not self.feasible:
+            lines.append("kvtune: no trial meets every SLO"
+                         + ("; keep the default" if self.keep_default else
+                            f"; {which} misses less than the default and is no worse on any SLO-protected class"))
+        lines.append(f"recommended {which} ({self.rule})")
         rec, base = self.recommended.get("objectives", {}), self.default.get("objectives", {})
         for name, value in rec.items():
             lines.append(f"  {name}: {_show(value)} (engine default config: {_show(base.get(name))})")
         if not self.feasible:
-            lines.append("  no trial meets every SLO:")
+            lines.append("  SLOs missed by the recommendation:")
             lines.extend(f"    {s}" for s in self.shortfalls)
+            lines.extend(f"  {line}" for line in describe_comparison(self.comparison))
         if self.robustness:
             lines.extend(f"  {line}" for line in describe_robustness(self.robustness))
         lines.append(f"wrote {', '.join(p.name for p in self.files)} to {self.out} "
@@ -385,26 +509,38 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         raise ConfigError("storage", f"{url} does not exist; run 'kvtune tune' first or give --storage")
     study = open_study(ctx, url, create=False)
     trials = study.get_trials(deepcopy=False)
-    pick = choose(trials, ctx, favor)
-    files = []
-
-    table = pareto_table(pick.front, ctx)
-    atomic_write_text(out / "pareto.csv", table.to_csv(index=False))
-    files.append(out / "pareto.csv")
-
-    knobs = dict(pick.trial.user_attrs["knobs"])
-    flags, policies, notes = vllm_config(knobs, spec)
     backend = SimBackend.for_spec(spec, ctx.workloads)
     results: dict[str, dict[str, Any]] = {}
     fresh: dict[str, Any] = {}
-    for label, run_knobs in (("recommended", knobs), ("default", spec.fixed_knobs())):
+
+    def simulate(label: str, run_knobs: Mapping[str, Any]) -> None:
         try:
-            fresh[label] = backend.run(run_knobs, ctx.seeds)
+            fresh[label] = backend.run(dict(run_knobs), ctx.seeds)
             results[label] = predicted(fresh[label], ctx)
         except (TrialError, KvtuneError) as exc:
             fresh[label] = None
             results[label] = predicted(None, ctx, str(exc))
+
+    if default_trial(trials) is None:  # a study stored by an earlier kvtune: compare with a fresh simulation
+        simulate("default", spec.fixed_knobs())
+    pick = choose(trials, ctx, favor, default_metrics=fresh.get("default"))
+    files = []
+
+    table = pareto_table(pick.front, ctx, pick.default)
+    atomic_write_text(out / "pareto.csv", table.to_csv(index=False))
+    files.append(out / "pareto.csv")
+
+    knobs = dict(pick.trial.user_attrs["knobs"]) if pick.trial is not None else spec.fixed_knobs()
+    flags, policies, notes = vllm_config(knobs, spec)
+    if "default" not in results:
+        simulate("default", spec.fixed_knobs())
+    if pick.keep_default:  # the same config: one simulation
+        fresh["recommended"], results["recommended"] = fresh["default"], results["default"]
+    else:
+        simulate("recommended", knobs)
     falls = pick.shortfalls if not pick.feasible else []
+    compared = ({} if pick.feasible else
+                side_by_side(pick, trial_metrics(pick.default) if pick.default else fresh.get("default"), ctx))
     unused = unused_host_tier(knobs, fresh.get("recommended"))
     if unused:
         notes.append(unused)
@@ -413,8 +549,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     model_id = hf_model_id(spec.model)
     target = spec.vllm_version
     engine = "V1" if spec.flavor == "vllm-v1" else "V0"
+    which = "the engine's default config" if pick.trial is None else f"trial {pick.trial.number}"
     header = [
-        f"kvtune recommendation: study {spec.name}, trial {pick.trial.number}; vLLM {target} ({engine} engine)",
+        f"kvtune recommendation: study {spec.name}, {which}; vLLM {target} ({engine} engine)",
         f"model {spec.model} on {spec.gpu}, tensor parallel {spec.tensor_parallel_size}; "
         f"start with: vllm serve {model_id} --config recommended.yaml",
         f"pick: {pick.rule}",
@@ -423,8 +560,12 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         rec = results["recommended"].get("objectives", {}).get(o.name)
         base = results["default"].get("objectives", {}).get(o.name)
         header.append(f"predicted {o.name}: {_show(rec)} (engine default config: {_show(base)})")
+    if pick.keep_default:
+        header.append("keep the default: no trial searched improves on vLLM's default config"
+                      + ("" if pick.feasible else " (and the default misses SLOs too)"))
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
+        header.extend(describe_comparison(compared))
     header.extend(describe_robustness(robust))
     atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
@@ -432,9 +573,12 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     doc = {
         "study": spec.name,
         "storage": url,
-        "trial": pick.trial.number,
+        "trial": None if pick.trial is None else pick.trial.number,
         "pick": {"rule": pick.rule, "favor": favor, "pareto_size": len(pick.front)},
         "feasible": pick.feasible,
+        "keep_default": pick.keep_default,
+        "default_trial": None if pick.default is None else pick.default.number,
+        "comparison": compared,
         "shortfalls": [{"class": s.class_name, "metric": s.metric, "p99_s": _finite(s.p99_s),
                         "target_s": s.target_s, "excess": _finite(s.excess)} for s in falls],
         "vllm_version": str(target),
@@ -456,7 +600,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "replicate_seeds": ctx.seeds,
         "predicted": results,
         "robustness": robust,
-        "trial_values": dict(zip(spec.objectives, pick.trial.values)),
+        "trial_values": dict(zip(spec.objectives, pick.trial.values)) if pick.trial is not None else None,
         "backend": spec.backend.to_dict(),
         "default_metrics_backend": "sim",
     }
@@ -467,8 +611,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
             f"so compare those two with each other, and 'trial_values' for what the trial measured")
     atomic_write_text(out / "recommended.json", json.dumps(doc, indent=2, default=_json_default) + "\n")
     files.append(out / "recommended.json")
-    return ExportResult(out, pick.trial.number, pick.feasible, pick.rule, len(pick.front), flags, policies, falls,
-                        results["recommended"], results["default"], files, robust)
+    return ExportResult(out, None if pick.trial is None else pick.trial.number, pick.feasible, pick.rule,
+                        len(pick.front), flags, policies, falls,
+                        results["recommended"], results["default"], files, robust, pick.keep_default, compared)
 
 
 def _json_default(value: Any) -> Any:

@@ -47,6 +47,10 @@ MEMORY = "memory"
 #: another driver treats the trial as orphaned (Optuna's ``heartbeat_interval`` / ``grace_period``).
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
+#: Trial user attribute marking the trial that runs the target vLLM's default config (the study's fixed knobs and
+#: nothing searched): every study evaluates it (:func:`ensure_default_trial`), and the export never recommends a
+#: config worse than it.
+DEFAULT_ATTR = "kvtune_default"
 #: Trial system attribute: the driver process that asked for the trial.
 DRIVER_ATTR = "kvtune.driver"
 _IDENTITY_ATTR = "kvtune.identity"
@@ -56,7 +60,7 @@ _STARTS_ATTR = "kvtune.driver_starts"
 BUCKET_ATTRS = {prefix: f"{prefix}_buckets" for prefix in BUCKET_PREFIXES}
 #: Trial user attributes that are not summary metrics (the grouped bucket families are, once expanded).
 NON_METRIC_ATTRS = frozenset({"knobs", "constraints", "constraint_names", "feasible", "wall_s", FAIL_REASON,
-                              FAIL_KIND, "retry_of", "duplicate_of", "crash_attempt", "retried", "repaired",
+                              FAIL_KIND, "retry_of", "duplicate_of", "crash_attempt", "retried", "repaired", DEFAULT_ATTR,
                               *BUCKET_ATTRS.values()})
 
 
@@ -463,11 +467,35 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another driver recovered it first
-        if t.params and t.params not in waiting:
-            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+        if is_default(t) or (t.params and t.params not in waiting):
+            requeue(study, t, {"retry_of": t.number})
             waiting.append(t.params)
         recovered.append(t.number)
     return recovered
+
+
+def is_default(t: FrozenTrial | optuna.Trial) -> bool:
+    """Whether ``t`` runs the engine's default config (:data:`DEFAULT_ATTR`)."""
+    return bool(t.user_attrs.get(DEFAULT_ATTR))
+
+
+def requeue(study: optuna.Study, t: FrozenTrial | optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """Enqueue ``t``'s config again (its params; the default trial, which has none, stays the default)."""
+    extra = {DEFAULT_ATTR: True} if is_default(t) else {}
+    study.enqueue_trial(dict(t.params), user_attrs={**attrs, **extra})
+
+
+def ensure_default_trial(study: optuna.Study, target: int) -> bool:
+    """Enqueue the default-config trial unless the study already holds one (in any state: a retried or
+    interrupted one is enqueued again by :func:`requeue`), or the trials finished and already enqueued fill the
+    budget of ``target`` trials (the default would wait behind them forever).  True if it was enqueued now."""
+    trials = study.get_trials(deepcopy=False)
+    if any(is_default(t) for t in trials):
+        return False
+    if sum(1 for t in trials if is_finished(t) or t.state == TrialState.WAITING) >= target:
+        return False
+    study.enqueue_trial({}, user_attrs={DEFAULT_ATTR: True})
+    return True
 
 
 def is_finished(t: FrozenTrial) -> bool:

@@ -10,6 +10,10 @@
   ``constraints`` (SLO violations, <= 0 is feasible), also set through Optuna's constraint API so that samplers see
   them.
 - A failed trial (it raised, timed out, or its worker died) is told as FAIL with ``fail_reason`` / ``fail_kind``.
+- The target vLLM's default config (the spec's fixed knobs, nothing searched; every replicate seed) is one of the
+  study's trials, the first one a fresh study runs, marked ``kvtune_default`` (``optimizer._storage.DEFAULT_ATTR``)
+  and counted in the trial budget (a grid study runs every grid point and the default).  The export compares every
+  candidate with it.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from optimizer._storage import (
     StudyContext,
     claim_start,
     driver_identity,
+    ensure_default_trial,
     heartbeat_enabled,
+    is_default,
     is_feasible,
     is_finished,
     mark_driver,
@@ -52,6 +58,7 @@ from optimizer._storage import (
     open_study,
     prepare,
     recover_interrupted,
+    requeue,
     set_user_attrs,
 )
 from sim.engine.config import EngineConfig
@@ -162,8 +169,8 @@ class Tuner:
             backend.prepare(ctx.seeds)
         target = self.target
         grid = spec.sampler.name == "grid"
-        if grid:
-            target = min(target, spec.search.grid_size())
+        if grid:  # every grid point, and the default config
+            target = min(target, spec.search.grid_size() + 1)
         with phases.time("storage"):
             study = open_study(ctx, self.storage)
             self.study = study
@@ -177,7 +184,9 @@ class Tuner:
                                          seed=(spec.sampler.seed + stored + 7919 * start) % 2**32)
             recovered = recover_interrupted(study)
             trials = study.get_trials(deepcopy=False)
-        finished = sum(1 for t in trials if is_finished(t))
+            finished = sum(1 for t in trials if is_finished(t))
+            if finished < target and ensure_default_trial(study, target):  # the default config runs first (see export)
+                trials = study.get_trials(deepcopy=False)
         executor = None
         if finished < target:  # started before any progress output: an unreachable cluster is one error line
             executor = self.executor or RayExecutor(
@@ -276,8 +285,8 @@ class Tuner:
         """Fail ``trial`` as ``interrupted`` (not counted against the budget) and enqueue its params again."""
         set_user_attrs(trial, {FAIL_REASON: f"interrupted: {reason}", FAIL_KIND: INTERRUPTED})
         _tell(study, trial, state=TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+        if trial.params or is_default(trial):
+            requeue(study, trial, {"retry_of": trial.number})
 
     def _tell_outcome(self, study: optuna.Study, trial: optuna.Trial, knobs: Mapping[str, Any],
                       outcome: TrialOutcome, progress: ProgressLine) -> None:
@@ -344,6 +353,14 @@ def _graceful_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _trial_key(t: Any) -> str | None:
+    """What identifies a trial's config for reuse: its params, or the default config's mark (it has no params);
+    None for a trial with neither (nothing to reuse)."""
+    if is_default(t):
+        return "kvtune_default"
+    return _params_key(t.params) if t.params else None
+
+
 def _params_key(params: Mapping[str, Any]) -> str:
     return json.dumps({k: _jsonable(v) for k, v in params.items()}, sort_keys=True, default=str)
 
@@ -393,11 +410,11 @@ class _Run:
                 finished += 1
             elif t.state == TrialState.RUNNING:
                 running += 1
-                if t.params and t.number not in mine:
-                    self.elsewhere.setdefault(_params_key(t.params), t.number)
-            if t.params and (t.state == TrialState.COMPLETE or (
+                if _trial_key(t) is not None and t.number not in mine:
+                    self.elsewhere.setdefault(_trial_key(t), t.number)
+            if _trial_key(t) is not None and (t.state == TrialState.COMPLETE or (
                     t.state == TrialState.FAIL and t.user_attrs.get(FAIL_KIND) in _DETERMINISTIC_FAILS)):
-                done.setdefault(_params_key(t.params), t)
+                done.setdefault(_trial_key(t), t)
         return finished, running, done
 
     def _start_heartbeat(self) -> None:
@@ -467,19 +484,22 @@ class _Run:
                 with phases.time("ask"):
                     trial = self._ask()
                     running += 1
-                    params = spec.search.suggest(trial, all_knobs=self.grid)
-                    knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                    knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
-                    if repaired:
-                        trial.set_user_attr("repaired", repaired)
-                key = _params_key(trial.params)
+                    if is_default(trial):  # the engine's default config: nothing searched, nothing repaired
+                        knobs = spec.fixed_knobs()
+                    else:
+                        params = spec.search.suggest(trial, all_knobs=self.grid)
+                        knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
+                        knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
+                        if repaired:
+                            trial.set_user_attr("repaired", repaired)
+                key = _trial_key(trial) or _params_key(trial.params)
                 if key in done:  # the simulator is deterministic: a repeat carries no information
                     tuner._copy_result(study, trial, done[key], progress)
                     self._told()
                     running -= 1
                     continue
                 leader = next((t.number for t, _ in list(self.inflight.values()) + self._ahead()
-                               if _params_key(t.params) == key), None)
+                               if (_trial_key(t) or _params_key(t.params)) == key), None)
                 if leader is not None:
                     self.followers.setdefault(leader, []).append((trial, knobs))
                     continue
@@ -562,8 +582,7 @@ class _Run:
             tuner._tell(study, trial, knobs, outcome, progress)
             if retry:
                 progress.failed -= 1  # not a failure of the study's budget: the config runs again
-                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number,
-                                                                    "crash_attempt": attempt + 1})
+                requeue(study, trial, {"retry_of": trial.number, "crash_attempt": attempt + 1})
                 progress.message(f"kvtune: trial {trial.number} is enqueued again (crash retry {attempt + 1} of "
                                  f"{tuner.crash_retries})")
             else:

@@ -84,8 +84,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     export = export_study(spec, storage=args.storage, out=args.out, favor=args.favor, study_out=args.study_out)
     print(export.summary())
     if not export.feasible:
-        print("kvtune: warning: no trial meets every SLO; recommended.* hold the closest trial, marked infeasible",
-              file=sys.stderr)
+        print("kvtune: warning: no trial meets every SLO; recommended.* hold "
+              + ("the default config (nothing improves on it)" if export.keep_default else
+                 "the trial closest to feasible that is no worse than the default, marked infeasible")
+              + "; 'comparison' in recommended.json sets it beside the default", file=sys.stderr)
         return 1
     return 0
 

@@ -30,7 +30,7 @@ from sim.profiles import load_gpu
 
 def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], front: Sequence[FrozenTrial]
                 ) -> pd.DataFrame:
-    """One row per complete trial: ``number``, ``feasible``, ``pareto``, ``violation`` (largest SLO violation;
+    """One row per complete trial: ``number``, ``default`` (the engine's default config), ``feasible``, ``pareto``, ``violation`` (largest SLO violation;
     <= 0 is feasible), the objective values under their names, ``param.<name>`` (searched), ``knob.<name>`` (what
     the engine ran with), then every summary metric under its flat key."""
     on_front = {t.number for t in front}
@@ -41,6 +41,7 @@ def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], f
         violations = [float(v) for v in t.user_attrs.get("constraints", ())]
         row: dict[str, Any] = {
             "number": t.number,
+            "default": bool(t.user_attrs.get("kvtune_default", False)),
             "feasible": bool(t.user_attrs.get("feasible", all(v <= 0 for v in violations))),
             "pareto": t.number in on_front,
             "violation": max(violations) if violations else -math.inf,
@@ -54,7 +55,7 @@ def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], f
         row.update((key, float(value)) for key, value in trial_metrics(t).items())
         rows.append(row)
     if not rows:
-        return pd.DataFrame(columns=["number", "feasible", "pareto", "violation"])
+        return pd.DataFrame(columns=["number", "default", "feasible", "pareto", "violation"])
     return pd.DataFrame(rows).sort_values("number").reset_index(drop=True)
 
 

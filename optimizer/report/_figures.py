@@ -582,6 +582,7 @@ def cohort_heatmap_chart(data: ReportData) -> Chart | None:
         text.append([_fmt(v) for v in values])
         params = ", ".join(f"{n}={_short(row.get(f'param.{n}'))}" for n in names if _present(row.get(f"param.{n}")))
         mark = " *" if data.pick is not None and int(row["number"]) == data.pick.trial.number else ""
+        mark += " (default)" if row.get("default") else ""
         ylabels.append(f"#{int(row['number'])}{mark} {params}")
     finite = [v for line in z for v in line if not math.isnan(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)

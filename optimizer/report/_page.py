@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 import plotly
 import plotly.io as pio
 
+from optimizer._export import describe_comparison, side_by_side
+from optimizer._storage import trial_metrics
 from optimizer.report._data import ConfigRun, ReportData
 from optimizer.report._figures import Chart, whatif_rows
 
@@ -156,10 +158,17 @@ def _answer(data: ReportData) -> str:
     d, r = data.default, data.recommended
     parts = []
     if data.pick is not None:
-        parts.append(f"<p>Recommended: <b>trial {data.pick.trial.number}</b>, picked by: {_e(data.pick.rule)}.</p>")
+        what = ("the engine's default config" if data.pick.keep_default else "")
+        parts.append(f"<p>Recommended: <b>trial {data.pick.trial.number}</b>"
+                     + (f" ({what}: keep the default)" if what else "") + f", picked by: {_e(data.pick.rule)}.</p>")
         if not data.pick.feasible:
             falls = "; ".join(str(s) for s in data.pick.shortfalls)
-            parts.append(f'<div class="note">No trial meets every SLO. Closest: {_e(falls)}</div>')
+            parts.append(f'<div class="note">No trial meets every SLO. The recommendation misses: {_e(falls)}</div>')
+            lines = describe_comparison(side_by_side(data.pick, None if data.pick.default is None else
+                                                     trial_metrics(data.pick.default), data.ctx))
+            if lines:
+                parts.append("<p>The default and the trial closest to feasible, per SLO:</p><ul>"
+                             + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
     else:
         parts.append('<div class="note">The study has no complete trial yet: run <code>kvtune tune</code> first.</div>')
     for run in (d, r):
@@ -257,7 +266,7 @@ def _pareto_table(data: ReportData, limit: int = 25) -> str:
     df = data.trials
     if not len(df):
         return ""
-    front = df[df["pareto"]].copy()
+    front = df[df["pareto"] | df["default"]].copy() if "default" in df else df[df["pareto"]].copy()
     if not len(front):
         return ""
     first = f"objective.{data.objective_names[0]}"
@@ -269,12 +278,15 @@ def _pareto_table(data: ReportData, limit: int = 25) -> str:
     rows = []
     for _, row in front.iterrows():
         mark = " (recommended)" if data.pick is not None and int(row["number"]) == data.pick.trial.number else ""
+        mark += " (default)" if row.get("default") else ""
+        mark += "" if row["pareto"] else " (not Pareto-optimal)"
         cells = [f"{int(row['number'])}{mark}"] + [_e(_short(row.get(c))) for c in params]
         cells += [_num(row.get(f"objective.{n}")) for n in data.objective_names]
         cells += [_num(row.get(f"class.{c}.e2e_s.p99")) for c in classes]
         cells += [_pct(row.get("recompute_busy_share")), "yes" if row["feasible"] else "no"]
         rows.append(cells)
-    return "<h2>Pareto-optimal trials</h2>" + _table(header, rows, left=1 + len(params))
+    return ("<h2>Pareto-optimal trials, and the default config</h2>"
+            + _table(header, rows, left=1 + len(params)))
 
 
 def _whatif_table(data: ReportData) -> str:
@@ -403,6 +415,7 @@ def metrics_document(data: ReportData, images: Sequence[str], image_error: str |
         "storage": data.storage,
         "trials": data.counts,
         "pick": None if data.pick is None else {"trial": data.pick.trial.number, "rule": data.pick.rule,
+                                                "keep_default": data.pick.keep_default,
                                                 "feasible": data.pick.feasible,
                                                 "shortfalls": [str(s) for s in data.pick.shortfalls]},
         "pareto_trials": data.front_numbers,
@@ -434,8 +447,8 @@ def _trial_rows(data: ReportData) -> list[dict[str, Any]]:
     """Every complete trial: its searched params, objective values and headline metrics per class."""
     out = []
     for _, row in data.trials.iterrows():
-        entry: dict[str, Any] = {"number": int(row["number"]), "feasible": bool(row["feasible"]),
-                                 "pareto": bool(row["pareto"])}
+        entry: dict[str, Any] = {"number": int(row["number"]), "default": bool(row.get("default", False)),
+                                 "feasible": bool(row["feasible"]), "pareto": bool(row["pareto"])}
         entry["params"] = {c[len("param."):]: _plain_value(row[c]) for c in data.trials.columns
                            if c.startswith("param.") and _present(row[c])}
         entry["objectives"] = {n: _json(row.get(f"objective.{n}")) for n in data.objective_names}

@@ -73,7 +73,11 @@ def test_study_end_to_end(tmp_path, local_ray):
     out = tmp_path / "export"
     exported = export_study(spec, out=out, study_out=tmp_path / "run")
     assert exported.feasible
-    pareto = pd.read_csv(out / "pareto.csv")
+    table = pd.read_csv(out / "pareto.csv")
+    # The default config's row is shown too (it misses the SLO here, so it is not on the feasible front).
+    assert table["default"].tolist().count(True) == 1
+    assert not table.loc[table["default"], "pareto"].any() and not table.loc[table["default"], "feasible"].any()
+    pareto = table[table["pareto"]]
     assert len(pareto) == exported.front_size >= 1
     assert pareto["feasible"].all()
     assert {"output_tokens_per_s", "p99_e2e_s:conv", "knob.max_num_seqs", "class.conv.e2e_s.p99"} <= set(pareto)
@@ -134,4 +138,10 @@ def test_infeasible_export_names_the_failing_class(tmp_path):
     doc = json.loads((tmp_path / "export" / "recommended.json").read_text())
     assert doc["feasible"] is False and doc["shortfalls"][0]["class"] == "conv"
     assert "WARNING: no trial meets every SLO" in (tmp_path / "export" / "recommended.yaml").read_text()
-    assert len(pd.read_csv(tmp_path / "export" / "pareto.csv")) == 0
+    table = pd.read_csv(tmp_path / "export" / "pareto.csv")  # no Pareto-optimal feasible trial; the default's row
+    assert table["default"].tolist() == [True] and table["pareto"].tolist() == [False]
+    # Never worse than the default on the class the SLO protects.
+    p99 = doc["comparison"]["conv"]["e2e_s"]
+    assert doc["predicted"]["recommended"]["classes"]["conv"]["e2e_s"]["p99"] <= max(
+        5.0, doc["predicted"]["default"]["classes"]["conv"]["e2e_s"]["p99"])
+    assert p99["default"]["trial"] == 0 and not p99["default"]["meets"]

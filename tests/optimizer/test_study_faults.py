@@ -97,7 +97,8 @@ def test_a_small_space_reuses_results_instead_of_rerunning(tmp_path):
     backend = CountingBackend(SimBackend(spec.workload, spec.model, spec.gpu))
     result = _tuner(spec, storage, 6, backend).run()
     assert result.finished == 6 and result.complete == 6
-    assert len(backend.calls) == 2 and set(backend.calls.values()) == {1}
+    # The default config (trial 0) and the two searched configs, each simulated once.
+    assert len(backend.calls) == 3 and set(backend.calls.values()) == {1}
 
 
 def _orphan(spec, storage, driver):

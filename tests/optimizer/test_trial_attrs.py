@@ -169,7 +169,9 @@ def test_metric_attrs_group_every_bucket_family_and_read_back_flat(simulated):
 def test_a_stored_trial_reads_back_its_summary_and_evaluates_alike(tmp_path, simulated, kind):
     spec, ctx, metrics, summary_keys = simulated
     storage = f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else "memory"
-    trials = _run(spec, ctx, storage, 3, metrics)  # two configs: the third trial is a copy (_copy_result)
+    # The default config, then three draws of two configs: one is a copy (_copy_result).
+    trials = _run(spec, ctx, storage, 4, metrics)
+    assert [t.user_attrs.get("kvtune_default", False) for t in trials] == [True, False, False, False]
     assert sum("duplicate_of" in t.user_attrs for t in trials) >= 1
     for t in trials:
         flat = trial_metrics(t)

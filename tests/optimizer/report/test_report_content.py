@@ -89,7 +89,9 @@ def test_trial_table_reads_stored_attributes(tuned_study):
     frame = trial_frame(trials, tuned_study["spec"].objectives, [])
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(frame) == len(complete)
-    t = complete[0]
+    assert frame["default"].tolist() == [bool(t.user_attrs.get("kvtune_default")) for t in complete]
+    assert frame["default"].sum() == 1 and not complete[0].params  # the default config: trial 0, nothing searched
+    t = complete[1]
     metrics = trial_metrics(t)
     # the bucket cohorts are stored together (prompt_buckets, output_buckets, preempted_buckets) and come back
     # under their flat keys
