@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from objectives import summarize
 from optimizer._export import choose
+from sim.profiles import load_gpu
 from optimizer.report import ConfigRun, Sweep, WhatIf, build_charts, gather, timeline_frame, translate_flavor
 from optimizer._storage import trial_metrics
 from optimizer.report._data import trial_frame
@@ -154,9 +155,10 @@ def test_whatif_runs_on_other_gpu(written_report):
     assert default.ok and default.gpu == "H100-SXM"
     # num_gpu_blocks_override pins the cache, so the what-if changes speed and price, not capacity
     assert default.num_gpu_blocks == data.default.num_gpu_blocks == 1200
-    assert default.price_per_hour_usd == 2.5
+    price = load_gpu("H100-SXM").price_per_hour_usd  # sim/data/hardware.yaml, with its source
+    assert price > 0 and default.price_per_hour_usd == price
     assert default.usd_per_million_output_tokens == pytest.approx(
-        2.5 / 3600 / default.metrics["output_tokens_per_s"] * 1e6)
+        price / 3600 / default.metrics["output_tokens_per_s"] * 1e6)
 
 
 def test_sweep_sets_one_knob(written_report):
