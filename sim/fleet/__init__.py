@@ -1,0 +1,58 @@
+"""A fleet of engine replicas behind a router, in one simulation.
+
+N replicas of one engine config (each the V1/V0 engine of ``sim.engine``, with its own KV cache and prefix cache,
+built by ``sim.engine.build.build_engine``) share one SimPy clock behind a router that places each arriving
+request on one of them::
+
+    from sim.fleet import simulate_fleet
+    result = simulate_fleet(workload, config, model, gpu, replicas=8, router="sglang_cache_aware",
+                            router_params={"cache_threshold": 0.5}, seed=0)
+    result.requests      # the request table (sim.tables) plus ``replica``: where each request went
+    result.steps         # every replica's step table, with ``replica``
+    result.replicas      # per replica: requests, load_share, finished, prompt_tokens, prefix_hit_tokens,
+                         # prefix_hit_rate (prefix_hit_tokens over prompt tokens)
+    result.fleet         # the same over the fleet, and max_load_ratio (busiest share over the even share)
+
+``simulate_fleet(workload, config, model, gpu, *, replicas=1, router="round_robin", router_params=None, seed=0,
+**kwargs)``: ``kwargs`` are :class:`FleetSimulation`'s (``latency``, ``coefficients``, ``record_steps``,
+``max_sim_time_s``, ``batch_decode_runs``, ``hash_block_tokens``, ``keep_requests``), as ``sim.runner.simulate``
+takes them.  One replica behind any router gives exactly ``simulate``'s tables (plus ``replica`` = 0).
+
+Routers (:func:`router_names`; parameters and ranges in each class's ``params``; :func:`make_router` checks them
+and raises ``sim.errors.ConfigError`` naming ``router``, ``replicas`` or ``router_params.<name>``):
+
+- ``round_robin``: request i to replica i mod N.
+- ``least_outstanding``: fewest requests in flight from the router.
+- ``least_kv_usage``: lowest published KV usage (llm-d's kv-cache-utilization scorer); ``metrics_lag_s``.
+- ``sglang_cache_aware``: SGLang router's prefix-aware policy with its load-imbalance fallback
+  (``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold``).
+- ``llm_d_weighted``: llm-d's prefix / KV-utilization / queue scorers with its Helm profile's weights 3/2/2.
+- ``dynamo_kv``: Dynamo's KV-router cost (``prefill_load_scale``, ``overlap_credit``, ``ttl_s``).
+- ``session_affinity``: a consistent-hash ring over the trace's ``session_id`` (or ``conversation_id``),
+  lowest recent request rate for requests without one.
+
+A new router subclasses :class:`Router` (``route(request, replicas) -> int`` over a :class:`RequestView` and one
+:class:`ReplicaView` per replica: only what a real router sees at the arrival) and registers with
+:func:`register_router`.
+"""
+
+from __future__ import annotations
+
+from sim.fleet._fleet import FleetResult, FleetSimulation, replica_summary, simulate_fleet
+from sim.fleet._routers import Param, Router, make_router, register_router, router_class, router_names
+from sim.fleet._views import ReplicaView, RequestView
+
+__all__ = [
+    "FleetResult",
+    "FleetSimulation",
+    "Param",
+    "ReplicaView",
+    "RequestView",
+    "Router",
+    "make_router",
+    "register_router",
+    "replica_summary",
+    "router_class",
+    "router_names",
+    "simulate_fleet",
+]

@@ -1,0 +1,318 @@
+"""A fleet of engine replicas behind a router, on one SimPy clock."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.engine.build import build_engine
+from sim.engine.config import EngineConfig
+from sim.engine.request import Status
+from sim.engine.sizing import KVSizing
+from sim.errors import ConfigError
+from sim.latency import LatencyCoefficients, LatencyModel
+from sim.profiles import GpuProfile, ModelProfile
+from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS, FrozenHeap, Simulation
+from sim.tables import step_table
+from sim.workload.workload import Workload
+from sim.fleet._replica import Feed, Replica
+from sim.fleet._routers import Router, make_router
+from sim.fleet._views import ReplicaView, RequestView
+
+#: Workload columns read as a request's session id, the first present.
+SESSION_COLUMNS = ("session_id", "conversation_id")
+_ENDED = (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)
+
+
+@dataclass
+class FleetResult:
+    """The fleet's tables and its per-replica summaries."""
+
+    #: One row per workload request (``sim.tables.REQUEST_COLUMNS`` and ``capped``) plus ``replica``: where the
+    #: router sent it (-1: it never arrived, the run stopped first).
+    requests: pd.DataFrame
+    #: Every replica's step table, with a ``replica`` column (empty without ``record_steps``).
+    steps: pd.DataFrame
+    #: One row per replica: see :func:`replica_summary`.
+    replicas: pd.DataFrame
+    #: The same sums over the fleet.
+    fleet: dict
+    router: str
+    router_params: dict
+    config: EngineConfig
+    sizing: KVSizing
+    makespan_s: float
+    wall_s: float
+    #: Engine iterations, summed over the replicas.
+    num_iterations: int
+    #: The first replica's abort message, if any replica aborted.
+    aborted: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+def replica_summary(requests: pd.DataFrame, num_replicas: int) -> tuple[pd.DataFrame, dict]:
+    """Per replica (and over the fleet): requests routed there, their share of the fleet's, how many finished,
+    prompt tokens, prefix-cache hit tokens and the hit rate (``prefix_hit_tokens`` over prompt tokens)."""
+    routed = requests[requests["replica"] >= 0]
+    grouped = routed.groupby("replica")
+    index = pd.RangeIndex(num_replicas, name="replica")
+    out = pd.DataFrame({
+        "requests": grouped.size().reindex(index, fill_value=0),
+        "finished": grouped["status"].apply(lambda s: int((s == Status.FINISHED.value).sum())).reindex(index, fill_value=0),
+        "prompt_tokens": grouped["prompt_tokens"].sum().reindex(index, fill_value=0),
+        "prefix_hit_tokens": grouped["prefix_hit_tokens"].sum().reindex(index, fill_value=0),
+    })
+    total = int(out["requests"].sum())
+    out["load_share"] = out["requests"] / total if total else 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["prefix_hit_rate"] = np.where(out["prompt_tokens"] > 0, out["prefix_hit_tokens"] / out["prompt_tokens"], 0.0)
+    prompt = int(out["prompt_tokens"].sum())
+    hits = int(out["prefix_hit_tokens"].sum())
+    fleet = {
+        "replicas": num_replicas,
+        "requests": total,
+        "finished": int(out["finished"].sum()),
+        "prompt_tokens": prompt,
+        "prefix_hit_tokens": hits,
+        "prefix_hit_rate": hits / prompt if prompt else 0.0,
+        # The busiest replica's share over the even share (1: perfectly even).
+        "max_load_ratio": float(out["load_share"].max() * num_replicas) if total else 0.0,
+    }
+    return out.reset_index(), fleet
+
+
+class FleetSimulation:
+    """N replicas of one engine config behind a router, sharing one SimPy clock."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        config: EngineConfig,
+        model: ModelProfile,
+        gpu: GpuProfile,
+        replicas: int = 1,
+        router: str | Router = "round_robin",
+        router_params: Mapping[str, object] | None = None,
+        latency: LatencyModel | None = None,
+        coefficients: LatencyCoefficients | None = None,
+        seed: int = 0,
+        record_steps: bool = True,
+        max_sim_time_s: float = math.inf,
+        batch_decode_runs: bool = True,
+        hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
+        keep_requests: bool = True,
+    ):
+        if isinstance(router, Router):
+            self.router = router
+            if router.num_replicas != replicas:
+                raise ConfigError("replicas", f"{replicas} replicas but the router was made for {router.num_replicas}")
+        else:
+            self.router = make_router(router, router_params, replicas, seed)
+        self.router_params = {k: getattr(self.router, k) for k in type(self.router).params}
+        # One Simulation loads the workload (columns, prefix keys, the request table's arrays, requests' live
+        # state) and builds the first replica's engine; the others are built the same way.
+        base = Simulation(
+            workload, config, model, gpu, latency=latency, coefficients=coefficients, seed=seed,
+            record_steps=record_steps, max_sim_time_s=max_sim_time_s, batch_decode_runs=batch_decode_runs,
+            hash_block_tokens=hash_block_tokens, keep_requests=keep_requests,
+        )
+        self.base = base
+        self.config, self.sizing, self.model, self.gpu = base.config, base.sizing, model, gpu
+        self.env = simpy.Environment()
+        self.arrivals_s = base._arrivals_s
+        n = len(self.arrivals_s)
+        cores = [base.core]
+        share = base.core.scheduler.pool.enable_caching and any(base._keys)
+        for _ in range(replicas - 1):
+            core = build_engine(
+                config, model, gpu, latency=base.latency, predicted_output=base.core.scheduler.predicted_output,
+                record_steps=record_steps, batch_decode_runs=batch_decode_runs,
+            ).core
+            core.scheduler.use_decode_columns()  # as Simulation does (decode_columns=True)
+            if share:
+                core.scheduler.share_prefixes()
+            cores.append(core)
+        self.replica_of = np.full(n, -1, dtype=np.int64)
+        df = workload.requests
+        column = next((c for c in SESSION_COLUMNS if c in df.columns), None)
+        self._sessions = df[column].tolist() if column is not None else None
+        self._classes = base._classes
+        self._prompts = base._prompts
+        publish = self.router.needs_state
+        if self.router.needs_state:
+            feed = Feed(self.arrivals_s)
+            feeds = [feed] * replicas
+            self._feed = feed
+        else:
+            # Routed ahead of the run: each replica looks ahead to its own next arrival only.
+            self._preroute()
+            feeds = [Feed(self.arrivals_s[self.replica_of == r]) for r in range(replicas)]
+            self._feed = None
+        self.replicas = [Replica(r, core, feeds[r], base._live, base.log, keep_requests, max_sim_time_s, publish)
+                         for r, core in enumerate(cores)]
+        #: In flight per replica, for ``tracks_requests`` routers: request index -> [request, first token seen].
+        self._inflight: list[dict[int, list]] = [{} for _ in range(replicas)]
+
+    # ---- routing ---------------------------------------------------------------------------------------------
+    def _request_view(self, i: int) -> RequestView:
+        return RequestView(
+            index=i, arrival_s=float(self.arrivals_s[i]), class_name=str(self._classes[i]),
+            prompt_tokens=int(self._prompts[i]), block_hashes=self.base._keys[i], block_size=self.config.block_size,
+            session_id=None if self._sessions is None else _session(self._sessions[i]),
+        )
+
+    def _preroute(self) -> None:
+        routed = [0] * self.router.num_replicas
+        for i in range(len(self.arrivals_s)):
+            views = [ReplicaView(index=r, routed=routed[r]) for r in range(len(routed))]
+            chosen = self._check(self.router.route(self._request_view(i), views), i)
+            self.replica_of[i] = chosen
+            routed[chosen] += 1
+
+    def _check(self, chosen: object, i: int) -> int:
+        if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)) or not 0 <= chosen < self.router.num_replicas:
+            raise ValueError(f"router {self.router.name!r} returned {chosen!r} for request {i}; "
+                             f"expected a replica index in [0, {self.router.num_replicas})")
+        return int(chosen)
+
+    def _views(self, now: float) -> list[ReplicaView]:
+        """Each replica as the router sees it at ``now``: its own counts exact, the engine's metrics as published
+        at the last step boundary at or before ``now - lag``."""
+        cutoff = now - self.router.metrics_lag
+        views = []
+        for rep in self.replicas:
+            published = rep.published
+            # Boundaries are published in time order, none after ``now`` (a replica yields before publishing one
+            # that lies beyond an arrival it may receive).
+            while len(published) > 1 and published[1][0] <= cutoff:
+                published.popleft()
+            _, waiting, running, used, _ = published[0]
+            ended = published[-1][4]
+            views.append(ReplicaView(
+                index=rep.index, routed=rep.assigned, outstanding=rep.assigned - ended, num_waiting=waiting,
+                num_running=running, kv_usage=used / rep.scheduler.pool.num_blocks,
+            ))
+        return views
+
+    def _notify(self, now: float) -> None:
+        """Tell a ``tracks_requests`` router of its requests' first tokens and ends up to ``now``."""
+        router = self.router
+        for r, inflight in enumerate(self._inflight):
+            gone = []
+            for index, entry in inflight.items():
+                req = entry[0]
+                if not entry[1] and req.first_token_s <= now:
+                    entry[1] = True
+                    router.on_first_token(index, r, req.first_token_s)
+                if req.end_s <= now or (req.status in _ENDED and req.end_s != req.end_s):
+                    gone.append(index)
+            for index in gone:
+                router.on_complete(index, r, now)
+                del inflight[index]
+
+    # ---- processes -------------------------------------------------------------------------------------------
+    def _arrivals(self, env: simpy.Environment):
+        arrivals = self.arrivals_s
+        base = self.base
+        router = self.router
+        replicas = self.replicas
+        feed = self._feed
+        tracks = router.tracks_requests
+        for i in range(len(arrivals)):
+            delay = float(arrivals[i]) - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            now = env.now
+            if feed is not None:
+                if tracks:
+                    self._notify(now)
+                chosen = self._check(router.route(self._request_view(i), self._views(now)), i)
+                self.replica_of[i] = chosen
+                feed.next += 1
+            else:
+                chosen = int(self.replica_of[i])
+                replicas[chosen].feed.next += 1
+            req = base._request(i)
+            replicas[chosen].add(req, now)
+            if tracks:
+                self._inflight[chosen][i] = [req, False]
+
+    # ---- run -------------------------------------------------------------------------------------------------
+    def run(self) -> FleetResult:
+        wall0 = time.perf_counter()
+        env = self.env
+        env.process(self._arrivals(env))
+        procs = [env.process(rep.process(env)) for rep in self.replicas]
+        with FrozenHeap():
+            env.run(until=simpy.AllOf(env, procs))
+        end_s = env.now
+        for rep in self.replicas:
+            rep.scheduler.sync_requests()  # requests still running: their state out of the decode columns
+            end_s = max(end_s, rep.core.last_step_end)
+            rep.drain()
+        base = self.base
+        unfinished = [req for req in base._live.values() if req.status not in _ENDED]
+        for req in unfinished:
+            req.status = Status.UNFINISHED
+            r = int(self.replica_of[req.index])
+            self.replicas[max(r, 0)].scheduler.settle(req)
+        base.log.record_all(unfinished)
+        steps = []
+        for rep in self.replicas:
+            rep.core.flush_rows()
+            if rep.core.record_steps:
+                table = step_table(rep.core.step_rows)
+                table.insert(0, "replica", rep.index)
+                steps.append(table)
+        requests = base.log.table()
+        requests["replica"] = self.replica_of
+        end = requests["end_s"].max() if len(requests) else 0.0
+        start = requests["arrival_s"].min() if len(requests) else 0.0
+        makespan = float(end - start) if end == end else float(end_s - start)
+        per_replica, fleet = replica_summary(requests, len(self.replicas))
+        aborted = next((rep.aborted for rep in self.replicas if rep.aborted), None)
+        return FleetResult(
+            requests=requests,
+            steps=pd.concat(steps, ignore_index=True) if steps else step_table([]).assign(replica=np.int64(0)),
+            replicas=per_replica,
+            fleet=fleet,
+            router=self.router.name,
+            router_params=self.router_params,
+            config=self.config,
+            sizing=self.sizing,
+            makespan_s=makespan,
+            wall_s=time.perf_counter() - wall0,
+            num_iterations=sum(rep.core.num_iterations for rep in self.replicas),
+            aborted=aborted,
+            info={
+                "num_gpu_blocks": self.sizing.num_gpu_blocks,
+                "num_cpu_blocks": self.sizing.num_cpu_blocks,
+                "block_bytes": self.sizing.block_bytes,
+                "model": self.model.name,
+                "gpu": self.gpu.name,
+                "replicas": len(self.replicas),
+            },
+        )
+
+
+def _session(value: object) -> object | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
+
+
+def simulate_fleet(workload: Workload, config: EngineConfig, model: ModelProfile, gpu: GpuProfile, *,
+                   replicas: int = 1, router: str | Router = "round_robin",
+                   router_params: Mapping[str, object] | None = None, seed: int = 0, **kwargs) -> FleetResult:
+    """Run ``workload`` on ``replicas`` copies of ``config`` behind ``router``; other keyword arguments go to
+    :class:`FleetSimulation`.  Set-up and run each in a :class:`~sim.runner.FrozenHeap`, as ``simulate``."""
+    with FrozenHeap():
+        fleet = FleetSimulation(workload, config, model, gpu, replicas=replicas, router=router,
+                                router_params=router_params, seed=seed, **kwargs)
+    return fleet.run()

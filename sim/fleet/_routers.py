@@ -1,0 +1,386 @@
+"""Routers: the interface, the registry by name with validated parameters, and the routers kvtune models.
+
+Each router follows a published rule; the comment on its class names the source, version and file.  No code is
+copied from them.  Ties the source breaks at random are broken with the router's seeded generator, so a run is
+reproducible.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import hashlib
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from sim.errors import ConfigError, short_repr
+from sim.fleet._views import ReplicaView, RequestView
+
+
+@dataclass(frozen=True)
+class Param:
+    """A router parameter: its default and its allowed range (``low``/``high`` inclusive unless ``*_open``)."""
+
+    default: float | int
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    integer: bool = False
+    doc: str = ""
+
+    def check(self, router: str, name: str, value: object) -> float | int:
+        field = f"router_params.{name}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(field, f"{router}: expected a number, got {short_repr(value)}")
+        if self.integer and float(value) != int(value):
+            raise ConfigError(field, f"{router}: expected an integer, got {short_repr(value)}")
+        if math.isnan(value) or value < self.low or value > self.high or (self.low_open and value == self.low):
+            lo = "(" if self.low_open else "["
+            raise ConfigError(field, f"{router}: {short_repr(value)} is out of range {lo}{self.low}, {self.high}]")
+        return int(value) if self.integer else float(value)
+
+
+class Router(abc.ABC):
+    """Picks the replica of each arriving request.
+
+    ``route`` sees only the request and the replicas as a real router sees them (:class:`ReplicaView`), at the
+    request's arrival; it returns a replica index.  A router with ``needs_state = False`` decides from the request
+    and its own past decisions alone: the fleet routes every request through it before the run (then its views
+    carry no load), which lets each replica look ahead to its own next arrival, as a single engine does.
+    A router with ``tracks_requests = True`` is told when each of its requests' first token and end reach it
+    (:meth:`on_first_token`, :meth:`on_complete`), before the next ``route`` call that comes after them.
+    """
+
+    #: The registry name.
+    name: ClassVar[str]
+    #: The parameters it accepts (``router_params``), with defaults and ranges.
+    params: ClassVar[dict[str, Param]] = {}
+    needs_state: ClassVar[bool] = True
+    tracks_requests: ClassVar[bool] = False
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        self.num_replicas = num_replicas
+        self.rng = np.random.default_rng(seed)
+        for key, value in params.items():
+            setattr(self, key, value)
+
+    @property
+    def metrics_lag(self) -> float:
+        """How old the engine metrics it reads are (its poll interval); 0 for routers that read none."""
+        return float(getattr(self, "metrics_lag_s", 0.0))
+
+    @abc.abstractmethod
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        """The replica for ``request``."""
+
+    def on_first_token(self, index: int, replica: int, now: float) -> None:  # noqa: B027 - optional hook
+        """Request ``index``'s first token reached the router (``tracks_requests`` routers only)."""
+
+    def on_complete(self, index: int, replica: int, now: float) -> None:  # noqa: B027 - optional hook
+        """Request ``index``'s response ended (finished, aborted or rejected; ``tracks_requests`` routers only)."""
+
+    def _pick_min(self, values: Sequence[float]) -> int:
+        """The index of the smallest value, a tie broken at random (seeded)."""
+        best = min(values)
+        ties = [i for i, v in enumerate(values) if v == best]
+        return ties[0] if len(ties) == 1 else int(ties[self.rng.integers(len(ties))])
+
+
+_REGISTRY: dict[str, type[Router]] = {}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Add a router class to the registry under its ``name`` (a class decorator)."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def router_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def router_class(name: str) -> type[Router]:
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ConfigError("router", f"unknown router {short_repr(name)}; known: {', '.join(router_names())}") from None
+
+
+def make_router(name: str, params: Mapping[str, object] | None, num_replicas: int, seed: int = 0) -> Router:
+    """The router ``name`` for ``num_replicas`` replicas, its ``params`` checked against its declared ranges
+    (ConfigError naming the field: ``router``, ``replicas`` or ``router_params.<name>``)."""
+    cls = router_class(name)
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
+        raise ConfigError("replicas", f"expected an integer >= 1, got {short_repr(num_replicas)}")
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(cls.params))
+    if unknown:
+        known = ", ".join(sorted(cls.params)) or "none"
+        raise ConfigError(f"router_params.{unknown[0]}", f"{name} has no such parameter (it takes: {known})")
+    values = {key: spec.check(name, key, params.get(key, spec.default)) for key, spec in cls.params.items()}
+    return cls(int(num_replicas), seed, **values)
+
+
+class _PrefixIndex:
+    """A router-side approximate index of the prompt blocks it sent to one replica: block hash -> when last sent.
+
+    The hashes are chained (one names its block and all before it), so the leading blocks found form the longest
+    cached prefix, as a radix tree's match would: an approximation of a tree over text (SGLang) or over token
+    blocks (llm-d, Dynamo) at the engine's block size.  Entries older than ``ttl_s`` do not match."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def match(self, hashes: tuple[int, ...], now: float, ttl_s: float = math.inf) -> int:
+        seen = self.seen
+        n = 0
+        for key in hashes:
+            t = seen.get(key)
+            if t is None or now - t > ttl_s:
+                break
+            n += 1
+        return n
+
+    def insert(self, hashes: tuple[int, ...], now: float) -> None:
+        seen = self.seen
+        for key in hashes:
+            seen[key] = now
+
+
+# ---- the routers ------------------------------------------------------------------------------------------------
+@register_router
+class RoundRobin(Router):
+    """Request ``i`` to replica ``i mod N``.
+    Source: sglang-router 0.3.2 (sgl-router src/policies/round_robin.rs), vLLM production-stack
+    (src/vllm_router/routers/routing_logic.py RoundRobinRouter): a counter over the workers in a fixed order."""
+
+    name = "round_robin"
+    needs_state = False
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        super().__init__(num_replicas, seed, **params)
+        self._next = 0
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        chosen = self._next % self.num_replicas
+        self._next += 1
+        return chosen
+
+
+@register_router
+class LeastOutstanding(Router):
+    """The replica with the fewest requests in flight from this router (sent, response not ended); ties at random.
+    Source: AWS Elastic Load Balancing, Application Load Balancer target groups, routing algorithm
+    ``least_outstanding_requests`` (docs "Routing algorithms"); the same load sglang-router's cache_aware falls back
+    to (sgl-router src/policies/cache_aware.rs, ``worker.load()``)."""
+
+    name = "least_outstanding"
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        return self._pick_min([r.outstanding for r in replicas])
+
+
+@register_router
+class LeastKVUsage(Router):
+    """The replica with the lowest published KV-cache usage; ties at random.
+    Source: llm-d inference scheduler v0.2 / gateway-api-inference-extension v0.5, the ``kv-cache-utilization-
+    scorer`` (pkg/epp/scheduling/framework/plugins/scorer/kvcache_utilization.go: score = 1 - KVCacheUsagePercent)
+    alone under the ``max-score-picker`` (ties shuffled).  Its metrics are scraped from vLLM's /metrics every
+    ``metrics_lag_s`` (GIE ``--refresh-metrics-interval``, default 50 ms)."""
+
+    name = "least_kv_usage"
+    params = {"metrics_lag_s": Param(0.05, 0.0, 3600.0, doc="age of the scraped metrics (s)")}
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        return self._pick_min([r.kv_usage for r in replicas])
+
+
+@register_router
+class SGLangCacheAware(Router):
+    """Prefix-aware with a load-imbalance fallback: sglang-router 0.3.2's ``cache_aware`` policy
+    (sgl-router src/policies/cache_aware.rs; defaults from its CLI, sgl-router src/main.rs / py_src launch_router:
+    cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5).
+
+    Load is the router's in-flight count per worker.  Imbalanced ((max - min) > abs and max > rel * min): the least
+    loaded worker (the first of equals).  Else the worker whose approximate tree matches the longest prefix, if the
+    matched share of the prompt exceeds cache_threshold; else the worker with the smallest tree (0.3.2; newer
+    versions take the least loaded, sglang PR #14650).  The chosen worker's tree takes the prompt either way.
+
+    Approximation: SGLang's tree is over text characters; here it is over the trace's block hashes at the engine's
+    block size (:class:`_PrefixIndex`), the match rate is matched tokens over prompt tokens, and a tree's size is
+    the prompt tokens it took that it did not already hold (a prompt without hashes is all new).  Its LRU eviction
+    (max_tree_size, default 2**26 characters) is not modelled."""
+
+    name = "sglang_cache_aware"
+    params = {
+        "cache_threshold": Param(0.3, 0.0, 1.0),
+        "balance_abs_threshold": Param(64, 0, math.inf, integer=True),
+        "balance_rel_threshold": Param(1.5, 1.0, math.inf),
+    }
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        super().__init__(num_replicas, seed, **params)
+        self.trees = [_PrefixIndex() for _ in range(num_replicas)]
+        self.tree_tokens = [0] * num_replicas
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        loads = [r.outstanding for r in replicas]
+        hi, lo = max(loads), min(loads)
+        hashes, now = request.block_hashes, request.arrival_s
+        matched = [tree.match(hashes, now) for tree in self.trees]
+        if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
+            chosen = loads.index(lo)
+        else:
+            best = max(matched)
+            rate = best * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
+            chosen = matched.index(best) if rate > self.cache_threshold else self.tree_tokens.index(min(self.tree_tokens))
+        self.trees[chosen].insert(hashes, now)
+        self.tree_tokens[chosen] += max(0, request.prompt_tokens - matched[chosen] * request.block_size)
+        return chosen
+
+
+@register_router
+class LLMDWeighted(Router):
+    """llm-d's weighted scorers: score = 3 * prefix + 2 * kv-utilization + 2 * queue, the highest wins (ties at
+    random).  Weights: llm-d's inference-scheduling well-lit path (guides/inference-scheduling, its GAIE Helm
+    values ``pluginsCustomConfig``, llm-d 0.2/0.3: prefix-cache-scorer 3, kv-cache-utilization-scorer 2,
+    queue-scorer 2, max-score-picker).  Scorers (gateway-api-inference-extension v0.5,
+    pkg/epp/scheduling/framework/plugins/): prefix = matched blocks / prompt blocks from the approximate
+    prefix index of what it routed (prefix/plugin.go, LRU per server); kv-utilization = 1 - KV usage; queue =
+    (max - waiting) / (max - min) over the candidates, 1 when all equal (queue.go, vLLM's num_requests_waiting).
+    KV usage and the waiting count are scraped metrics, ``metrics_lag_s`` old (``--refresh-metrics-interval``,
+    default 50 ms).  Approximation: GIE hashes 64-character prompt blocks; here the trace's block hashes."""
+
+    name = "llm_d_weighted"
+    params = {
+        "prefix_weight": Param(3.0, 0.0, math.inf),
+        "kv_weight": Param(2.0, 0.0, math.inf),
+        "queue_weight": Param(2.0, 0.0, math.inf),
+        "metrics_lag_s": Param(0.05, 0.0, 3600.0),
+    }
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        super().__init__(num_replicas, seed, **params)
+        self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        hashes, now = request.block_hashes, request.arrival_s
+        blocks = request.prompt_tokens // request.block_size if request.block_size else 0
+        waiting = [r.num_waiting for r in replicas]
+        hi, lo = max(waiting), min(waiting)
+        scores = []
+        for r, index in zip(replicas, self.indexes):
+            prefix = index.match(hashes, now) / blocks if blocks else 0.0
+            queue = 1.0 if hi == lo else (hi - r.num_waiting) / (hi - lo)
+            scores.append(self.prefix_weight * prefix + self.kv_weight * (1.0 - r.kv_usage) + self.queue_weight * queue)
+        chosen = self._pick_min([-s for s in scores])
+        self.indexes[chosen].insert(hashes, now)
+        return chosen
+
+
+@register_router
+class DynamoKV(Router):
+    """Dynamo's KV router cost, lowest wins (temperature 0; ties at random):
+    ``prefill_load_scale * max(0, prefill_blocks - overlap_credit * overlap_blocks) + decode_blocks``
+    (ai-dynamo/dynamo v1.3.1, lib/kv-router/src/scheduling/selector.rs ``worker_logit``; defaults
+    prefill_load_scale 1.0, overlap score credit 1.0; docs design_docs/router_design.md).
+
+    Per worker, tracked by the router as its slot manager does: prefill blocks = tokens of its requests still
+    in prefill (routed, no first token yet; less what was predicted cached) plus this prompt, over the block size;
+    decode blocks = the prompt blocks of its requests not yet ended, plus this prompt's.  Overlap blocks come from
+    the approximate indexer (Dynamo's ``--no-kv-events`` mode: the cache predicted from its own routing, entries
+    expiring after ``ttl_s``, default 120 s), not from the engines' KV events."""
+
+    name = "dynamo_kv"
+    tracks_requests = True
+    params = {
+        "prefill_load_scale": Param(1.0, 0.0, math.inf),
+        "overlap_credit": Param(1.0, 0.0, math.inf),
+        "ttl_s": Param(120.0, 0.0, math.inf, low_open=True),
+    }
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        super().__init__(num_replicas, seed, **params)
+        self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
+        self.prefill_tokens = [0] * num_replicas
+        self.active_blocks = [0] * num_replicas
+        #: index -> (replica, prefill tokens still counted, blocks)
+        self._live: dict[int, list[int]] = {}
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        bs = request.block_size
+        prompt = request.prompt_tokens
+        new_blocks = -(-prompt // bs)
+        hashes, now = request.block_hashes, request.arrival_s
+        overlaps = [index.match(hashes, now, self.ttl_s) for index in self.indexes]
+        costs = []
+        for w in range(self.num_replicas):
+            prefill = (self.prefill_tokens[w] + prompt) / bs
+            decode = self.active_blocks[w] + new_blocks
+            costs.append(self.prefill_load_scale * max(0.0, prefill - self.overlap_credit * overlaps[w]) + decode)
+        chosen = self._pick_min(costs)
+        uncached = max(0, prompt - overlaps[chosen] * bs)
+        self.prefill_tokens[chosen] += uncached
+        self.active_blocks[chosen] += new_blocks
+        self._live[request.index] = [chosen, uncached, new_blocks]
+        self.indexes[chosen].insert(hashes, now)
+        return chosen
+
+    def on_first_token(self, index: int, replica: int, now: float) -> None:
+        entry = self._live.get(index)
+        if entry is not None and entry[1]:
+            self.prefill_tokens[replica] -= entry[1]
+            entry[1] = 0
+
+    def on_complete(self, index: int, replica: int, now: float) -> None:
+        entry = self._live.pop(index, None)
+        if entry is not None:
+            self.prefill_tokens[replica] -= entry[1]
+            self.active_blocks[replica] -= entry[2]
+
+
+@register_router
+class SessionAffinity(Router):
+    """A request with a session id goes where its session's key hashes on a consistent-hash ring of the replicas;
+    one without goes to the replica with the fewest requests routed in the last ``qps_window_s`` (lowest QPS).
+    Source: vLLM production-stack (src/vllm_router/routers/routing_logic.py ``SessionRouter``: uhashring's ring
+    over the session header, lowest-QPS fallback; the request-stats window defaults to 60 s).  The ring here:
+    ``vnodes`` md5 points per replica (uhashring's ketama-style ring; its own point layout is not reproduced)."""
+
+    name = "session_affinity"
+    needs_state = False
+    params = {
+        "qps_window_s": Param(60.0, 0.0, math.inf, low_open=True),
+        "vnodes": Param(160, 1, 100_000, integer=True),
+    }
+
+    def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
+        super().__init__(num_replicas, seed, **params)
+        points = sorted((_md5_int(f"replica-{r}-{v}"), r) for r in range(num_replicas) for v in range(int(self.vnodes)))
+        self._ring_keys = [p for p, _ in points]
+        self._ring_replicas = [r for _, r in points]
+        self._recent: list[deque[float]] = [deque() for _ in range(num_replicas)]
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        now = request.arrival_s
+        for window in self._recent:
+            while window and window[0] <= now - self.qps_window_s:
+                window.popleft()
+        if request.session_id is not None:
+            i = bisect.bisect_left(self._ring_keys, _md5_int(str(request.session_id))) % len(self._ring_keys)
+            chosen = self._ring_replicas[i]
+        else:
+            counts = [len(w) for w in self._recent]
+            chosen = counts.index(min(counts))
+        self._recent[chosen].append(now)
+        return chosen
+
+
+def _md5_int(text: str) -> int:
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "big")

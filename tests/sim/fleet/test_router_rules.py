@@ -1,0 +1,147 @@
+"""Each router's own rule on small hand-made cases, through the public interface (views in, replica out), and
+what the views let a router see."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sim.engine.config import EngineConfig
+from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, simulate_fleet
+from sim.latency import LinearStepModel
+from sim.profiles import load_gpu, load_model
+from tests.sim.engine.conftest import make_workload
+
+MODEL, GPU = load_model("Llama-3-8B"), load_gpu("H100-SXM")
+
+
+def req(index=0, t=0.0, prompt=64, hashes=(), session=None, block=16):
+    return RequestView(index=index, arrival_s=t, class_name="a", prompt_tokens=prompt, block_hashes=tuple(hashes),
+                       block_size=block, session_id=session)
+
+
+def views(outstanding=None, waiting=None, kv=None, n=None):
+    n = n or len(outstanding or waiting or kv)
+    outstanding = outstanding or [0] * n
+    waiting = waiting or [0] * n
+    kv = kv or [0.0] * n
+    return [ReplicaView(index=i, routed=outstanding[i], outstanding=outstanding[i], num_waiting=waiting[i],
+                        num_running=0, kv_usage=kv[i]) for i in range(n)]
+
+
+def test_least_outstanding_and_least_kv():
+    assert make_router("least_outstanding", {}, 3).route(req(), views(outstanding=[3, 1, 2])) == 1
+    assert make_router("least_kv_usage", {}, 3).route(req(), views(kv=[0.5, 0.2, 0.9])) == 1
+
+
+def test_ties_are_broken_at_random_but_reproducibly():
+    picks = [make_router("least_kv_usage", {}, 4, seed=s).route(req(), views(n=4)) for s in range(40)]
+    assert len(set(picks)) > 1
+    assert picks == [make_router("least_kv_usage", {}, 4, seed=s).route(req(), views(n=4)) for s in range(40)]
+
+
+def test_sglang_sends_a_shared_prefix_where_it_was_cached():
+    router = make_router("sglang_cache_aware", {}, 3)
+    prefix = [11, 12, 13, 14]
+    first = router.route(req(0, 0.0, 80, prefix + [99]), views(n=3))
+    # 4 of 5 blocks (64 of 80 tokens) match: 0.8 > cache_threshold 0.3.
+    assert router.route(req(1, 1.0, 80, prefix + [98]), views(outstanding=[0, 0, 0])) == first
+    # A miss goes to the smallest tree: not the one that took 80 tokens.
+    assert router.route(req(2, 2.0, 80, [1, 2, 3, 4, 5]), views(n=3)) != first
+
+
+def test_sglang_falls_back_to_the_least_loaded_when_imbalanced():
+    router = make_router("sglang_cache_aware", {}, 2)
+    prefix = [1, 2, 3, 4]
+    assert router.route(req(0, 0.0, 64, prefix), views(n=2)) == 0
+    # Imbalance needs both (max - min) > 64 and max > 1.5 * min.
+    assert router.route(req(1, 1.0, 64, prefix), views(outstanding=[64, 0])) == 0  # 64 - 0 is not > 64
+    assert router.route(req(2, 2.0, 64, prefix), views(outstanding=[100, 40])) == 0  # 100 - 40 is not > 64
+    assert router.route(req(3, 3.0, 64, prefix), views(outstanding=[110, 80])) == 0  # 110 < 1.5 * 80
+    assert router.route(req(4, 4.0, 64, prefix), views(outstanding=[200, 100])) == 1  # 100 > 64 and 200 > 150
+    small = make_router("sglang_cache_aware", {"balance_abs_threshold": 2, "balance_rel_threshold": 1.0}, 2)
+    small.route(req(0, 0.0, 64, prefix), views(n=2))
+    assert small.route(req(1, 1.0, 64, prefix), views(outstanding=[3, 0])) == 1
+
+
+def test_llm_d_weights_prefix_against_load():
+    router = make_router("llm_d_weighted", {}, 2)
+    prefix = [1, 2, 3, 4]
+    assert router.route(req(0, 0.0, 64, prefix), views(n=2, kv=[0.0, 0.1])) == 0  # kv: 2*1.0 vs 2*0.9
+    # Full prefix on 0 (3 * 1.0) outweighs its longer queue (2 * 0 vs 2 * 1) and higher KV usage (2*.5 vs 2*.6).
+    assert router.route(req(1, 1.0, 64, prefix), views(waiting=[4, 0], kv=[0.5, 0.2])) == 0
+    # 3 (prefix) + 0 (queue) + 2*0.1 = 3.2 on replica 0 vs 0 + 2 + 2*1.0 = 4 on replica 1.
+    assert router.route(req(2, 2.0, 64, prefix), views(waiting=[4, 0], kv=[0.9, 0.0])) == 1
+
+
+def test_dynamo_credits_overlap_and_charges_load():
+    router = make_router("dynamo_kv", {}, 2)
+    prefix = list(range(10))
+    assert router.route(req(0, 0.0, 160, prefix), views(n=2)) in (0, 1)
+    home = router._live[0][0]
+    router.on_first_token(0, home, 0.5)
+    # 10 of 10 blocks cached at home: prefill 10 - 10 = 0, decode 10 + 10 = 20; elsewhere 10 + 0 + 10 = 20: a tie
+    # broken at random; with a longer prompt that shares the prefix, home is cheaper.
+    assert router.route(req(1, 1.0, 320, prefix + list(range(100, 110))), views(n=2)) == home
+    # Load: many active blocks at home make a fresh prompt go elsewhere.
+    assert router.route(req(2, 2.0, 160, range(200, 210)), views(n=2)) != home
+    router.on_complete(0, home, 3.0)
+    assert router.active_blocks[home] == 20 and router.prefill_tokens[home] == 320 - 160
+
+
+def test_session_affinity_keeps_sessions_and_balances_the_rest():
+    router = make_router("session_affinity", {}, 4)
+    homes = {s: router.route(req(i, float(i), session=s), views(n=4)) for i, s in enumerate(["a", "b", "c"] * 3)}
+    again = [router.route(req(10 + i, 10.0 + i, session=s), views(n=4)) for i, s in enumerate(["a", "b", "c"])]
+    assert again == [homes["a"], homes["b"], homes["c"]]
+    counts = [len(w) for w in router._recent]
+    assert router.route(req(20, 20.0), views(n=4)) == counts.index(min(counts))
+
+
+def test_session_column_reaches_the_router_through_the_fleet():
+    workload = make_workload([(0.01 * i, 50, 5) for i in range(30)])
+    workload.requests["session_id"] = [f"s{i % 3}" for i in range(30)]
+    res = simulate_fleet(workload, EngineConfig(), MODEL, GPU, replicas=4, router="session_affinity",
+                         latency=LinearStepModel(0.01, 0.0))
+    per_session = res.requests.groupby(workload.requests["session_id"])["replica"].nunique()
+    assert (per_session == 1).all()
+
+
+def test_a_prefix_sharing_request_follows_its_cache_in_the_fleet():
+    """Two groups of requests with different shared prefixes, interleaved: the cache-aware router keeps each group
+    on one replica (load stays far under its thresholds), and those requests hit the cache."""
+    rows = [(0.05 * i, 96, 4) for i in range(12)]
+    workload = make_workload(rows)
+    workload.requests["hash_ids"] = [[i % 2 * 100, i % 2 * 100 + 1, 1000 + i] for i in range(12)]
+    res = simulate_fleet(workload, EngineConfig(enable_prefix_caching=True), MODEL, GPU, replicas=3,
+                         router="sglang_cache_aware", hash_block_tokens=32, latency=LinearStepModel(0.01, 0.0))
+    groups = res.requests.groupby(pd.Series([i % 2 for i in range(12)]))["replica"].nunique()
+    assert (groups == 1).all()
+    assert (res.requests["prefix_hit_tokens"].iloc[2:] == 64).all()
+
+
+def test_views_show_the_past_only():
+    """What the router is shown at each arrival: outstanding counts only responses ended by then, and the engine's
+    metrics are those of a step boundary no later than the arrival (minus the lag)."""
+    workload = make_workload([(0.013 * i, 200, 30) for i in range(40)])
+    fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=3, router="least_outstanding",
+                            latency=LinearStepModel(0.01, 1e-5))
+    seen = []
+    route = fleet.router.route
+
+    def spy(request, replicas):
+        seen.append((request, [(r.outstanding, r.routed) for r in replicas],
+                     [rep.published[0][0] for rep in fleet.replicas]))
+        return route(request, replicas)
+
+    fleet.router.route = spy
+    result = fleet.run()
+    table = result.requests
+    for request, counts, boundaries in seen:
+        t = request.arrival_s
+        before = table.index < request.index
+        for r, (outstanding, routed) in enumerate(counts):
+            mine = table[before & (table["replica"] == r)]
+            assert routed == len(mine)
+            assert outstanding == int((~(mine["end_s"] <= t)).sum())
+        assert all(b <= t for b in boundaries)
