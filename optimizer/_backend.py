@@ -160,29 +160,19 @@ class SimBackend(TrialBackend):
         ``keep_steps`` (default: ``record_steps``): keep the step table in the result; without it the step table
         is collected in compact chunks for the metrics (same values) and ended requests are not kept."""
         from objectives import StepTotals, summarize
-        from sim.engine.config import EngineConfig
+        from sim.engine import resolve_engine
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
 
         workload = self.workload(seed)
-        config = EngineConfig.from_dict(dict(params), "knobs")
         model, gpu = load_model(self.model), load_gpu(self.gpu)
-        latency = None
-        if self.kv_scale != 1.0 or self.time_scale != 1.0:
-            from sim.engine.build import roofline_for
-            from sim.engine.sizing import size_kv_cache
-            from sim.latency import ScaledLatency
-
-            resolved = config.resolve(model.max_model_len, gpu)
-            if self.kv_scale != 1.0:
-                blocks = size_kv_cache(model, gpu, resolved).num_gpu_blocks
-                config = config.replace(num_gpu_blocks_override=max(2, int(round(blocks * self.kv_scale))))
-            latency = ScaledLatency(roofline_for(resolved, model, gpu, self.coefficients), self.time_scale)
+        # Resolved, sized and given its latency model once; the plan goes to the engine as it is.
+        plan = resolve_engine(params, model, gpu, coefficients=self.coefficients).scaled(self.kv_scale,
+                                                                                        self.time_scale)
         keep = self.record_steps if keep_steps is None else keep_steps
         totals = None if keep else StepTotals()
-        result = simulate(workload, config, model, gpu, seed=seed, record_steps=keep,
-                          step_sink=None if totals is None else totals.add, keep_requests=False,
-                          coefficients=self.coefficients, latency=latency, observer=observer)
+        result = simulate(workload, plan, model, gpu, seed=seed, record_steps=keep,
+                          step_sink=None if totals is None else totals.add, keep_requests=False, observer=observer)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps if totals is None else totals, workload.classes).to_dict()

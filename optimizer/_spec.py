@@ -65,7 +65,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
     """Refuse a study none of whose trials could start: size the KV cache with the most memory the search can
     give it (gpu_memory_utilization, weight and KV dtypes at their most generous); if even that cannot hold the
     weights and one max-length request, every trial would fail."""
-    from sim.engine.sizing import size_kv_cache
+    from sim.engine import resolve_engine
 
     best: dict[str, Any] = {}
     for domain in search.domains:
@@ -74,7 +74,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
     try:
-        size_kv_cache(model, gpu, fixed.replace(**best).resolve(model.max_model_len, gpu))
+        resolve_engine(fixed.replace(**best), model, gpu)
     except ConfigError as exc:
         raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
                                  f"{fixed.tensor_parallel_size}: {exc}") from None
@@ -424,12 +424,11 @@ class StudySpec:
         try:
             fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
                                             "engine_version": target.simulated_release, **engine}, "engine")
-            fixed.resolve(model.max_model_len, device)
+            resolved = fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
             raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
         engine = {k: getattr(fixed, k) for k in engine}
-        resolved = fixed.resolve(model.max_model_len, device)
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
             raise ConfigError(f"engine.{key}", f"max_num_batched_tokens {resolved.max_num_batched_tokens} is smaller "

@@ -25,11 +25,10 @@ import pandas as pd
 import yaml
 
 from replay.results import ReplayResult
-from sim.engine.config import EngineConfig
+from sim.engine import EngineConfig, resolve_engine
 from sim.errors import ConfigError, KvtuneError
 from sim.latency import PROFILE_KIND, LatencyCoefficients, coefficients_from_mapping, load_profile
 from sim.profiles import GpuProfile, ModelProfile, load_gpu, load_model
-from sim.engine.sizing import size_kv_cache
 from sim.runner import simulate
 from sim.workload.classes import RequestClass
 from sim.workload.workload import Workload
@@ -102,9 +101,9 @@ def probe_workload(
     plus half a second.  Lengths are clipped to the config's ``max_model_len``; prompts that exceed the step
     budget are chunked, as on the engine.
     """
-    config = (config or EngineConfig()).resolve(model.max_model_len, gpu)
+    plan = resolve_engine(config or EngineConfig(), model, gpu)  # every group below is simulated on it
+    config, sizing = plan.config, plan.sizing
     limit = int(config.max_model_len)
-    sizing = size_kv_cache(model, gpu, config)
     capacity = (sizing.num_gpu_blocks - 1) * config.block_size  # tokens the KV cache holds
     groups: list[list[tuple[int, int]]] = []
     for prompt in prompt_sweep:
@@ -124,7 +123,7 @@ def probe_workload(
             rows.append((len(rows), PROBE_CLASS, t, prompt, output))
         df = pd.DataFrame([(i, PROBE_CLASS, 0.0, p, o) for i, (p, o) in enumerate(group)],
                           columns=["request_id", "class", "arrival_s", "prompt_tokens", "output_tokens"])
-        alone = simulate(Workload(df, classes, source="probe"), config, model, gpu, record_steps=False)
+        alone = simulate(Workload(df, classes, source="probe"), plan, model, gpu, record_steps=False)
         t += slowdown * float(alone.makespan_s) + 0.5
     frame = pd.DataFrame(rows, columns=["request_id", "class", "arrival_s", "prompt_tokens", "output_tokens"])
     return Workload(frame, classes, source="kvtune calibration probe")
@@ -177,9 +176,10 @@ def probe_groups(
     ``max_num_seqs`` and to half the KV cache (no preemption, which would depend on timing); lengths are
     clipped to ``max_model_len``.
     """
-    config = config.resolve(model.max_model_len)
+    plan = resolve_engine(config, model, gpu)
+    config = plan.config
     limit = int(config.max_model_len)
-    capacity = (size_kv_cache(model, gpu, config).num_gpu_blocks - 1) * config.block_size
+    capacity = (plan.sizing.num_gpu_blocks - 1) * config.block_size
 
     def fit(batch: int, tokens: int) -> int:
         return max(1, min(int(batch), int(config.max_num_seqs), int(0.5 * capacity // tokens)))

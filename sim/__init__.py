@@ -4,3 +4,21 @@ from sim import _compiled
 
 # Before any engine module is imported: the compiled engine, unless its build is older than the sources.
 _compiled.install()
+
+from sim._lazy import lazy_getattr  # noqa: E402
+
+#: Public names, imported on first use (after the check above).
+_EXPORTS = {
+    "BuiltEngine": "sim.engine.build",
+    "EngineConfig": "sim.engine.config",
+    "EnginePlan": "sim.engine.build",
+    "build_engine": "sim.engine.build",
+    "resolve_engine": "sim.engine.build",
+    "simulate": "sim.runner",
+    "SimResult": "sim.runner",
+    "Simulation": "sim.runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -19,7 +19,7 @@ import pandas as pd
 import simpy
 
 from sim.engine.config import EngineConfig
-from sim.engine.build import build_engine
+from sim.engine.build import EnginePlan, build_engine, resolve_engine
 from sim.engine.request import Request, Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
@@ -79,7 +79,7 @@ class Simulation:
     def __init__(
         self,
         workload: Workload,
-        config: EngineConfig,
+        config: EngineConfig | EnginePlan,
         model: ModelProfile,
         gpu: GpuProfile,
         latency: LatencyModel | None = None,
@@ -96,20 +96,28 @@ class Simulation:
         step_sink: Callable[[pd.DataFrame], None] | None = None,
         decode_columns: bool = True,
     ):
-        """``record_steps=False`` keeps no step table; ``step_sink`` then receives it in chunks (DataFrames of
+        """``config``: an EngineConfig, or an :class:`~sim.engine.build.EnginePlan` (from ``resolve_engine``, for
+        ``model`` and ``gpu``: then it is not resolved again, and ``latency`` / ``coefficients`` are the plan's).
+        ``record_steps=False`` keeps no step table; ``step_sink`` then receives it in chunks (DataFrames of
         up to ``sim.engine.core.ROWS_CHUNK`` rows) as the run goes, e.g. ``objectives.StepTotals().add``.
         ``keep_requests=False`` drops each request's live state once it ended (its row is in the request
         table's arrays), so memory grows with the requests in the system, not with the workload; with
         ``True`` (the default) ``self.requests`` holds every request's final state.
         ``decode_columns=False`` keeps the running batch as Request objects only (the slow path the decode
         columns are checked against; see sim/engine/decode_columns.py)."""
-        resolved = config.resolve(model.max_model_len, gpu)
+        if isinstance(config, EnginePlan):
+            if latency is not None or coefficients is not None:
+                raise ValueError("Simulation: a plan has its latency model; give latency/coefficients to resolve_engine")
+            plan = config
+        else:
+            plan = resolve_engine(config, model, gpu, latency=latency, coefficients=coefficients)
+        resolved = plan.config
         predicted = (
             predicted_output_lengths(workload, resolved.admission_quantile)
             if resolved.admission_policy == "predicted" else None
         )
         built = build_engine(
-            config, model, gpu, latency=latency, coefficients=coefficients, predicted_output=predicted,
+            plan, model, gpu, predicted_output=predicted,
             record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer,
         )
         self.config, self.sizing, self.latency, self.core = built.config, built.sizing, built.latency, built.core
@@ -404,7 +412,7 @@ class FrozenHeap:
             gc.unfreeze()
 
 
-def simulate(workload: Workload, config: EngineConfig, model: ModelProfile, gpu: GpuProfile, **kwargs) -> SimResult:
+def simulate(workload: Workload, config: EngineConfig | EnginePlan, model: ModelProfile, gpu: GpuProfile, **kwargs) -> SimResult:
     """Run one simulation; keyword arguments go to :class:`Simulation`.  Its set-up runs in a :class:`FrozenHeap`,
     and so does its run (``Simulation.run``)."""
     with FrozenHeap():

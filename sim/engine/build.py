@@ -1,27 +1,85 @@
-"""One way to assemble an engine from a config: resolve it, size the KV cache, pick the latency model and the
-scheduler flavor.  The offline run loop and the digital twin both call this, so they run the same engine."""
+"""One way to assemble an engine: resolve its config, size the KV cache, pick the latency model, then make the
+core (scheduler flavor and all).  The offline run loop, the digital twin, calibration and the study's start-up
+check all go through :func:`resolve_engine` / :func:`build_engine`, so they run the same engine and a trial's
+config is resolved, sized and given a latency model once.
+
+:func:`resolve_engine` does the cheap, shareable part (an :class:`EnginePlan`: no mutable state); a plan makes as
+many fresh cores as wanted (:meth:`EnginePlan.build`), e.g. one per replica of a fleet.  :func:`build_engine` is
+both in one call.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping, Union
 
 from sim.engine.config import EngineConfig
 from sim.engine.core import EngineCore, make_scheduler
 from sim.engine.scheduler_base import SchedulerOutput
-from sim.engine.sizing import KVSizing, size_kv_cache
-from sim.latency import LatencyCoefficients, LatencyModel, RooflineModel
+from sim.engine.sizing import KVSizing, size_kv_cache, with_gpu_blocks
+from sim.latency import LatencyCoefficients, LatencyModel, RooflineModel, ScaledLatency
 from sim.profiles import GpuProfile, ModelProfile
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """A resolved config with its KV geometry and latency model, on one model and device: everything an engine
+    needs except its state.  Made by :func:`resolve_engine`; :meth:`build` makes a fresh engine from it."""
+
+    config: EngineConfig
+    sizing: KVSizing
+    latency: LatencyModel
+    model: ModelProfile
+    gpu: GpuProfile
+
+    def scaled(self, kv_scale: float = 1.0, time_scale: float = 1.0) -> "EnginePlan":
+        """This plan with its GPU KV blocks times ``kv_scale`` (at least 2, as ``num_gpu_blocks_override``) and
+        every step time times ``time_scale`` (:class:`~sim.latency.ScaledLatency`); itself when both are 1."""
+        if kv_scale == 1.0 and time_scale == 1.0:
+            return self
+        config, sizing = self.config, self.sizing
+        if kv_scale != 1.0:
+            config = config.replace(num_gpu_blocks_override=max(2, int(round(sizing.num_gpu_blocks * kv_scale))))
+            sizing = with_gpu_blocks(sizing, config)
+        return dataclasses.replace(self, config=config, sizing=sizing,
+                                   latency=ScaledLatency(self.latency, time_scale))
+
+    def build(
+        self,
+        *,
+        predicted_output: dict[str, int] | None = None,
+        record_steps: bool = True,
+        batch_decode_runs: bool = True,
+        observer: Callable[[int, float, SchedulerOutput], None] | None = None,
+    ) -> "BuiltEngine":
+        """A fresh engine core on this plan (its own scheduler and KV blocks; the latency model is shared)."""
+        config, latency = self.config, self.latency
+        scheduler = make_scheduler(config, self.sizing.num_gpu_blocks, self.sizing.num_cpu_blocks, predicted_output)
+        # V0 swap_blocks copies one block per layer for K and V (vLLM paper fig. 19's small-block cost); V1's
+        # offload moves a block in one copy.
+        scheduler.copies_per_block = 2 * self.model.num_layers if not config.is_v1 else 1
+        if scheduler.write_through:
+            scheduler.load_time = latency.swap_time  # V1 offload loads are asynchronous (OffloadingConnector)
+        core = EngineCore(scheduler, latency, record_steps=record_steps, batch_decode_runs=batch_decode_runs,
+                          observer=observer)
+        return BuiltEngine(config, self.sizing, latency, core, self)
 
 
 @dataclass
 class BuiltEngine:
-    """A resolved config, its KV geometry, and the core that steps it."""
+    """A resolved config, its KV geometry, its latency model, the core that steps it, and the plan it came from."""
 
     config: EngineConfig
     sizing: KVSizing
     latency: LatencyModel
     core: EngineCore
+    plan: EnginePlan
+
+
+#: What :func:`resolve_engine` and :func:`build_engine` take as a config: an EngineConfig or its knobs (a mapping
+#: of EngineConfig field names, as a trial's parameters are).
+ConfigSource = Union[EngineConfig, Mapping[str, Any]]
 
 
 def roofline_for(config: EngineConfig, model: ModelProfile, gpu: GpuProfile,
@@ -39,10 +97,28 @@ def roofline_for(config: EngineConfig, model: ModelProfile, gpu: GpuProfile,
     )
 
 
-def build_engine(
-    config: EngineConfig,
+def resolve_engine(
+    config: ConfigSource,
     model: ModelProfile,
     gpu: GpuProfile,
+    *,
+    latency: LatencyModel | None = None,
+    coefficients: LatencyCoefficients | None = None,
+) -> EnginePlan:
+    """Resolve ``config`` (an EngineConfig or its knobs) for ``model`` on ``gpu``, size its KV cache (ConfigError
+    if the model does not fit or the cache cannot hold one max-length request) and pick its latency model:
+    ``latency`` if given, else the roofline with ``coefficients``.  Each is done once, here."""
+    if not isinstance(config, EngineConfig):
+        config = EngineConfig.from_dict(dict(config), "knobs")
+    resolved = config.resolve(model.max_model_len, gpu)
+    sizing = size_kv_cache(model, gpu, resolved)
+    return EnginePlan(resolved, sizing, latency or roofline_for(resolved, model, gpu, coefficients), model, gpu)
+
+
+def build_engine(
+    config: ConfigSource | EnginePlan,
+    model: ModelProfile | None = None,
+    gpu: GpuProfile | None = None,
     *,
     latency: LatencyModel | None = None,
     coefficients: LatencyCoefficients | None = None,
@@ -51,16 +127,20 @@ def build_engine(
     batch_decode_runs: bool = True,
     observer: Callable[[int, float, SchedulerOutput], None] | None = None,
 ) -> BuiltEngine:
-    """Resolve ``config`` for ``model``, size its KV cache on ``gpu`` (ConfigError if it cannot hold one
-    max-length request) and build the engine core."""
-    resolved = config.resolve(model.max_model_len, gpu)
-    sizing = size_kv_cache(model, gpu, resolved)
-    latency = latency or roofline_for(resolved, model, gpu, coefficients)
-    scheduler = make_scheduler(resolved, sizing.num_gpu_blocks, sizing.num_cpu_blocks, predicted_output)
-    # V0 swap_blocks copies one block per layer for K and V (vLLM paper fig. 19's small-block cost); V1's
-    # offload moves a block in one copy.
-    scheduler.copies_per_block = 2 * model.num_layers if not resolved.is_v1 else 1
-    if scheduler.write_through:
-        scheduler.load_time = latency.swap_time  # V1 offload loads are asynchronous (OffloadingConnector)
-    core = EngineCore(scheduler, latency, record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer)
-    return BuiltEngine(resolved, sizing, latency, core)
+    """An engine: :func:`resolve_engine` (unless ``config`` is already an :class:`EnginePlan`, which carries its
+    model, device and latency model) and a fresh core from the plan (:meth:`EnginePlan.build`)."""
+    if isinstance(config, EnginePlan):
+        if latency is not None or coefficients is not None:
+            raise ValueError("build_engine: a plan has its latency model; give latency/coefficients to resolve_engine")
+        if (model is not None and model is not config.model) or (gpu is not None and gpu is not config.gpu):
+            raise ValueError("build_engine: the plan was resolved for another model or device")
+        plan = config
+    else:
+        if model is None or gpu is None:
+            raise TypeError("build_engine: a config needs its model and device")
+        plan = resolve_engine(config, model, gpu, latency=latency, coefficients=coefficients)
+    return plan.build(predicted_output=predicted_output, record_steps=record_steps,
+                      batch_decode_runs=batch_decode_runs, observer=observer)
+
+
+__all__ = ["BuiltEngine", "ConfigSource", "EnginePlan", "build_engine", "resolve_engine", "roofline_for"]

@@ -19,7 +19,7 @@ vLLM (0.33 ``v1/worker/gpu_worker.py`` ``determine_available_memory``; 0.8.5 ``w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.engine.config import EngineConfig
 from sim.engine.defaults import release_tuple
@@ -130,16 +130,7 @@ def size_kv_cache(model: ModelProfile, gpu: GpuProfile, config: EngineConfig) ->
     swap_gb = config.swap_space_gb if config.flavor == "vllm-v0" and config.preemption_mode == "swap" else 0.0
     offload_gb = config.kv_offloading_size_gb or 0.0
     num_cpu_blocks = int((swap_gb + offload_gb) * GIB // block_bytes)
-    # Block 0 is vLLM V1's null block; V0 has none.
-    usable = num_gpu_blocks - 1 if config.is_v1 else num_gpu_blocks
-    max_len = config.max_model_len
-    if usable * config.block_size < max_len:
-        field = "num_gpu_blocks_override" if config.num_gpu_blocks_override is not None else "max_model_len"
-        raise ConfigError(
-            field,
-            f"the KV cache holds {usable * config.block_size} tokens ({usable} blocks of {config.block_size}) "
-            f"but one max-length request needs {max_len}; lower max_model_len or give the cache more memory",
-        )
+    _check_holds_one_request(config, num_gpu_blocks)
     return KVSizing(
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
@@ -152,3 +143,27 @@ def size_kv_cache(model: ModelProfile, gpu: GpuProfile, config: EngineConfig) ->
         available_kv_bytes=available,
         device_total_bytes=total,
     )
+
+
+def with_gpu_blocks(sizing: KVSizing, config: EngineConfig) -> KVSizing:
+    """``sizing`` (of ``config`` without the override) given ``config.num_gpu_blocks_override`` GPU blocks: what
+    ``size_kv_cache`` returns for ``config``, without sizing it again (the override changes nothing else)."""
+    blocks = config.num_gpu_blocks_override
+    if blocks is None:
+        return sizing
+    _check_holds_one_request(config, blocks)
+    return replace(sizing, num_gpu_blocks=blocks)
+
+
+def _check_holds_one_request(config: EngineConfig, num_gpu_blocks: int) -> None:
+    """ConfigError unless ``num_gpu_blocks`` hold one max-length request (vLLM refuses to start then)."""
+    # Block 0 is vLLM V1's null block; V0 has none.
+    usable = num_gpu_blocks - 1 if config.is_v1 else num_gpu_blocks
+    max_len = config.max_model_len
+    if usable * config.block_size < max_len:
+        field = "num_gpu_blocks_override" if config.num_gpu_blocks_override is not None else "max_model_len"
+        raise ConfigError(
+            field,
+            f"the KV cache holds {usable * config.block_size} tokens ({usable} blocks of {config.block_size}) "
+            f"but one max-length request needs {max_len}; lower max_model_len or give the cache more memory",
+        )
