@@ -168,12 +168,13 @@ class FleetSimulation:
         )
 
     def _preroute(self) -> None:
-        routed = [0] * self.router.num_replicas
+        # One view per replica, only the chosen one's replaced after each decision (views are read-only).
+        views = [ReplicaView(index=r, routed=0) for r in range(self.router.num_replicas)]
+        route, replica_of = self.router.route, self.replica_of
         for i in range(len(self.arrivals_s)):
-            views = [ReplicaView(index=r, routed=routed[r]) for r in range(len(routed))]
-            chosen = self._check(self.router.route(self._request_view(i), views), i)
-            self.replica_of[i] = chosen
-            routed[chosen] += 1
+            chosen = self._check(route(self._request_view(i), views), i)
+            replica_of[i] = chosen
+            views[chosen] = ReplicaView(index=chosen, routed=views[chosen].routed + 1)
 
     def _check(self, chosen: object, i: int) -> int:
         if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)) or not 0 <= chosen < self.router.num_replicas:

@@ -31,9 +31,9 @@ class Feed:
     __slots__ = ("times", "next", "total")
 
     def __init__(self, times: np.ndarray) -> None:
-        self.times = times
+        self.times: list[float] = np.asarray(times, dtype=float).tolist()
         self.next = 0
-        self.total = len(times)
+        self.total = len(self.times)
 
 
 class Replica:
@@ -85,7 +85,7 @@ class Replica:
 
     def _next_event_s(self) -> float:
         feed = self.feed
-        nxt = float(feed.times[feed.next]) if feed.next < feed.total else math.inf
+        nxt = feed.times[feed.next] if feed.next < feed.total else math.inf
         if self.deadlines and self.deadlines[0][0] < nxt:
             nxt = self.deadlines[0][0]
         return min(nxt, self.scheduler.next_load_ready_s())
@@ -109,33 +109,40 @@ class Replica:
         return feed.next < feed.total or self.done + len(self.scheduler.finished) < self.assigned
 
     def process(self, env: simpy.Environment):
-        """The replica's SimPy process (``Simulation._engine``, for one engine of several)."""
+        """The replica's SimPy process (``Simulation._engine``, for one engine of several; the checks of
+        ``_pending``, ``_next_event_s`` and ``_expire_deadlines`` inlined where they are cheap)."""
         core = self.core
         scheduler = self.scheduler
         feed = self.feed
+        times, total = feed.times, feed.total
         pool = scheduler.pool
         published = self.published
+        deadlines = self.deadlines
         clock = env.now
         finished = scheduler.finished
-        while self._pending():
+        inf = math.inf
+        while feed.next < total or self.done + len(finished) < self.assigned:
             if len(finished) > 256:
                 self.drain()
-            if env.now < clock and feed.next < feed.total and feed.times[feed.next] <= clock:
+            if env.now < clock and feed.next < total and times[feed.next] <= clock:
                 yield env.timeout(clock - env.now)
             now = clock
             if now > self.max_sim_time_s:
                 break
-            self._expire_deadlines(now)
-            if not self._pending():
-                break  # the last requests ended by client deadline
+            if deadlines and deadlines[0][0] <= now:
+                self._expire_deadlines(now)
+                if not self._pending():
+                    break  # the last requests ended by client deadline
             if published is not None:
                 # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
                 published.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used,
                                   self.done + len(finished)))
             step = None
             if scheduler.has_unfinished():
+                nxt = times[feed.next] if feed.next < total else inf
+                deadline = deadlines[0][0] if deadlines else inf
                 try:
-                    step = core.begin_step(now, self._next_event_s(), self._next_deadline_s())
+                    step = core.begin_step(now, min(nxt, deadline, scheduler.next_load_ready_s()), deadline)
                 except EngineAborted as exc:
                     self.aborted = str(exc)
                     break
@@ -143,12 +150,12 @@ class Replica:
                 if env.now < clock:
                     yield env.timeout(clock - env.now)
                 nxt = self._next_event_s()
-                if nxt == math.inf:
-                    if feed.next >= feed.total:
+                if nxt == inf:
+                    if feed.next >= total:
                         self.aborted = self.aborted or "no request can make progress"
                         break
                 self.wake = env.event()
-                if nxt < math.inf:
+                if nxt < inf:
                     yield self.wake | env.timeout(nxt - now)
                 else:
                     yield self.wake
