@@ -154,7 +154,8 @@ class FleetSimulation:
             self._preroute()
             feeds = [Feed(self.arrivals_s[self.replica_of == r]) for r in range(replicas)]
             self._feed = None
-        self.replicas = [Replica(r, core, feeds[r], base._live, base.log, keep_requests, max_sim_time_s, publish)
+        self.replicas = [Replica(r, core, feeds[r], base._live, base.log, keep_requests, max_sim_time_s, publish,
+                                 own_feed=not self.router.needs_state)
                          for r, core in enumerate(cores)]
         #: In flight per replica, for ``tracks_requests`` routers: request index -> [request, first token seen].
         self._inflight: list[dict[int, list]] = [{} for _ in range(replicas)]
@@ -243,6 +244,10 @@ class FleetSimulation:
             replicas[chosen].add(req, now)
             if tracks:
                 self._inflight[chosen][i] = [req, False]
+        # No more arrivals: a replica asleep until one is routed to it wakes, to end (or to find itself stuck).
+        for rep in replicas:
+            if rep.wake is not None and not rep.wake.triggered:
+                rep.wake.succeed()
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self) -> FleetResult:

@@ -41,11 +41,13 @@ class Replica:
     arrays are the fleet's (``live``, ``log``), indexed by workload row."""
 
     def __init__(self, index: int, core: EngineCore, feed: Feed, live: dict[int, Request], log: RequestLog,
-                 keep_requests: bool, max_sim_time_s: float, publish: bool) -> None:
+                 keep_requests: bool, max_sim_time_s: float, publish: bool, own_feed: bool = True) -> None:
         self.index = index
         self.core = core
         self.scheduler = core.scheduler
         self.feed = feed
+        #: The feed holds only requests routed here (else every fleet arrival, most of them routed elsewhere).
+        self.own_feed = own_feed
         self.live = live
         self.log = log
         self.keep_requests = keep_requests
@@ -121,6 +123,7 @@ class Replica:
         clock = env.now
         finished = scheduler.finished
         inf = math.inf
+        own_feed = self.own_feed
         while feed.next < total or self.done + len(finished) < self.assigned:
             if len(finished) > 256:
                 self.drain()
@@ -149,7 +152,10 @@ class Replica:
             if step is None:
                 if env.now < clock:
                     yield env.timeout(clock - env.now)
-                nxt = self._next_event_s()
+                # A replica behind a router that decides at arrival time sleeps through the fleet's arrivals: one
+                # routed here wakes it (``add``), as an arrival wakes the single engine.
+                nxt = self._next_event_s() if own_feed else min(deadlines[0][0] if deadlines else inf,
+                                                                 scheduler.next_load_ready_s())
                 if nxt == inf:
                     if feed.next >= total:
                         self.aborted = self.aborted or "no request can make progress"

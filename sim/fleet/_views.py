@@ -7,12 +7,11 @@ each engine last published (with a reporting lag where the real router polls the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """The arriving request."""
+class RequestView(NamedTuple):
+    """The arriving request (a named tuple: cheap to make, read-only)."""
 
     #: Its row in the workload (and the request table).
     index: int
@@ -29,9 +28,8 @@ class RequestView:
     session_id: object | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
-    """One replica as the router sees it when the request arrives.
+class ReplicaView(NamedTuple):
+    """One replica as the router sees it when the request arrives (a named tuple: cheap to make, read-only).
 
     ``outstanding`` and ``routed`` are the router's own bookkeeping (requests it sent there, less those whose
     response has ended by now), exact at the arrival.  ``num_waiting``, ``num_running`` and ``kv_usage`` are the
