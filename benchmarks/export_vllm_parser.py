@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from optimizer import StudySpec, vllm_config
-from optimizer._export import render_recommended_yaml
+from optimizer import StudySpec, render_recommended_yaml, vllm_config
 
 import yaml
 

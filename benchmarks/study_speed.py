@@ -57,16 +57,13 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
     t_import = time.perf_counter()
     import io
 
-    from optimizer._executors import InProcessExecutor
-    from optimizer._spec import load_study_spec
-    from optimizer._study import Tuner
+    from optimizer import InProcessExecutor, Tuner, load_study_spec
 
     imports_s = time.perf_counter() - t_import
     spec = load_study_spec(spec_path)
     backend = None
     if mode == "driver-only":
-        from optimizer._backend import SimBackend
-        from optimizer._storage import prepare
+        from optimizer import SimBackend, prepare
 
         ctx = prepare(spec)
         sim = SimBackend.for_spec(spec, ctx.workloads)

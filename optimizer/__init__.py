@@ -3,7 +3,9 @@
 Entry points: :func:`load_study_spec` / :class:`StudySpec` (the YAML), :class:`Tuner` / :func:`run_study` (run or
 resume a study), :func:`export_study` (Pareto front and recommended config), the :class:`TrialBackend` and
 :class:`Executor` interfaces with :class:`SimBackend`, :class:`RayExecutor` and :class:`InProcessExecutor`.
-The command line is :mod:`optimizer.cli`.
+The command line is :mod:`optimizer.cli`; packages that extend it (the replay package) register their trial
+backends (:func:`register_backend`) and subcommands (:func:`register_commands`) and share its argument types and
+its ``--model/--gpu/--set`` group (:func:`add_engine_arguments`, :func:`parse_pairs`).
 
 Names are imported lazily (Optuna, SQLAlchemy, pandas and Ray load on first use), so that ``kvtune --help``
 and ``kvtune simulate`` stay cheap.
@@ -14,15 +16,18 @@ from __future__ import annotations
 from sim._lazy import lazy_getattr
 
 _EXPORTS = {
+    "add_engine_arguments": "optimizer._cli_args",
     "Budget": "optimizer._spec",
     "choose": "optimizer._export",
     "default_search_space": "optimizer._space",
     "default_target": "optimizer._versions",
     "Domain": "optimizer._space",
+    "engine_flag_values": "optimizer._knobs",
     "Executor": "optimizer._executors",
     "export_study": "optimizer._export",
     "ExportResult": "optimizer._export",
     "flag_table": "optimizer._versions",
+    "hf_model_id": "optimizer._export",
     "InProcessExecutor": "optimizer._executors",
     "is_feasible": "optimizer._storage",
     "is_finished": "optimizer._storage",
@@ -30,21 +35,30 @@ _EXPORTS = {
     "load_study_spec": "optimizer._spec",
     "make_sampler": "optimizer._samplers",
     "mean_metrics": "optimizer._backend",
+    "non_negative_float": "optimizer._cli_args",
+    "non_negative_int": "optimizer._cli_args",
     "open_study": "optimizer._storage",
     "params_to_knobs": "optimizer._knobs",
+    "parse_pairs": "optimizer._cli_args",
     "pareto_front": "optimizer._export",
     "parse_search_space": "optimizer._space",
     "Pick": "optimizer._export",
+    "port": "optimizer._cli_args",
+    "positive_float": "optimizer._cli_args",
+    "positive_int": "optimizer._cli_args",
     "prepare": "optimizer._storage",
     "RayExecutor": "optimizer._executors",
     "recover_interrupted": "optimizer._storage",
+    "register_backend": "optimizer._backend",
+    "register_commands": "optimizer._plugins",
+    "render_recommended_yaml": "optimizer._export",
     "run_study": "optimizer._study",
     "SAMPLERS": "optimizer._spec",
     "SamplerSpec": "optimizer._spec",
     "SearchSpace": "optimizer._space",
     "Shortfall": "optimizer._export",
     "SimBackend": "optimizer._backend",
-    "StudyContext": "optimizer._storage",
+    "StudyContext": "optimizer._context",
     "StudyResult": "optimizer._study",
     "StudySpec": "optimizer._spec",
     "StudyStopped": "optimizer._study",

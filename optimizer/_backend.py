@@ -22,7 +22,7 @@ from sim.errors import ConfigError
 if TYPE_CHECKING:
     from sim.workload.workload import Workload
     from optimizer._spec import StudySpec
-    from optimizer._study import StudyContext
+    from optimizer._context import StudyContext
 
 
 class TrialError(Exception):

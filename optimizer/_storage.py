@@ -23,7 +23,6 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -32,11 +31,11 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from objectives import BUCKET_PREFIXES
-from objectives.registry import Constraint, Objective, get_objective, is_bound, parse_bound, slo_constraints
+from objectives.registry import Constraint, get_objective, is_bound, parse_bound, slo_constraints
+from optimizer._context import StudyContext
 from optimizer._spec import IDENTITY_KEYS, StudySpec
 from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
-from sim.workload.workload import Workload
 
 FAIL_REASON = "fail_reason"
 FAIL_KIND = "fail_kind"
@@ -62,25 +61,6 @@ BUCKET_ATTRS = {prefix: f"{prefix}_buckets" for prefix in BUCKET_PREFIXES}
 NON_METRIC_ATTRS = frozenset({"knobs", "constraints", "constraint_names", "feasible", "wall_s", FAIL_REASON,
                               FAIL_KIND, "retry_of", "duplicate_of", "crash_attempt", "retried", "repaired", DEFAULT_ATTR,
                               *BUCKET_ATTRS.values()})
-
-
-@dataclass
-class StudyContext:
-    """What running and exporting a study both need: the built workloads, classes, objectives, constraints."""
-
-    spec: StudySpec
-    workloads: dict[int, Workload]
-    classes: dict[str, RequestClass]
-    objectives: list[Objective]
-    constraints: list[Constraint]
-
-    @property
-    def directions(self) -> list[str]:
-        return [o.direction for o in self.objectives]
-
-    @property
-    def seeds(self) -> list[int]:
-        return list(self.workloads)
 
 
 def prepare(spec: StudySpec) -> StudyContext:

@@ -8,20 +8,14 @@ import math
 import sys
 from pathlib import Path
 
-from optimizer._cli_args import positive_float, positive_int, seed_int
+from optimizer._cli_args import add_engine_arguments, parse_pairs, positive_float, positive_int, seed_int
 from sim.errors import ConfigError
 from sim.outputs import atomic_write, atomic_write_text, probe_out_dir
 
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
     """``--set key=value`` pairs -> dict; a malformed pair is an error naming it."""
-    knobs: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("--set", f"expected key=value, got {item!r}")
-        knobs[key.strip()] = value.strip()
-    return knobs
+    return parse_pairs(items, "--set")
 
 
 def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,17 +26,16 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trace", help="trace file (default: the bundled Azure 2023 conversation trace)")
     p.add_argument("--format", dest="fmt", help="trace format (default: detected)")
-    p.add_argument("--model", default=None,
-                   help="model profile name or HF folder (default: the --profile's model, else Llama-3-8B)")
-    p.add_argument("--gpu", default=None,
-                   help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)")
+    add_engine_arguments(p, model_help="model profile name or HF folder (default: the --profile's model, else "
+                                       "Llama-3-8B)",
+                         gpu_help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)",
+                         set_help="engine knob, repeatable")
     p.add_argument("--profile", default=None,
                    help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model and device")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
     p.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrival times X-fold")
     p.add_argument("--max-requests", type=positive_int, default=None, help="simulate only the first N requests")
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob, repeatable")
     p.add_argument("--seed", type=seed_int, default=0, help="seed for client timeouts/cancellations (0 <= S < 2**32)")
     p.add_argument("--out", default="runs/simulate", help="output folder (default runs/simulate)")
     p.set_defaults(handler=run_simulate)

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from optimizer._backend import SimBackend, TrialBackend, TrialError, mean_metrics
+from optimizer import SimBackend, TrialBackend, TrialError, mean_metrics
 from replay.compare import measured_engine_view
 from replay.flags import serve_command
 from replay.launcher import EngineProcess, EngineStartError, free_port, twin_command
@@ -38,7 +38,7 @@ log = logging.getLogger("kvtune.replay")
 def guess_sim_model(model: str) -> str | None:
     """kvtune's profile for a served model: a built-in's name (``meta-llama/Meta-Llama-3-8B`` -> ``Llama-3-8B``),
     a local model folder's absolute path (its config.json is the profile), or None."""
-    from sim.profiles._hf import config_path
+    from sim.profiles import hf_config_path as config_path
 
     if config_path(model) is not None:
         return str(Path(model).expanduser().resolve())

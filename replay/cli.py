@@ -13,20 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from optimizer._cli_args import non_negative_float, non_negative_int, port, positive_float, positive_int
+from optimizer import (add_engine_arguments, non_negative_float, non_negative_int, parse_pairs as _pairs, port,
+                       positive_float, positive_int)
 from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
-
-
-def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(what, f"expected NAME=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def _engine_config(sets: list[str] | None):
@@ -158,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
     )
-    from optimizer._backend import TrialError
+    from optimizer import TrialError
 
     try:
         trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
@@ -251,9 +242,8 @@ def add_replay_parsers(subparsers) -> None:
         description="An OpenAI-compatible server (/v1/completions, /v1/models, /health, /metrics with vLLM's "
                     "metric names) whose engine is kvtune's simulator, in wall-clock time or --speed times faster.",
     )
-    twin.add_argument("--model", required=True, help="model profile (kvtune's models.yaml name or alias)")
-    twin.add_argument("--gpu", required=True, help="GPU profile (hardware.yaml name or alias)")
-    twin.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
+    add_engine_arguments(twin, model_help="model profile (kvtune's models.yaml name or alias)",
+                         gpu_help="GPU profile (hardware.yaml name or alias)", required=True)
     twin.add_argument("--host", default=DEFAULT_HOST)
     twin.add_argument("--port", type=port, default=8000, help="0 picks a free port (printed on the ready line)")
     twin.add_argument("--speed", type=positive_float, default=1.0, help="simulated seconds per wall second")
@@ -289,11 +279,9 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--head", type=non_negative_int, default=0, help="replay only this many requests (0: all)")
     rep.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrivals (x2 doubles the rate)")
     rep.add_argument("--timeout", action="append", metavar="CLASS=SECONDS", help="client timeout of a class")
-    rep.add_argument("--model", required=True,
-                     help="model to serve (vllm: HF id or path; twin: profile name)")
+    add_engine_arguments(rep, model_help="model to serve (vllm: HF id or path; twin: profile name)",
+                         gpu_help="GPU profile (needed for --launch twin and for calibration)")
     rep.add_argument("--sim-model", help="kvtune model profile of --model (default: guessed from its name)")
-    rep.add_argument("--gpu", help="GPU profile (needed for --launch twin and for calibration)")
-    rep.add_argument("--set", action="append", metavar="KNOB=VALUE", help="engine knob (repeatable)")
     rep.add_argument("--speed", type=positive_float, default=1.0, help="replay this many times faster (twin only)")
     rep.add_argument("--seed", action="append", default=None, help="seed (repeatable; default 0)")
     rep.add_argument("--out", required=True, help="folder for the results")
@@ -324,8 +312,9 @@ def add_replay_parsers(subparsers) -> None:
     where = cal.add_mutually_exclusive_group()
     where.add_argument("--url", help="replay the probe against this running server (started with --set's config)")
     where.add_argument("--launch", choices=("vllm",), help="start vLLM with --set's config and replay the probe")
-    cal.add_argument("--set", action="append", metavar="KNOB=VALUE",
-                     help="the probed engine's config (repeatable; e.g. num_gpu_blocks_override=1000)")
+    add_engine_arguments(cal, model_help="model: HF folder or profile name (overrides the one recorded in results)",
+                         gpu_help="device: profile name or YAML (overrides the one recorded in results)",
+                         set_help="the probed engine's config (repeatable; e.g. num_gpu_blocks_override=1000)")
     cal.add_argument("--repeats", type=int, default=2, help="replays of each probe (default 2)")
     cal.add_argument("--save-runs", help="folder for the probe's replay results (to refit later)")
     cal.add_argument("--engine-pgid", type=int, default=None,
@@ -337,8 +326,6 @@ def add_replay_parsers(subparsers) -> None:
     cal.add_argument("--out", required=True, help="profile YAML to write")
     cal.add_argument("--params", default=None,
                      help="coefficients to fit, comma-separated (default overhead_s,per_seq_overhead_s,mfu,bw_eff)")
-    cal.add_argument("--model", help="model: HF folder or profile name (overrides the one recorded in results)")
-    cal.add_argument("--gpu", help="device: profile name or YAML (overrides the one recorded in results)")
     cal.add_argument("--start-profile", help="start from this profile's coefficients (default: built-in)")
     cal.add_argument("--max-evals", type=int, default=400, help="simulations at most")
     cal.add_argument("--no-client-latency", action="store_true",

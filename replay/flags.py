@@ -72,7 +72,7 @@ def _fmt(value: Any) -> str:
 
 
 def _target(config: EngineConfig, vllm_version: str | None):
-    from optimizer._versions import VllmTarget, default_target
+    from optimizer import VllmTarget, default_target
 
     if vllm_version is None:
         return default_target(config.flavor)
@@ -82,7 +82,7 @@ def _target(config: EngineConfig, vllm_version: str | None):
 def engine_args(config: EngineConfig, vllm_version: str | None = None, strict: bool = True) -> EngineArgs:
     """The ``vllm serve`` flags of ``config`` for ``vllm_version`` (default: the newest listed release of the
     config's engine).  Raises ConfigError (``strict``) for a knob the target cannot take."""
-    from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
+    from optimizer import KVTUNE_POLICIES, engine_flag_values
 
     target = _target(config, vllm_version)
     engine = "v1" if config.is_v1 else "v0"

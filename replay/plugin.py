@@ -9,7 +9,7 @@ from typing import Any
 
 def replay_backend_from_spec(spec, ctx, out_dir: Path):
     """The ReplayBackend of ``spec.backend`` on the workloads ``ctx`` built; results under ``out_dir/replays``."""
-    from optimizer._export import hf_model_id
+    from optimizer import hf_model_id
     from replay.backend import ReplayBackend  # aiohttp & co.: only studies that replay need them
 
     b = spec.backend
@@ -35,8 +35,7 @@ def replay_backend_from_spec(spec, ctx, out_dir: Path):
 
 
 def register() -> None:
-    from optimizer._backend import register_backend
-    from optimizer._plugins import register_commands
+    from optimizer import register_backend, register_commands
     from replay.cli import add_replay_parsers
 
     register_backend("replay", replay_backend_from_spec)

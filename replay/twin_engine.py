@@ -37,6 +37,7 @@ from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
 from replay.twin_metrics import Histogram, TwinStats
+from replay.twin_sink import TokenSink
 
 log = logging.getLogger("kvtune.twin")
 
@@ -64,35 +65,6 @@ def build_core(
     )
     config, sizing, core = built.config, built.sizing, built.core
     return config, sizing, core
-
-
-class TokenSink:
-    """What one HTTP request waits on: tokens generated so far, and the end."""
-
-    __slots__ = ("req", "event", "tokens", "done", "status", "error", "in_engine", "aborted", "admissions",
-                 "hit_tokens", "first_hit_tokens", "first_token_t", "last_token_t")
-
-    def __init__(self, req: Request):
-        self.req = req
-        self.event = asyncio.Event()
-        self.tokens = 0
-        self.done = False
-        self.status: Status | None = None
-        self.error: str | None = None
-        self.in_engine = False
-        self.aborted = False
-        # For /metrics (replay.twin_metrics.TwinStats): admissions seen, prefix-cache hits, token times.
-        self.admissions = 0
-        self.hit_tokens = 0
-        self.first_hit_tokens = 0
-        self.first_token_t = math.nan
-        self.last_token_t = math.nan
-
-    @property
-    def finish_reason(self) -> str:
-        if self.status == Status.FINISHED:
-            return "length"
-        return "abort"
 
 
 @dataclass

@@ -25,7 +25,7 @@ from aiohttp import ClientConnectionResetError, web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from replay.twin_engine import TokenSink, TwinEngine
-from replay.twin_metrics import TwinCollector
+from replay.twin_collector import TwinCollector
 from sim.engine.request import Status
 from sim.errors import EngineAborted, short_repr
 

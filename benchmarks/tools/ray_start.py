@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    from optimizer._executors import RayExecutor
+    from optimizer import RayExecutor
 
     t1 = time.perf_counter()
     executor = RayExecutor(workers=args.workers)

@@ -11,7 +11,8 @@ from sim.profiles._profiles import (
     model_names,
 )
 
+from sim.profiles._hf import config_path as hf_config_path
 from sim.profiles._hf import model_from_hf_config
 
-__all__ = ["GpuProfile", "ModelProfile", "gpu_names", "load_device_yaml", "load_gpu", "load_model",
+__all__ = ["GpuProfile", "ModelProfile", "gpu_names", "hf_config_path", "load_device_yaml", "load_gpu", "load_model",
            "model_from_hf_config", "model_names"]

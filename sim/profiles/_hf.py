@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ConfigError
+from sim.profiles._types import ModelProfile
 
 #: Accepted spellings of each field, first match wins (transformers' config classes).
 _KEYS = {
@@ -67,8 +68,6 @@ def _get(cfg: dict, field: str, where: str, *, required: bool = True, default: A
 
 @functools.cache
 def _load(path: str):
-    from sim.profiles._profiles import ModelProfile
-
     where = path
     try:
         raw = json.loads(Path(path).read_text())
