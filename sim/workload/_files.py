@@ -85,6 +85,26 @@ def header_columns(path: Path) -> list[str]:
     raise TraceError(str(path), None, "empty file")
 
 
+def jsonl_head(path: Path, limit: int) -> list[dict]:
+    """Up to ``limit`` records from the start of a JSON Lines file; lines that are not JSON objects are passed
+    over (the reader reports them with their line numbers)."""
+    out: list[dict] = []
+    try:
+        with _open_text(path) as fh:
+            for number, text in enumerate(fh, start=1):
+                if len(out) >= limit:
+                    break
+                if not text.strip():
+                    continue
+                try:
+                    out.append(_parse_json_line(str(path), number, text))
+                except TraceError:
+                    continue
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise TraceError(str(path), None, f"cannot read: {exc}") from None
+    return out
+
+
 def read_csv(path: Path) -> RawTable:
     """The whole CSV; blank lines are dropped but do not shift the line numbers of later rows."""
     check_exists(path)

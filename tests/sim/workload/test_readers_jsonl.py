@@ -66,3 +66,52 @@ def test_gzipped_jsonl(tmp_path, data_dir):
     p = tmp_path / "mooncake_trace.jsonl.gz"
     p.write_bytes(gzip.compress((data_dir / "mooncake_trace_sample.jsonl").read_bytes()))
     assert len(load_trace(p)) == 6
+
+
+# ---- a Mooncake file whose name does not say so: detected by content (issue 32) ------------------------------
+def test_mooncake_detected_by_content_when_the_name_does_not_say(tmp_path, data_dir):
+    sample = data_dir / "mooncake_trace_sample.jsonl"
+    p = write(tmp_path, "conversation_trace.jsonl", sample.read_text())
+    assert detect_format(p) == "mooncake"
+    named, unnamed = load_trace(sample).requests, load_trace(p).requests
+    assert unnamed["arrival_s"].tolist() == named["arrival_s"].tolist()  # milliseconds, as the named file
+    assert unnamed["hash_ids"].tolist() == named["hash_ids"].tolist()
+
+
+def test_mooncake_content_detection_looks_through_gzip_and_bad_lines(tmp_path, data_dir):
+    import gzip
+
+    p = tmp_path / "toolagent.jsonl.gz"
+    p.write_bytes(gzip.compress((data_dir / "mooncake_trace_sample.jsonl").read_bytes()))
+    assert detect_format(p) == "mooncake"
+    q = write(tmp_path, "trace.jsonl", _lines(GOOD, "{oops", {**GOOD, "timestamp": 3}))
+    assert detect_format(q) == "mooncake"  # the bad line is the reader's to report, with its number
+    with pytest.raises(TraceError, match=r":2: not valid JSON"):
+        load_trace(q)
+
+
+@pytest.mark.parametrize("second", [
+    {**GOOD, "timestamp": 0.35},                        # fractional: seconds, as vllm's timed_trace examples
+    {**GOOD, "timestamp": 3.0},                         # a JSON float, not Mooncake's integer milliseconds
+    {"timestamp": 3, "input_length": 10, "output_length": 5},   # no hash_ids
+    {**GOOD, "timestamp": 3, "chat_id": 7, "turn": 1},  # extra keys (Alibaba Qwen traces are in seconds)
+    {**GOOD, "timestamp": 3, "hash_ids": [1.5]},        # hash ids that are not integers
+    {**GOOD, "timestamp": 3, "hash_ids": "1 2"},
+])
+def test_jsonl_not_in_mooncake_form_stays_ambiguous(tmp_path, second):
+    p = write(tmp_path, "trace.jsonl", _lines(GOOD, second))
+    with pytest.raises(TraceError, match="time unit is ambiguous") as err:
+        detect_format(p)
+    assert err.value.line == 1 and "\n" not in str(err.value)
+
+
+def test_ambiguous_jsonl_is_a_one_line_exit_2(tmp_path, capsys, data_dir):
+    from optimizer.cli import main
+
+    p = write(tmp_path, "trace.jsonl", (data_dir / "timed_trace_sample.jsonl").read_text())
+    assert main(["workload", "describe", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "time unit is ambiguous" in err
+    good = write(tmp_path, "conversation.jsonl", (data_dir / "mooncake_trace_sample.jsonl").read_text())
+    assert main(["workload", "describe", str(good)]) == 0
+    assert "(mooncake)" in capsys.readouterr().out
