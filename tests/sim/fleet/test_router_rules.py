@@ -3,6 +3,8 @@ what the views let a router see."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pandas as pd
 import pytest
 
@@ -145,3 +147,42 @@ def test_views_show_the_past_only():
             assert routed == len(mine)
             assert outstanding == int((~(mine["end_s"] <= t)).sum())
         assert all(b <= t for b in boundaries)
+
+
+@pytest.mark.parametrize("router, lag", [("least_kv_usage", 0.0), ("least_kv_usage", 0.05), ("llm_d_weighted", 0.2)])
+def test_metrics_are_a_published_boundary_at_least_lag_old(router, lag):
+    """The KV usage and waiting count a router is shown are those an engine published at a step boundary no later
+    than the arrival minus the lag (the latest such boundary)."""
+    workload = make_workload([(0.007 * i, 300, 40) for i in range(60)])
+    fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=2, router=router,
+                            router_params={"metrics_lag_s": lag}, latency=LinearStepModel(0.01, 1e-5))
+    history = [[] for _ in fleet.replicas]
+
+    class Recorded(deque):
+        def __init__(self, log, items):
+            super().__init__(items)
+            self.log = log
+            log.extend(items)
+
+        def append(self, item):
+            self.log.append(item)
+            super().append(item)
+
+    for rep in fleet.replicas:
+        rep.published = Recorded(history[rep.index], rep.published)
+    shown = []
+    route = fleet.router.route
+
+    def spy(request, replicas):
+        shown.append((request.arrival_s, [(r.num_waiting, r.kv_usage, len(history[r.index])) for r in replicas]))
+        return route(request, replicas)
+
+    fleet.router.route = spy
+    fleet.run()
+    blocks = fleet.replicas[0].scheduler.pool.num_blocks
+    for t, per_replica in shown:
+        for r, (waiting, kv, known) in enumerate(per_replica):
+            # Published by then (in event order: a boundary at the arrival's instant may come after it).
+            assert all(p[0] <= t for p in history[r][:known])  # nothing published ahead of the arrival
+            past = [p for p in history[r][:known] if p[0] <= t - lag] or history[r][:1]
+            assert (waiting, kv) == (past[-1][1], past[-1][3] / blocks)
