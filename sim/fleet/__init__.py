@@ -31,6 +31,20 @@ and raises ``sim.errors.ConfigError`` naming ``router``, ``replicas`` or ``route
 - ``session_affinity``: a consistent-hash ring over the trace's ``session_id`` (or ``conversation_id``),
   lowest recent request rate for requests without one.
 
+What a router sees (:class:`ReplicaView`): its own counts (``routed``; ``outstanding``: sent, response not ended
+by the arrival) exactly, and each engine's metrics (``num_waiting``, ``num_running``, ``kv_usage``) as published at
+the last step boundary at or before the arrival less the router's ``metrics_lag_s``; never anything later.  Prefix
+routers keep their own approximate index of the block hashes they sent where (no engine introspection).
+
+Speed (``benchmarks/fleet_speed.py``): a router that reads no engine state (``round_robin``,
+``session_affinity``: ``Router.needs_state = False``) is run ahead of the simulation, so each replica looks ahead
+to its own arrivals as the single engine does.  One that reads state is asked at each arrival, with a view of every
+replica (O(N) per arrival), and every busy replica's run of identical decode steps ends at every fleet arrival
+(any of them may be routed to it), so it costs more with more replicas.
+
+A replica that aborts (as vLLM aborts on a lack of swap space) stays behind the router; what is routed to it is
+left unfinished.  The fleet has no progress callback and no streamed step sink yet.
+
 A new router subclasses :class:`Router` (``route(request, replicas) -> int`` over a :class:`RequestView` and one
 :class:`ReplicaView` per replica: only what a real router sees at the arrival) and registers with
 :func:`register_router`.
