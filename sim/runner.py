@@ -26,11 +26,9 @@ from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
 from sim.tables import RequestLog, step_table
-from sim.workload.workload import Workload
+from sim.workload.workload import MOONCAKE_HASH_BLOCK_TOKENS, Workload  # noqa: F401 (512: importable from here too)
 
 
-#: Tokens per ``hash_ids`` entry in Mooncake's traces (FAST'25 artifact: one id per 512-token block).
-MOONCAKE_HASH_BLOCK_TOKENS = 512
 #: Requests whose workload columns are made into Python lists at a time, as they arrive (``Simulation._request``).
 LIST_CHUNK = 65536
 
@@ -91,7 +89,7 @@ class Simulation:
         progress_every_s: float = 2.0,
         batch_decode_runs: bool = True,
         observer: Callable | None = None,
-        hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
+        hash_block_tokens: int | None = None,
         keep_requests: bool = True,
         step_sink: Callable[[pd.DataFrame], None] | None = None,
         decode_columns: bool = True,
@@ -131,7 +129,8 @@ class Simulation:
         self.max_sim_time_s = max_sim_time_s
         self.progress = progress
         self.progress_every_s = progress_every_s
-        self.hash_block_tokens = hash_block_tokens
+        # Prompt tokens per hash_ids entry: the workload's own (its trace option) unless given here.
+        self.hash_block_tokens = workload.hash_block_tokens if hash_block_tokens is None else hash_block_tokens
         self.keep_requests = keep_requests
         if step_sink is not None and not record_steps:
             self.core.on_rows = lambda rows: step_sink(step_table(rows))

@@ -47,7 +47,7 @@ def read_rows(path: Path, fmt: str | None, *, skip_bad_rows: bool = False,
 
 def load_trace(path: str | Path, fmt: str | None = None, *, classes: ClassRules | None = None,
                arrival: ArrivalSpec | None = None, skip_bad_rows: bool = False, seed: int = 0,
-               failed_requests: str = "keep") -> Workload:
+               failed_requests: str = "keep", hash_block_tokens: int | None = None) -> Workload:
     """Read a trace file into a Workload.
 
     ``fmt``: ``normalized|azure|burstgpt|mooncake|timed-jsonl|sharegpt``, detected from the header when ``None``.
@@ -56,10 +56,12 @@ def load_trace(path: str | Path, fmt: str | None = None, *, classes: ClassRules 
     ``gamma``; rate defaults to the trace's own) or keeps them (``replay``); required for length-only files.
     ``skip_bad_rows``: skip malformed rows and count them in ``Workload.report`` instead of raising TraceError.
     ``failed_requests``: BurstGPT failed requests are kept as class ``failed`` (``keep``) or dropped (``drop``),
-    counted either way. ``seed``: for generated arrivals.
+    counted either way. ``seed``: for generated arrivals. ``hash_block_tokens``: prompt tokens per ``hash_ids``
+    entry (default Mooncake's 512; see :class:`~sim.workload.workload.Workload`).
     """
     parsed = read_rows(Path(path), fmt, skip_bad_rows=skip_bad_rows, failed_requests=failed_requests)
-    return from_rows(parsed, classes=classes, arrival=arrival, seed=seed)
+    workload = from_rows(parsed, classes=classes, arrival=arrival, seed=seed)
+    return workload if hash_block_tokens is None else workload.with_hash_block_tokens(hash_block_tokens)
 
 
 def from_rows(parsed: ParsedTrace, *, classes: ClassRules | None, arrival: ArrivalSpec | None,

@@ -11,6 +11,8 @@
       max_requests: 5000                    # optional: first N requests
       skip_bad_rows: false
       failed_requests: keep                 # BurstGPT failed requests: keep (class "failed") or drop
+      hash_block_tokens: 512                # prompt tokens per hash_ids entry (Mooncake: 512); scale it with
+                                            # the lengths of a scaled trace to keep its prefix sharing
       seed: 0
 
 Build order: read (or generate) -> classes -> window -> arrivals -> rate_scale -> max_model_len -> max_requests,
@@ -33,10 +35,11 @@ from sim.workload._paths import resolve_trace_path
 from sim.workload._readers import FAILED_POLICIES
 from sim.workload._rules import ClassRules
 from sim.workload._transform import cap_max_model_len, replace_arrivals
-from sim.workload.workload import Workload
+from sim.workload.workload import (MAX_HASH_BLOCK_TOKENS, MOONCAKE_HASH_BLOCK_TOKENS, Workload,
+                                  check_hash_block_tokens)
 
 _KEYS = ("trace", "format", "generator", "classes", "arrival", "window", "rate_scale", "max_model_len",
-         "max_requests", "skip_bad_rows", "failed_requests", "seed")
+         "max_requests", "skip_bad_rows", "failed_requests", "hash_block_tokens", "seed")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class WorkloadSpec:
     max_requests: int | None = None
     skip_bad_rows: bool = False
     failed_requests: str = "keep"
+    #: Prompt tokens per ``hash_ids`` entry of the trace (Mooncake's 512 by default).
+    hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS
     seed: int = 0
     #: Folder that relative trace paths are taken from (the spec file's folder); not part of the YAML.
     base_dir: Path | None = field(default=None, compare=False)
@@ -90,6 +95,9 @@ class WorkloadSpec:
             raise ConfigError(f"workload.{key}", "applies to a trace; a generator sets arrivals per class")
         if not self.rate_scale > 0:
             raise ConfigError("workload.rate_scale", f"must be > 0, got {self.rate_scale!r}")
+        if self.generator is not None and self.hash_block_tokens != MOONCAKE_HASH_BLOCK_TOKENS:
+            raise ConfigError("workload.hash_block_tokens", "applies to a trace's hash_ids; a generator makes none")
+        check_hash_block_tokens(self.hash_block_tokens, "workload.hash_block_tokens")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "workload", *, base_dir: Path | None = None) -> "WorkloadSpec":
@@ -104,7 +112,7 @@ class WorkloadSpec:
         if (trace is None) == (generator is None):
             raise ConfigError(f"{where}.trace", "give exactly one of trace and generator")
         if generator is not None:
-            for key in ("format", "arrival", "skip_bad_rows", "failed_requests"):
+            for key in ("format", "arrival", "skip_bad_rows", "failed_requests", "hash_block_tokens"):
                 if d.get(key) is not None:
                     raise ConfigError(f"{where}.{key}", "applies to a trace; a generator sets arrivals and lengths per class")
         return cls(
@@ -119,6 +127,8 @@ class WorkloadSpec:
             max_requests=number(d, "max_requests", where, None, integer=True, minimum=1),
             skip_bad_rows=boolean(d, "skip_bad_rows", where, False),
             failed_requests=string(d, "failed_requests", where, "keep", FAILED_POLICIES),
+            hash_block_tokens=number(d, "hash_block_tokens", where, MOONCAKE_HASH_BLOCK_TOKENS, integer=True,
+                                     minimum=1, maximum=MAX_HASH_BLOCK_TOKENS),
             seed=number(d, "seed", where, 0, integer=True, minimum=0),
             base_dir=base_dir,
         )
@@ -146,6 +156,8 @@ class WorkloadSpec:
             out["skip_bad_rows"] = True
         if self.failed_requests != "keep":
             out["failed_requests"] = self.failed_requests
+        if self.hash_block_tokens != MOONCAKE_HASH_BLOCK_TOKENS:
+            out["hash_block_tokens"] = self.hash_block_tokens
         out["seed"] = self.seed
         return out
 
@@ -179,4 +191,6 @@ class WorkloadSpec:
             workload = workload.head(self.max_requests)
         if len(workload) == 0:
             raise ConfigError("workload.window", f"no requests left in {workload.source} after window/max_model_len")
+        if self.hash_block_tokens != workload.hash_block_tokens:
+            workload = workload.with_hash_block_tokens(self.hash_block_tokens)
         return workload

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from sim.errors import ConfigError
@@ -26,8 +28,7 @@ def replace_arrivals(workload: Workload, spec: ArrivalSpec, seed: int) -> Worklo
     df["arrival_s"] = arrival_times(spec, np.random.default_rng(seed), rate_rps=rate, n=len(df))
     out = workload.with_requests(df)
     rep = _report(workload)
-    return Workload(out.requests, out.classes, out.source,
-                    rep.with_(notes=rep.notes + (f"arrivals regenerated ({spec.process})",)))
+    return dataclasses.replace(out, report=rep.with_(notes=rep.notes + (f"arrivals regenerated ({spec.process})",)))
 
 
 def cap_max_model_len(workload: Workload, max_model_len: int) -> Workload:
@@ -50,6 +51,6 @@ def cap_max_model_len(workload: Workload, max_model_len: int) -> Workload:
     df = df.loc[~too_long]
     rep = _report(workload)
     out = workload.with_requests(df)
-    return Workload(out.requests, out.classes, out.source,
-                    rep.with_(outputs_capped=rep.outputs_capped + int(capped.sum()),
-                              prompts_too_long_dropped=rep.prompts_too_long_dropped + int(too_long.sum())))
+    return dataclasses.replace(out, report=rep.with_(outputs_capped=rep.outputs_capped + int(capped.sum()),
+                                                     prompts_too_long_dropped=rep.prompts_too_long_dropped
+                                                     + int(too_long.sum())))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +15,23 @@ from sim.workload.classes import DEFAULT_CLASS, RequestClass
 #: Columns every workload table has (``hash_ids`` is optional: shared-prefix block hashes, Mooncake style).
 WORKLOAD_COLUMNS = ("request_id", "class", "arrival_s", "prompt_tokens", "output_tokens")
 
+#: Tokens per ``hash_ids`` entry in Mooncake's traces: one id per 512-token block (Mooncake FAST'25 paper, appendix
+#: on the released traces, kvcache-ai/Mooncake ``FAST25-release/Mooncake-FAST25.pdf``; vLLM's
+#: ``vllm bench serve --timed-trace-chunk-hash-size`` help gives 512 for Moonshot's traces, 16 for Alibaba's Qwen
+#: traces).  The default of :attr:`Workload.hash_block_tokens`.
+MOONCAKE_HASH_BLOCK_TOKENS = 512
+#: Largest ``hash_block_tokens`` accepted: no prompt is longer (``sim.workload._validate.MAX_TOKENS``).
+MAX_HASH_BLOCK_TOKENS = 10**8
+
+
+def check_hash_block_tokens(value: object, where: str = "hash_block_tokens") -> int:
+    """``value`` as the tokens per hash id: a whole number in [1, 10**8]; a ConfigError naming ``where`` else."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_HASH_BLOCK_TOKENS:
+        raise ConfigError(where, f"must be a whole number of tokens per hash id in [1, {MAX_HASH_BLOCK_TOKENS:g}] "
+                                 f"(Mooncake's traces: {MOONCAKE_HASH_BLOCK_TOKENS}; a multiple of the engine's "
+                                 f"block_size), got {value!r}")
+    return int(value)
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -22,6 +40,10 @@ class Workload:
     ``requests`` columns: ``request_id`` (int, unique), ``class`` (str, a key of ``classes``), ``arrival_s``
     (float, seconds from the start, non-decreasing), ``prompt_tokens`` (int >= 1), ``output_tokens``
     (int >= 1); optionally ``hash_ids`` (list of ints per row).  Any other column is kept and ignored.
+
+    ``hash_block_tokens``: how many prompt tokens each ``hash_ids`` entry names (Mooncake: 512).  A trace whose
+    lengths were scaled by ``f`` keeps its prefix sharing with ``hash_block_tokens`` scaled by ``f`` too; the
+    simulator maps each id onto ``hash_block_tokens / block_size`` engine blocks (``sim.runner``).
     """
 
     requests: pd.DataFrame
@@ -29,8 +51,11 @@ class Workload:
     source: str = "<memory>"
     #: What loading did to the trace's rows (skipped, failed, unmatched); ``None`` for workloads built in memory.
     report: LoadReport | None = field(default=None, compare=False)
+    #: Prompt tokens per ``hash_ids`` entry (see the class docstring).
+    hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hash_block_tokens", check_hash_block_tokens(self.hash_block_tokens))
         missing = [c for c in WORKLOAD_COLUMNS if c not in self.requests.columns]
         if missing:
             raise ConfigError("workload", f"{self.source}: missing columns {missing}")
@@ -49,8 +74,11 @@ class Workload:
         return float(arrivals[-1] - arrivals[0])
 
     def with_requests(self, requests: pd.DataFrame) -> "Workload":
-        return Workload(requests=requests.reset_index(drop=True), classes=self.classes, source=self.source,
-                        report=self.report)
+        return dataclasses.replace(self, requests=requests.reset_index(drop=True))
+
+    def with_hash_block_tokens(self, tokens: int) -> "Workload":
+        """The same requests with ``tokens`` prompt tokens per ``hash_ids`` entry."""
+        return dataclasses.replace(self, hash_block_tokens=check_hash_block_tokens(tokens))
 
     def scale_rate(self, factor: float) -> "Workload":
         """Compress arrival times ``factor``-fold (x2 doubles the request rate)."""
@@ -119,6 +147,9 @@ class Workload:
         for name, cls in other.classes.items():
             if name in self.classes and self.classes[name] != cls:
                 raise ConfigError(f"classes.{name}", "the two workloads define this class differently")
+        if self.hash_block_tokens != other.hash_block_tokens:
+            raise ConfigError("hash_block_tokens", f"the two workloads' hash ids name blocks of different sizes "
+                                                   f"({self.hash_block_tokens} and {other.hash_block_tokens} tokens)")
         mine = self.requests
         theirs = other.requests.copy()
         end = float(mine["arrival_s"].iloc[-1]) if len(mine) else 0.0
@@ -128,4 +159,4 @@ class Workload:
         frames = [f for f in (mine, theirs) if len(f)] or [mine]
         df = pd.concat(frames, ignore_index=True)
         return Workload(requests=df, classes={**self.classes, **other.classes},
-                        source=f"{self.source} + {other.source}")
+                        source=f"{self.source} + {other.source}", hash_block_tokens=self.hash_block_tokens)
