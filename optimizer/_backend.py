@@ -160,12 +160,15 @@ class SimBackend(TrialBackend):
         ``keep_steps`` (default: ``record_steps``): keep the step table in the result; without it the step table
         is collected in compact chunks for the metrics (same values) and ended requests are not kept."""
         from objectives import StepTotals, summarize
+        from optimizer._knobs import split_deployment
         from sim.engine import resolve_engine
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
 
         workload = self.workload(seed)
-        model, gpu = load_model(self.model), load_gpu(self.gpu)
+        # A study that searches devices carries the trial's in the knobs (the ``gpu`` lever, optimizer/_capacity.py).
+        params, device = split_deployment(params)
+        model, gpu = load_model(self.model), load_gpu(device or self.gpu)
         # Resolved, sized and given its latency model once; the plan goes to the engine as it is.
         plan = resolve_engine(params, model, gpu, coefficients=self.coefficients).scaled(self.kv_scale,
                                                                                         self.time_scale)

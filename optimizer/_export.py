@@ -39,15 +39,18 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from objectives.registry import BoundConstraint
+from objectives import PRICE_KEY
+from objectives.registry import BoundConstraint, get_objective
 from optimizer._backend import SimBackend, TrialError
-from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values
+from optimizer._capacity import deployment_of, priced, smallest_change
+from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values, split_deployment
 from optimizer._robustness import describe as describe_robustness
 from optimizer._robustness import robustness
-from optimizer._spec import StudySpec
+from optimizer._spec import COST_OBJECTIVES, StudySpec
 from optimizer._storage import (StudyContext, is_default, is_feasible, open_study, prepare, trial_metric,
                                trial_metrics)
 from optimizer._versions import VllmTarget, version_validity
+from optimizer.quality import format_quality_notes, quality_notes
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
 from sim.outputs import atomic_write_text, probe_out_dir
@@ -225,7 +228,11 @@ def choose(trials: Sequence[FrozenTrial], ctx: StudyContext, favor: str | None =
         return Pick(default, "no trial meets every SLO, and none misses less than the default config without being "
                     "worse on an SLO-protected class: keep the default", False, [],
                     shortfalls(default_metrics, ctx), default, True, closest)
-    if favor is None:
+    if favor is None and names[0] in COST_OBJECTIVES:  # the cheapest config that meets every SLO
+        best = min(front, key=lambda t: (t.values[0], -_nan_low(_throughput_of(t, names)), not is_default(t),
+                                         t.number))
+        rule = f"cheapest ({names[0]}) among Pareto-optimal trials meeting every SLO (ties: highest throughput)"
+    elif favor is None:
         best = max(front, key=lambda t: (_nan_low(_throughput_of(t, names)), is_default(t), -t.number))
         rule = "highest throughput among Pareto-optimal trials meeting every SLO"
     else:
@@ -292,8 +299,7 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
     """``(flags, policies, notes)`` for ``knobs``: the ``vllm serve --config`` mapping for the target version,
     kvtune's own policies that differ from their defaults, and notes on what could not be expressed."""
     target = target or spec.vllm_version
-    model = load_model(spec.model)
-    config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(model.max_model_len, load_gpu(spec.gpu))
+    config = resolved_config(knobs, spec)
     flags: dict[str, Any] = {}
     notes: list[str] = []
     for name, flag, value in engine_flag_values(config):
@@ -335,6 +341,13 @@ def vllm_config(knobs: Mapping[str, Any], spec: StudySpec, target: VllmTarget | 
                      + "; ".join(f"{v} ({', '.join(r)})" for v, r in validity["differs"].items())
                      + " - target one of the releases it holds for, or re-run the study for the others")
     return flags, policies, notes
+
+
+def resolved_config(knobs: Mapping[str, Any], spec: StudySpec) -> EngineConfig:
+    """The engine config ``knobs`` resolve to on their device (the ``gpu`` lever, else the study's)."""
+    engine, gpu = split_deployment(knobs)
+    return EngineConfig.from_dict(engine, "knobs").resolve(load_model(spec.model).max_model_len,
+                                                           load_gpu(gpu or spec.gpu))
 
 
 def unused_host_tier(knobs: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> str | None:
@@ -408,6 +421,9 @@ def predicted(metrics: Mapping[str, Any] | None, ctx: StudyContext, error: str |
     if metrics is None:
         return {"error": error}
     out = {key: _finite(metrics.get(key, math.nan)) for key in _HEADLINE}
+    if PRICE_KEY in metrics:
+        out["cost"] = {name: _finite(float(get_objective(name).value(metrics)))
+                       for name in ("cost_per_hour_usd", "usd_per_million_output_tokens")}
     out["objectives"] = {o.name: _finite(float(o.value(metrics))) for o in ctx.objectives}
     out["classes"] = class_metrics(metrics, ctx)
     out["meets_all_slos"] = not shortfalls(metrics, ctx)
@@ -472,6 +488,8 @@ class ExportResult:
     keep_default: bool = False
     #: When nothing is feasible: per class and SLO, the default and the least-violating trial (:func:`side_by_side`).
     comparison: dict[str, Any] = field(default_factory=dict)
+    #: When nothing is feasible: the smallest capacity change that meets every SLO (:func:`capacity_change`).
+    capacity_change: dict[str, Any] | None = None
 
     def summary(self) -> str:
         which = "the engine's default config" if self.trial is None else f"trial {self.trial}"
@@ -488,6 +506,8 @@ class ExportResult:
             lines.append("  SLOs missed by the recommendation:")
             lines.extend(f"    {s}" for s in self.shortfalls)
             lines.extend(f"  {line}" for line in describe_comparison(self.comparison))
+            if self.capacity_change is not None:
+                lines.append(f"  {describe_change(self.capacity_change)}")
         if self.robustness:
             lines.extend(f"  {line}" for line in describe_robustness(self.robustness))
         lines.append(f"wrote {', '.join(p.name for p in self.files)} to {self.out} "
@@ -499,9 +519,44 @@ def _show(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def capacity_change(spec: StudySpec, ctx: StudyContext, backend: SimBackend) -> dict[str, Any]:
+    """The smallest change of deployment (optimizer/_capacity.py BUNDLED_LEVERS, cheapest first) on which the
+    engine's default config meets every SLO, simulated on the study's workload; or what was tried."""
+    def run(knobs: Mapping[str, Any]) -> dict[str, Any] | None:
+        try:
+            return priced(backend.run(dict(knobs), ctx.seeds), knobs, spec.gpu)
+        except (TrialError, KvtuneError):
+            return None
+
+    base = spec.fixed_knobs()
+    found = smallest_change(base, spec.model, spec.gpu, run, lambda m: shortfalls(m, ctx))
+    found["from"] = deployment_of(base, spec.gpu).to_dict()
+    if found["found"]:
+        metrics = found.pop("metrics")
+        found["predicted"] = predicted(metrics, ctx)
+        found["quality"] = quality_notes(found["knobs"])
+    return found
+
+
+def describe_change(change: Mapping[str, Any]) -> str:
+    """One line: the smallest capacity change that meets every SLO, or that none in the tried range does."""
+    if change["found"]:
+        dep, base = change["deployment"], change["from"]
+        more = dep["price_per_hour_usd"] - base["price_per_hour_usd"]
+        return (f"capacity: no config searched meets every SLO; the smallest change that does (the default config, "
+                f"simulated): {dep['description']} ({'+' if more >= 0 else '-'}${abs(more):.2f}/h against "
+                f"{base['description']})" + (" - lowers precision, see 'quality'" if change.get("quality") else ""))
+    return (f"capacity: none of the {len(change['tried'])} cheapest deployments of kvtune's bundled range "
+            f"(devices {', '.join(change['levers']['gpu'])}, TP {change['levers']['tensor_parallel_size']}, KV "
+            f"{change['levers']['kv_cache_dtype']}) meets every SLO with the default config")
+
+
 def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path, favor: str | None = None,
-                 study_out: str | Path | None = None, context: StudyContext | None = None) -> ExportResult:
-    """Write pareto.csv, recommended.yaml and recommended.json for the spec's stored study to ``out``."""
+                 study_out: str | Path | None = None, context: StudyContext | None = None,
+                 capacity_search: bool = True) -> ExportResult:
+    """Write pareto.csv, recommended.yaml and recommended.json for the spec's stored study to ``out``.
+    ``capacity_search``: when no trial is feasible, look for the smallest capacity change (:func:`capacity_change`,
+    up to ``optimizer._capacity.MAX_CAPACITY_TRIES`` simulations)."""
     out = probe_out_dir(out)  # before the work: a folder that cannot be written fails at once
     ctx = context or prepare(spec)
     url = spec.storage_url(storage, spec.out_dir(study_out))
@@ -515,7 +570,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
 
     def simulate(label: str, run_knobs: Mapping[str, Any]) -> None:
         try:
-            fresh[label] = backend.run(dict(run_knobs), ctx.seeds)
+            fresh[label] = priced(backend.run(dict(run_knobs), ctx.seeds), run_knobs, spec.gpu)
             results[label] = predicted(fresh[label], ctx)
         except (TrialError, KvtuneError) as exc:
             fresh[label] = None
@@ -545,14 +600,18 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     if unused:
         notes.append(unused)
     robust = robustness(ctx, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
+    change = (capacity_change(spec, ctx, backend) if not pick.feasible and capacity_search
+              and not spec.backend.is_replay else None)
 
     model_id = hf_model_id(spec.model)
     target = spec.vllm_version
+    deployment = deployment_of(knobs, spec.gpu)
+    quality = quality_notes(knobs)
     engine = "V1" if spec.flavor == "vllm-v1" else "V0"
     which = "the engine's default config" if pick.trial is None else f"trial {pick.trial.number}"
     header = [
         f"kvtune recommendation: study {spec.name}, {which}; vLLM {target} ({engine} engine)",
-        f"model {spec.model} on {spec.gpu}, tensor parallel {spec.tensor_parallel_size}; "
+        f"model {spec.model} on {deployment.describe()}, tensor parallel {deployment.tensor_parallel_size}; "
         f"start with: vllm serve {model_id} --config recommended.yaml",
         f"pick: {pick.rule}",
     ]
@@ -566,7 +625,12 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     if falls:
         header.append("WARNING: no trial meets every SLO: " + "; ".join(str(s) for s in falls))
         header.extend(describe_comparison(compared))
+    if change is not None:
+        header.append(describe_change(change))
     header.extend(describe_robustness(robust))
+    if quality:
+        header.append("LOWER PRECISION: this recommendation lowers precision; published accuracy deltas:")
+        header.extend(format_quality_notes(quality).splitlines())
     atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 
@@ -579,18 +643,20 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "keep_default": pick.keep_default,
         "default_trial": None if pick.default is None else pick.default.number,
         "comparison": compared,
+        "capacity_change": change,
         "shortfalls": [{"class": s.class_name, "metric": s.metric, "p99_s": _finite(s.p99_s),
                         "target_s": s.target_s, "excess": _finite(s.excess)} for s in falls],
         "vllm_version": str(target),
         "vllm_flag_sources": target.sources(),
-        "version_validity": target_validity(
-            EngineConfig.from_dict(dict(knobs), "knobs").resolve(load_model(spec.model).max_model_len,
-                                                                 load_gpu(spec.gpu)), target),
+        "version_validity": target_validity(resolved_config(knobs, spec), target),
         "flavor": spec.flavor,
         "model": spec.model,
         "hf_model": model_id,
-        "gpu": spec.gpu,
-        "tensor_parallel_size": spec.tensor_parallel_size,
+        "gpu": deployment.gpu,
+        "tensor_parallel_size": deployment.tensor_parallel_size,
+        "deployment": deployment.to_dict(),
+        "default_deployment": deployment_of(spec.fixed_knobs(), spec.gpu).to_dict(),
+        "quality": quality,
         "knobs": knobs,
         "vllm_config": flags,
         "kvtune_policies": {name: {"value": value, "rationale": KVTUNE_POLICIES[name]} for name, value in policies.items()},
@@ -613,7 +679,8 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     files.append(out / "recommended.json")
     return ExportResult(out, None if pick.trial is None else pick.trial.number, pick.feasible, pick.rule,
                         len(pick.front), flags, policies, falls,
-                        results["recommended"], results["default"], files, robust, pick.keep_default, compared)
+                        results["recommended"], results["default"], files, robust, pick.keep_default, compared,
+                        change)
 
 
 def _json_default(value: Any) -> Any:

@@ -50,8 +50,14 @@ KVTUNE_POLICIES: dict[str, str] = {
     "admission_headroom": "share of KV blocks that must remain free after a predicted admission",
 }
 
-#: Study-level settings that are not searched as knobs.
+#: Study-level settings that are not engine knobs.
 TOP_LEVEL = ("flavor", "tensor_parallel_size", "engine_version")
+#: Capacity levers: deployment settings a study may search beside the engine knobs (``search: {gpu: [...],
+#: tensor_parallel_size: [1, 2]}``; a top-level ``gpu:`` list searches the devices too).  ``gpu`` is not an engine
+#: knob: a trial's knobs carry it (:func:`split_deployment`) and the backend runs the engine on that device.
+CAPACITY_LEVERS = ("gpu", "tensor_parallel_size")
+#: Tensor-parallel sizes kvtune simulates (one node).
+TP_SIZES = (1, 2, 4, 8)
 
 VIRTUAL_PREEMPTION = "preemption_mode"
 V1_PREEMPTION_CHOICES = ("recompute", "offload")
@@ -77,8 +83,11 @@ def field_type(name: str) -> str:
 
 def check_knob(name: str, flavor: str, target: Any, where: str, *, searched: bool = False) -> None:
     """Raise ConfigError (at ``where``) if ``name`` is no knob of ``flavor``, or a vLLM flag ``target`` lacks."""
-    if name in TOP_LEVEL:
-        raise ConfigError(where, f"{name} is set at the top level of the study, not as an engine knob")
+    if searched and name in CAPACITY_LEVERS:
+        return
+    if name in TOP_LEVEL or name == "gpu":
+        raise ConfigError(where, f"{name} is set at the top level of the study (or searched as a capacity lever "
+                                 f"under search:), not as an engine knob")
     if name not in _FIELDS and not (name == VIRTUAL_PREEMPTION):
         import difflib
 
@@ -158,3 +167,10 @@ def engine_flag_values(config: Any):
         if name == "swap_space_gb" and config.preemption_mode != "swap":
             continue
         yield name, flag, value
+
+
+def split_deployment(knobs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``(engine knobs, device)``: a trial's knobs without the ``gpu`` lever, and the device it names (None: the
+    study's device)."""
+    out = dict(knobs)
+    return out, out.pop("gpu", None)

@@ -10,6 +10,8 @@ starts from an empty space)::
       swap_space_gb: {low: 1, high: 64, log: true, when: {preemption_mode: swap}}
       gpu_memory_utilization: {low: 0.8, high: 0.95, step: 0.05, grid_points: 4}
       watermark: null                                   # not searched
+      gpu: [L40S, H100-SXM]                             # capacity levers: devices (names or device YAMLs),
+      tensor_parallel_size: [1, 2]                      # tensor parallelism (with kv_cache_dtype, quantization)
 
 A knob with ``when`` is suggested only in trials whose parent knob (an earlier categorical knob) took one of the
 given values; otherwise the engine keeps its default for it.  ``grid_points`` (or ``grid: [values]``) says how a
@@ -24,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from optimizer._knobs import VIRTUAL_PREEMPTION, V0_PREEMPTION_CHOICES, V1_PREEMPTION_CHOICES, check_knob, field_type
+from optimizer._knobs import (TP_SIZES, VIRTUAL_PREEMPTION, V0_PREEMPTION_CHOICES, V1_PREEMPTION_CHOICES, check_knob,
+                              field_type)
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, short_repr
 
@@ -164,7 +167,14 @@ class SearchSpace:
 
 
 def _check_value(name: str, value: Any, flavor: str, where: str) -> Any:
-    """A value EngineConfig accepts for ``name`` in ``flavor`` (its own bounds), or ConfigError at ``where``."""
+    """A value EngineConfig accepts for ``name`` in ``flavor`` (its own bounds), or ConfigError at ``where``; for
+    the ``gpu`` lever a device reference (checked against the profiles by the study spec)."""
+    if name == "gpu":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(where, f"must be a device name or a device YAML path, got {short_repr(value)}")
+        return value
+    if name == "tensor_parallel_size" and value not in TP_SIZES:
+        raise ConfigError(where, f"must be one of {list(TP_SIZES)}, got {short_repr(value)}")
     kind = field_type(name)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (

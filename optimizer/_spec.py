@@ -4,7 +4,7 @@
     description: ...
     workload: {trace: bundled, classes: {conv: {slo: {e2e_p99_s: 40}}}, max_requests: 300}   # a WorkloadSpec
     model: Llama-2-7B
-    gpu: L40S
+    gpu: L40S                            # or a list: the devices to search (the first is where the default runs)
     tensor_parallel_size: 1
     flavor: vllm-v1                      # or vllm-v0
     vllm_version: ">=0.18"               # the vLLM the recommendation is for: "0.8.5", "==0.10.2", ">=0.18", "latest"
@@ -73,11 +73,64 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
             best["gpu_memory_utilization"] = float(domain.high if domain.high is not None else max(domain.choices))
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
-    try:
-        resolve_engine(fixed.replace(**best), model, gpu)
-    except ConfigError as exc:
-        raise ConfigError("gpu", f"no configuration in this study can start on {gpu.name} x"
-                                 f"{fixed.tensor_parallel_size}: {exc}") from None
+        elif domain.name == "tensor_parallel_size":
+            best["tensor_parallel_size"] = max(domain.choices)
+    devices = [load_gpu(ref) for ref in search["gpu"].choices] if "gpu" in search.names else [gpu]
+    problems = []
+    for device in devices:  # the capacity levers: one device that can start some trial is enough
+        try:
+            resolve_engine(fixed.replace(**best), model, device)
+            return
+        except ConfigError as exc:
+            problems.append(f"{device.name} x{best.get('tensor_parallel_size', fixed.tensor_parallel_size)}: {exc}")
+    raise ConfigError("gpu", "no configuration in this study can start on " + "; ".join(problems))
+
+
+def _with_device_lever(search: SearchSpace, gpu_list: list[str] | None, base_dir: Path | None) -> SearchSpace:
+    """The search space with the ``gpu`` lever: a top-level ``gpu:`` list becomes its choices (first of the
+    search), a ``search.gpu`` has each choice checked against the device profiles (names or device YAMLs)."""
+    from optimizer._space import Domain
+
+    names = search.names
+    if gpu_list is not None:
+        if "gpu" in names:
+            raise ConfigError("search.gpu", "the top-level gpu: list already searches the devices; give one or the "
+                                            "other")
+        if len(gpu_list) == 1:
+            return search
+        return SearchSpace((Domain("gpu", "categorical", choices=tuple(gpu_list)), *search.domains), search.flavor)
+    if "gpu" not in names:
+        return search
+    domain = search["gpu"]
+    refs = tuple(_profile_ref(str(c), base_dir, gpu_names()) for c in domain.choices)
+    for i, ref in enumerate(refs):
+        load_gpu(ref, f"search.gpu.choices[{i}]")
+    return SearchSpace(tuple(Domain("gpu", "categorical", choices=refs, when=domain.when) if d.name == "gpu" else d
+                             for d in search.domains), search.flavor)
+
+
+def search_devices(search: SearchSpace, gpu: str) -> list[str]:
+    """The devices a study's trials may run on: the ``gpu`` lever's choices, else the study's device."""
+    return list(search["gpu"].choices) if "gpu" in search.names else [gpu]
+
+
+def _check_priced(objectives: Any, search: SearchSpace, gpu: str) -> None:
+    """A cost objective needs a price for every device the study may run on (one error naming the device)."""
+    from objectives import deployment_price
+
+    if not any(str(o).split(":")[0] in COST_OBJECTIVES for o in objectives):
+        return
+    field_name = "search.gpu" if "gpu" in search.names else "gpu"
+    for ref in search_devices(search, gpu):
+        try:
+            deployment_price(load_gpu(ref), 1)
+        except ConfigError as exc:
+            raise ConfigError(field_name, f"{str(exc)[len(exc.field) + 2:]}; the cost objectives need a "
+                                          f"price_per_hour_usd for every device searched") from None
+
+
+#: Objectives that need each device's price (objectives/_cost.py).
+COST_OBJECTIVES = ("cost_per_hour_usd", "usd_per_million_output_tokens")
 
 
 #: Whole numbers in a spec beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
@@ -389,7 +442,22 @@ class StudySpec:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
         model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
-        gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
+        gpu_list = d["gpu"] if isinstance(d["gpu"], list) else None  # capacity lever: the devices to search
+        if gpu_list is not None:
+            if not gpu_list:
+                raise ConfigError("gpu", "must be a device or a non-empty list of devices, got []")
+            refs = []
+            for i, g in enumerate(gpu_list):
+                if not isinstance(g, str) or not g.strip():
+                    raise ConfigError(f"gpu[{i}]", f"must be a device name or a device YAML path, got {short_repr(g)}")
+                refs.append(_profile_ref(g, base_dir, gpu_names()))
+                load_gpu(refs[-1], f"gpu[{i}]")
+            gpu_list = refs
+            if len(set(gpu_list)) != len(gpu_list):
+                raise ConfigError("gpu", f"lists a device twice: {gpu_list}")
+            gpu_name = gpu_list[0]  # the baseline: where the default config runs
+        else:
+            gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
         profile = _str(d, "latency_profile", "", None)
         if profile is not None:
             from sim.latency import read_profile
@@ -438,6 +506,7 @@ class StudySpec:
         priorities_differ = len({c.priority for c in classes.values()}) > 1
         search = parse_search_space(d.get("search"), flavor, target, fixed=engine, max_model_len=max_model_len,
                                     priorities_differ=priorities_differ)
+        search = _with_device_lever(search, gpu_list, base_dir)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
         _check_model_fits(fixed, search, model, device)
@@ -455,6 +524,7 @@ class StudySpec:
                 raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
         if len(set(objectives)) != len(objectives):
             raise ConfigError("objectives", f"lists an objective twice: {objectives}")
+        _check_priced(objectives, search, gpu_name)
         constraints = d.get("constraints", "slo")
         if isinstance(constraints, list):
             if not all(isinstance(c, str) and c for c in constraints):

@@ -38,6 +38,8 @@ from sim.errors import ConfigError
 from sim.workload.classes import RequestClass
 
 FAIL_REASON = "fail_reason"
+#: Why a trial was pruned (a capacity-lever combination that cannot start: optimizer/_capacity.py).
+PRUNE_REASON = "prune_reason"
 FAIL_KIND = "fail_kind"
 INTERRUPTED = "interrupted"
 #: Storage "URL" of a study kept in memory (nothing persists).
@@ -60,6 +62,7 @@ BUCKET_ATTRS = {prefix: f"{prefix}_buckets" for prefix in BUCKET_PREFIXES}
 #: Trial user attributes that are not summary metrics (the grouped bucket families are, once expanded).
 NON_METRIC_ATTRS = frozenset({"knobs", "constraints", "constraint_names", "feasible", "wall_s", FAIL_REASON,
                               FAIL_KIND, "retry_of", "duplicate_of", "crash_attempt", "retried", "repaired", DEFAULT_ATTR,
+                              PRUNE_REASON,
                               *BUCKET_ATTRS.values()})
 
 

@@ -35,7 +35,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialBackend, backend_factory
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
-from optimizer._knobs import params_to_knobs, repair_knobs
+from optimizer._capacity import priced, startup_problem
+from optimizer._knobs import params_to_knobs, repair_knobs, split_deployment
 from optimizer._progress import Phases, ProgressLine
 from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
 from optimizer._spec import StudySpec
@@ -45,6 +46,7 @@ from optimizer._storage import (
     HEARTBEAT_INTERVAL_S,
     INTERRUPTED,
     MEMORY,
+    PRUNE_REASON,
     StudyContext,
     claim_start,
     driver_identity,
@@ -60,6 +62,7 @@ from optimizer._storage import (
     recover_interrupted,
     requeue,
     set_user_attrs,
+    storage_lock,
 )
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -153,7 +156,12 @@ class Tuner:
         #: The Optuna study, once :meth:`run` opened it.
         self.study: optuna.Study | None = None
         self._model_max_len = load_model(spec.model).max_model_len
-        self._device = load_gpu(spec.gpu)
+        self._devices: dict[str, Any] = {}
+        #: Whether the study searches the deployment (device, TP, precision): then a trial that cannot start is
+        #: pruned with its reason (without such levers, the spec's start-up check already refused that study).
+        self._capacity_searched = any(n in spec.search.names for n in
+                                      ("gpu", "tensor_parallel_size", "kv_cache_dtype", "quantization",
+                                       ))
 
     # ------------------------------------------------------------------------------------------------------------
     def run(self) -> StudyResult:
@@ -185,8 +193,11 @@ class Tuner:
             recovered = recover_interrupted(study)
             trials = study.get_trials(deepcopy=False)
             finished = sum(1 for t in trials if is_finished(t))
-            if finished < target and ensure_default_trial(study, target):  # the default config runs first (see export)
-                trials = study.get_trials(deepcopy=False)
+            if finished < target:  # the default config runs first (see export); one driver enqueues it
+                with storage_lock(self.storage):
+                    enqueued = ensure_default_trial(study, target)
+                if enqueued:
+                    trials = study.get_trials(deepcopy=False)
         executor = None
         if finished < target:  # started before any progress output: an unreachable cluster is one error line
             executor = self.executor or RayExecutor(
@@ -240,15 +251,36 @@ class Tuner:
             return SimBackend.for_spec(spec, ctx.workloads)
         return backend_factory(spec.backend.kind)(spec, ctx, self.out)
 
-    def _check_config(self, knobs: Mapping[str, Any]) -> str | None:
+    def _device_of(self, knobs: Mapping[str, Any]) -> Any:
+        """The device a trial's knobs run on (the ``gpu`` lever, else the study's)."""
+        ref = knobs.get("gpu") or self.spec.gpu
+        if ref not in self._devices:
+            self._devices[ref] = load_gpu(ref)
+        return self._devices[ref]
+
+    def _check_config(self, knobs: Mapping[str, Any]) -> tuple[str, str] | None:
+        """``("error", why)`` for a config vLLM refuses, ``("pruned", why)`` for a deployment that cannot start
+        (optimizer._capacity.startup_problem), None for a config to run."""
+        engine, _ = split_deployment(knobs)
         try:
-            config = EngineConfig.from_dict(dict(knobs), "knobs").resolve(self._model_max_len, self._device)
+            config = EngineConfig.from_dict(engine, "knobs").resolve(self._model_max_len, self._device_of(knobs))
         except ConfigError as exc:
-            return f"invalid config: {exc}"
+            return "error", f"invalid config: {exc}"
         if config.max_num_batched_tokens < config.max_num_seqs:
-            return (f"invalid config: max_num_batched_tokens {config.max_num_batched_tokens} < max_num_seqs "
-                    f"{config.max_num_seqs} (vLLM refuses this)")
+            return "error", (f"invalid config: max_num_batched_tokens {config.max_num_batched_tokens} < max_num_seqs "
+                             f"{config.max_num_seqs} (vLLM refuses this)")
+        if self._capacity_searched:
+            problem = startup_problem(knobs, self.spec.model, self.spec.gpu)
+            if problem is not None:
+                return "pruned", problem
         return None
+
+    def _prune(self, study: optuna.Study, trial: optuna.Trial, knobs: Mapping[str, Any], reason: str,
+               progress: ProgressLine) -> None:
+        """A capacity-lever combination that cannot start: PRUNED with its reason (counted in the budget)."""
+        set_user_attrs(trial, {"knobs": {k: _jsonable(v) for k, v in knobs.items()}, PRUNE_REASON: reason})
+        _tell(study, trial, state=TrialState.PRUNED)
+        progress.message(f"kvtune: trial {trial.number} pruned: {reason}")
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, knobs: Mapping[str, Any], outcome: TrialOutcome,
               progress: ProgressLine) -> None:
@@ -296,7 +328,7 @@ class Tuner:
         attrs: dict[str, Any] = {"knobs": {k: _jsonable(v) for k, v in knobs.items()},
                                  "wall_s": round(outcome.wall_s, 3)}
         if outcome.ok:
-            metrics = outcome.metrics or {}
+            metrics = priced(outcome.metrics or {}, knobs, self.spec.gpu)  # the deployment's price, for cost objectives
             try:
                 values = [float(o.value(metrics)) for o in ctx.objectives]
                 bad = [o.name for o, v in zip(ctx.objectives, values) if math.isnan(v)]
@@ -489,7 +521,7 @@ class _Run:
                     else:
                         params = spec.search.suggest(trial, all_knobs=self.grid)
                         knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                        knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device)
+                        knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device_of(knobs))
                         if repaired:
                             trial.set_user_attr("repaired", repaired)
                 key = _trial_key(trial) or _params_key(trial.params)
@@ -507,8 +539,13 @@ class _Run:
                     self.remote_followers.append((trial, knobs, self.elsewhere[key]))
                     continue
                 problem = tuner._check_config(knobs)
+                if problem is not None and problem[0] == "pruned":
+                    tuner._prune(study, trial, knobs, problem[1], progress)
+                    self._told()
+                    running -= 1
+                    continue
                 if problem is not None:
-                    tuner._tell(study, trial, knobs, TrialOutcome(trial.number, None, "error", problem), progress)
+                    tuner._tell(study, trial, knobs, TrialOutcome(trial.number, None, "error", problem[1]), progress)
                     self._told()
                     running -= 1
                     done[key] = study._storage.get_trial(trial._trial_id)  # noqa: SLF001

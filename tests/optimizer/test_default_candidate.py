@@ -82,6 +82,16 @@ def test_nothing_beats_the_default_keep_it(tmp_path, base):
     assert side["default"]["p99_s"] == 60.0 and side["closest"]["p99_s"] == 80.0 and side["closest"]["trial"] != 0
     assert side["default"]["excess"] == pytest.approx(0.5) and not side["default"]["meets"]
     assert doc["knobs"] == spec.fixed_knobs()
+    # The smallest capacity change: the default config on the cheapest deployments of the bundled range, in order.
+    change = doc["capacity_change"]
+    assert change["from"]["description"].startswith("one L40S") and change["tried"]
+    assert change["tried"][0]["deployment"].startswith("fp8 KV on one L40S")
+    if change["found"]:
+        assert change["predicted"]["meets_all_slos"] and not change["tried"][-1]["misses"]
+        assert change["deployment"]["description"] == change["tried"][-1]["deployment"]
+        assert "capacity: no config searched meets every SLO; the smallest change" in exported.summary()
+    else:
+        assert all(t["misses"] for t in change["tried"])
     text = exported.summary()
     assert text.splitlines()[0] == "kvtune: no trial meets every SLO; keep the default"
     assert "closest trial" in text and "misses by 100.0%" in text

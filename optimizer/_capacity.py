@@ -1,0 +1,159 @@
+"""Capacity levers: the deployment a trial's knobs describe (device, tensor parallelism, KV and weight precision),
+what it costs, whether it can start at all, and -- when no searched config meets the SLOs -- the smallest change
+of deployment that would.
+
+A trial's knobs carry the ``gpu`` lever when the study searches devices (``optimizer._knobs.split_deployment``);
+``tensor_parallel_size``, ``kv_cache_dtype`` and ``quantization`` are engine knobs.  The price of a deployment is
+the device's ``price_per_hour_usd`` (sim/data/hardware.yaml, with its source and date) times the GPUs it uses,
+and goes into the trial's metrics under ``objectives.PRICE_KEY`` for the cost objectives.
+
+A combination that cannot start (the weights and one max-length request do not fit the device's memory at that
+tensor parallelism and precision) is *pruned* with its reason -- not failed, not clipped to something else.
+Tensor parallelism is limited to one node (1, 2, 4, 8 GPUs: ``optimizer._knobs.TP_SIZES``).  FP8 weights on a
+device without FP8 tensor cores (A100) are not pruned: vLLM runs them weight-only (FP8 Marlin, vLLM docs
+"FP8 W8A8", features/quantization/fp8.md), and the roofline computes at BF16 there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from objectives import PRICE_KEY
+from optimizer._knobs import split_deployment
+from sim.errors import ConfigError
+from sim.profiles import GpuProfile, load_gpu, load_model
+
+__all__ = ["BUNDLED_LEVERS", "Deployment", "capacity_candidates", "deployment_of", "priced", "smallest_change",
+           "startup_problem"]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where a config runs: the device, how many of it (tensor parallelism x replicas), the precisions, the
+    price per hour (0.0: the device has no price)."""
+
+    gpu: str
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    quantization: str | None
+    replicas: int = 1
+    price_per_hour_usd: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * self.replicas
+
+    def describe(self) -> str:
+        """``"fp8 KV on 2 x H100-SXM (TP 2), $12.31/h"``."""
+        parts = []
+        if self.kv_cache_dtype not in ("auto", None):
+            parts.append(f"{self.kv_cache_dtype} KV")
+        if self.quantization:
+            parts.append(f"{self.quantization} weights")
+        where = f"{self.gpus} x {self.gpu}" + (f" (TP {self.tensor_parallel_size})" if self.tensor_parallel_size > 1
+                                                  else "")
+        if self.gpus == 1:
+            where = f"one {self.gpu}"
+        price = f", ${self.price_per_hour_usd:.2f}/h" if self.price_per_hour_usd > 0 else ""
+        return (" and ".join(parts) + " on " if parts else "") + where + price
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size, "replicas": self.replicas,
+                "gpus": self.gpus, "kv_cache_dtype": self.kv_cache_dtype, "quantization": self.quantization,
+                "price_per_hour_usd": self.price_per_hour_usd, "description": self.describe()}
+
+
+def _device(ref: str) -> GpuProfile:
+    return load_gpu(ref)
+
+
+def deployment_of(knobs: Mapping[str, Any], default_gpu: str) -> Deployment:
+    """The deployment of a trial's knobs (``gpu`` lever, else ``default_gpu``)."""
+    engine, gpu = split_deployment(knobs)
+    gpu = gpu or default_gpu
+    device = _device(gpu)
+    tp = int(engine.get("tensor_parallel_size") or 1)
+    replicas = int(engine.get("replicas") or 1)
+    return Deployment(gpu=device.name if not gpu.endswith((".yaml", ".yml")) else gpu, tensor_parallel_size=tp,
+                      kv_cache_dtype=str(engine.get("kv_cache_dtype") or "auto"),
+                      quantization=engine.get("quantization") or None, replicas=replicas,
+                      price_per_hour_usd=float(device.price_per_hour_usd) * tp * replicas)
+
+
+def priced(metrics: Mapping[str, Any], knobs: Mapping[str, Any], default_gpu: str) -> dict[str, Any]:
+    """``metrics`` with the deployment's price under ``PRICE_KEY`` (left out for a device without a price: a cost
+    objective then says the key is missing; study specs refuse that case up front)."""
+    out = dict(metrics)
+    price = deployment_of(knobs, default_gpu).price_per_hour_usd
+    if price > 0:
+        out[PRICE_KEY] = price
+    return out
+
+
+def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> str | None:
+    """Why the deployment of ``knobs`` cannot start (the weights and one max-length request do not fit at its
+    tensor parallelism and precision), or None.  Other invalid configs are not this function's business."""
+    from sim.engine import resolve_engine
+
+    engine, gpu = split_deployment(knobs)
+    profile = load_model(model)
+    device = _device(gpu or default_gpu)
+    try:
+        resolve_engine(engine, profile, device)
+    except ConfigError as exc:
+        return (f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: "
+                f"{str(exc)[len(exc.field) + 2:]}")
+    return None
+
+
+#: The bundled range of capacity levers the export tries when no searched config meets the SLOs: each device with
+#: a price, one node's tensor-parallel sizes, full and FP8 KV precision (FP8 weights are left out: they change the
+#: model, not only its cache).
+BUNDLED_LEVERS: dict[str, tuple[Any, ...]] = {
+    "gpu": ("L40S", "A100-80GB", "H100-SXM", "H200", "GH200"),
+    "tensor_parallel_size": (1, 2, 4, 8),
+    "kv_cache_dtype": ("auto", "fp8"),
+}
+#: At most this many deployments are simulated in the search for the smallest change (cheapest first).
+MAX_CAPACITY_TRIES = 12
+
+
+def capacity_candidates(base: Mapping[str, Any], model: str, default_gpu: str,
+                        levers: Mapping[str, tuple[Any, ...]] = BUNDLED_LEVERS) -> list[dict[str, Any]]:
+    """``base`` (engine knobs) on every deployment of ``levers`` that can start and has a price, cheapest first
+    (at equal price: full precision first, then fewer GPUs), leaving out ``base``'s own deployment."""
+    own = deployment_of(base, default_gpu)
+    out = []
+    for gpu in levers["gpu"]:
+        for tp in levers["tensor_parallel_size"]:
+            for kv in levers["kv_cache_dtype"]:
+                knobs = {**base, "gpu": gpu, "tensor_parallel_size": tp, "kv_cache_dtype": kv}
+                dep = deployment_of(knobs, default_gpu)
+                if dep.price_per_hour_usd <= 0 or (dep.gpu, dep.tensor_parallel_size, dep.kv_cache_dtype) == (
+                        own.gpu, own.tensor_parallel_size, own.kv_cache_dtype):
+                    continue
+                if startup_problem(knobs, model, default_gpu) is None:
+                    out.append(knobs)
+    out.sort(key=lambda k: (deployment_of(k, default_gpu).price_per_hour_usd, k["kv_cache_dtype"] != "auto",
+                            k["tensor_parallel_size"]))
+    return out
+
+
+def smallest_change(base: Mapping[str, Any], model: str, default_gpu: str, run, meets,
+                    levers: Mapping[str, tuple[Any, ...]] = BUNDLED_LEVERS,
+                    max_tries: int = MAX_CAPACITY_TRIES) -> dict[str, Any]:
+    """The cheapest deployment of ``levers`` on which ``base`` meets every SLO: ``run(knobs) -> metrics`` (None
+    when the run failed), ``meets(metrics) -> list of misses`` (empty: every SLO met).  Tries the cheapest
+    ``max_tries`` deployments in order; says which it tried and what each missed."""
+    tried = []
+    for knobs in capacity_candidates(base, model, default_gpu, levers)[:max_tries]:
+        dep = deployment_of(knobs, default_gpu)
+        metrics = run(knobs)
+        misses = ["the run failed"] if metrics is None else [str(m) for m in meets(metrics)]
+        tried.append({"deployment": dep.describe(), "misses": misses})
+        if not misses:
+            return {"found": True, "knobs": dict(knobs), "deployment": dep.to_dict(), "metrics": metrics,
+                    "tried": tried}
+    return {"found": False, "tried": tried, "levers": {k: list(v) for k, v in levers.items()},
+            "max_tries": max_tries}

@@ -1,0 +1,96 @@
+"""Capacity levers (optimizer/_capacity.py): devices, tensor parallelism and KV precision searched beside the
+engine knobs, priced; combinations that cannot start are pruned with their reason; a cost objective first picks
+the cheapest config that meets every SLO; lower precision is never hidden in the export."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from optuna.trial import TrialState
+
+from objectives import PRICE_KEY
+from optimizer import InProcessExecutor, StudySpec, Tuner
+from optimizer._capacity import deployment_of
+from optimizer._export import export_study
+from optimizer._storage import PRUNE_REASON, is_default, trial_metrics
+from sim.errors import ConfigError
+from sim.profiles import load_gpu
+
+from optimizer_test_helpers import SLO_E2E_S, spec_dict
+
+
+def _run(tmp_path, d):
+    spec = StudySpec.from_dict(d)
+    tuner = Tuner(spec, storage=f"sqlite:///{tmp_path}/s.db", executor=InProcessExecutor(), progress=io.StringIO())
+    tuner.run()
+    return spec, tuner
+
+
+def test_the_cheapest_config_that_meets_every_slo(tmp_path):
+    d = spec_dict(gpu=["L40S", "H100-SXM"], objectives=["cost_per_hour_usd"],
+                  search={"base": "none", "kv_cache_dtype": ["auto", "fp8"]}, sampler={"name": "grid", "seed": 0},
+                  budget={"trials": 10})
+    spec, tuner = _run(tmp_path, d)
+    assert spec.gpu == "L40S" and spec.search["gpu"].choices == ("L40S", "H100-SXM")
+    trials = tuner.study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 5 and is_default(complete[0])  # 2 devices x 2 KV dtypes, and the default
+    for t in complete:
+        device = t.user_attrs["knobs"].get("gpu", "L40S")
+        assert t.values[0] == trial_metrics(t)[PRICE_KEY] == load_gpu(device).price_per_hour_usd
+    blocks = {(t.params.get("gpu"), t.params.get("kv_cache_dtype")): t.user_attrs["sim.num_gpu_blocks"]
+              for t in complete if not is_default(t)}
+    assert blocks[("H100-SXM", "auto")] > blocks[("L40S", "auto")]  # each trial ran on its own device
+    assert blocks[("L40S", "fp8")] > blocks[("L40S", "auto")]
+    exported = export_study(spec, storage=tuner.storage, out=tmp_path / "export", context=tuner.ctx)
+    feasible = [t for t in complete if t.user_attrs["feasible"]]
+    assert feasible and exported.feasible
+    cheapest = min(t.values[0] for t in feasible)
+    doc = json.loads((tmp_path / "export" / "recommended.json").read_text())
+    assert doc["deployment"]["price_per_hour_usd"] == cheapest and "cheapest" in doc["pick"]["rule"]
+    assert doc["predicted"]["recommended"]["classes"]["conv"]["e2e_s"]["p99"] <= SLO_E2E_S
+    assert doc["predicted"]["recommended"]["cost"]["cost_per_hour_usd"] == cheapest
+    if doc["knobs"].get("kv_cache_dtype") == "fp8":  # lower precision is said, with sources
+        assert doc["quality"] and doc["quality"][0]["sources"]
+        assert "LOWER PRECISION" in (tmp_path / "export" / "recommended.yaml").read_text()
+    else:
+        assert doc["quality"] == []
+
+
+def test_a_deployment_that_cannot_start_is_pruned_with_its_reason(tmp_path):
+    # Llama-3-70B's 141 GB of BF16 weights need more than one L40S (48 GB); four hold them.
+    d = spec_dict(model="Llama-3-70B", search={"base": "none", "tensor_parallel_size": [1, 4]},
+                  sampler={"name": "grid", "seed": 0}, budget={"trials": 10})
+    d["workload"]["max_requests"] = 30
+    spec, tuner = _run(tmp_path, d)
+    trials = tuner.study.get_trials()
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert {t.user_attrs["knobs"]["tensor_parallel_size"] for t in pruned} == {1}
+    assert len(pruned) == 2 and any(is_default(t) for t in pruned)  # the default (TP 1) and the TP-1 draw
+    assert all("cannot start: Llama-3-70B on one L40S" in t.user_attrs[PRUNE_REASON] for t in pruned)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert [t.params for t in complete] == [{"tensor_parallel_size": 4}]
+    assert trial_metrics(complete[0])[PRICE_KEY] == pytest.approx(4 * load_gpu("L40S").price_per_hour_usd)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(gpu=["L40S", "B300"]), "gpu[1]"),
+    (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["usd_per_million_output_tokens"]), "search.gpu"),
+    (dict(search={"base": "none", "tensor_parallel_size": [1, 3]}), "search.tensor_parallel_size.choices[1]"),
+    (dict(gpu=["L40S", "H200"], search={"base": "none", "gpu": ["H100-SXM"]}), "search.gpu"),
+    (dict(search={"base": "none", "gpu": ["L40S", "H100-SXM", "nope"]}), "search.gpu.choices[2]"),
+    (dict(engine={"gpu": "H100-SXM"}), "engine.gpu"),
+])
+def test_bad_capacity_levers_are_one_error_naming_the_field(changes, field):
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(**changes))
+    assert err.value.field == field
+
+
+def test_a_deployment_says_what_it_is_and_costs():
+    dep = deployment_of({"gpu": "H100-SXM", "tensor_parallel_size": 2, "kv_cache_dtype": "fp8"}, "L40S")
+    assert dep.gpus == 2 and dep.price_per_hour_usd == pytest.approx(2 * load_gpu("H100-SXM").price_per_hour_usd)
+    assert dep.describe().startswith("fp8 KV on 2 x H100-SXM (TP 2), $")
+    assert deployment_of({}, "L40S").describe() == f"one L40S, ${load_gpu('L40S').price_per_hour_usd:.2f}/h"
