@@ -155,5 +155,41 @@ def engine_defaults(flavor: str, version: str | None, device: Any, tensor_parall
     raise AssertionError("the last tier of every release has no condition")  # pragma: no cover
 
 
-__all__ = ["EngineDefaults", "ReleaseDefaults", "REFERENCE_RELEASE", "defaults_table", "engine_defaults",
-           "is_cpu_device", "release_defaults", "release_tuple"]
+#: The release whose scheduling and KV-cache rules the engine implements, whatever ``engine_version`` says
+#: (sim/engine/scheduler_v1.py, prefix_pool.py: vLLM 0.33.0's V1; scheduler_v0.py: 0.8.5's V0).  ``engine_version``
+#: selects the defaults (this module) and the memory-profiling regime (sim/engine/sizing.py), not the rules.
+RULES_RELEASE = {"vllm-v1": "0.33.0", "vllm-v0": "0.8.5"}
+
+
+def release_record(targeted: str | None, resolved: Any) -> dict[str, Any]:
+    """What a run's outputs (``summary.json``) should say about vLLM releases, truthfully:
+
+    - ``engine_version_targeted``: the release the run predicts, as it was asked for (the unresolved config's
+      ``engine_version``; ``None`` when none was named, and then the reference release was simulated);
+    - ``engine_version_simulated``: the release whose defaults and KV-cache sizing were simulated (the resolved
+      config's ``engine_version``: the nearest listed release at or below the target);
+    - ``engine_rules_release``: the release whose scheduler and KV-cache manager kvtune implements;
+    - ``engine_version_note``: present when the three differ, saying how.
+
+    ``resolved``: an :class:`~sim.engine.config.EngineConfig` from :meth:`~sim.engine.config.EngineConfig.resolve`.
+    """
+    flavor = resolved.flavor
+    simulated = resolved.engine_version or REFERENCE_RELEASE[flavor]
+    rules = RULES_RELEASE[flavor]
+    out: dict[str, Any] = {"engine_version_targeted": targeted, "engine_version_simulated": simulated,
+                           "engine_rules_release": rules}
+    notes = []
+    if targeted is None:
+        notes.append(f"no engine_version named: simulated vLLM {simulated}'s defaults (the {flavor} reference)")
+    elif release_tuple(targeted) != release_tuple(simulated):
+        notes.append(f"vLLM {targeted} targeted: simulated with the defaults of {simulated}, the nearest listed "
+                     "release at or below it")
+    if release_tuple(simulated) != release_tuple(rules):
+        notes.append(f"scheduling and KV-cache rules are vLLM {rules}'s")
+    if notes:
+        out["engine_version_note"] = "; ".join(notes)
+    return out
+
+
+__all__ = ["EngineDefaults", "ReleaseDefaults", "REFERENCE_RELEASE", "RULES_RELEASE", "defaults_table",
+           "engine_defaults", "is_cpu_device", "release_defaults", "release_record", "release_tuple"]

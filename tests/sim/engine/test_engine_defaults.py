@@ -118,3 +118,27 @@ def test_study_default_config_uses_the_study_gpu_and_version():
     assert old.gpu_memory_utilization == 0.9
     # A floor target is simulated with the newest listed release.
     assert spec("L40S", ">=0.18").fixed_knobs()["engine_version"] == "0.33.0"
+
+
+# ---- what a run's summary says about releases (issue 32: summary.json said 0.33.0 for a 0.32 prediction) -----
+def test_release_record_says_what_was_targeted_and_what_was_simulated():
+    from sim.engine.defaults import release_record
+
+    device = load_gpu("vllm-cpu-1core")
+
+    def record(version, flavor="vllm-v1"):
+        asked = EngineConfig(flavor=flavor, engine_version=version)
+        return release_record(asked.engine_version, asked.resolve(2048, device))
+
+    exact = record("0.32.0")
+    assert (exact["engine_version_targeted"], exact["engine_version_simulated"]) == ("0.32.0", "0.32.0")
+    assert exact["engine_rules_release"] == "0.33.0" and "rules are vLLM 0.33.0's" in exact["engine_version_note"]
+    between = record("0.32.1")
+    assert (between["engine_version_targeted"], between["engine_version_simulated"]) == ("0.32.1", "0.32.0")
+    assert "nearest listed release at or below" in between["engine_version_note"]
+    unnamed = record(None)
+    assert unnamed["engine_version_targeted"] is None and unnamed["engine_version_simulated"] == "0.33.0"
+    assert "no engine_version named" in unnamed["engine_version_note"]
+    assert "engine_version_note" not in record("0.33.0")
+    v0 = record(None, "vllm-v0")
+    assert v0["engine_version_simulated"] == v0["engine_rules_release"] == "0.8.5"
