@@ -15,6 +15,7 @@ from pathlib import Path
 
 from optimizer import (add_engine_arguments, non_negative_float, non_negative_int, parse_pairs as _pairs, port,
                        positive_float, positive_int)
+from replay.calibration.cli import add_calibrate_parser, cmd_calibrate  # noqa: F401 (kvtune calibrate)
 from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -174,66 +175,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- calibrate -----------------------------------------------------------------------------------------
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from replay.calibrate import DEFAULT_FIT_PARAMS, calibrate, load_runs, save_profile
-
-    params = tuple(p.strip() for p in args.params.split(",")) if args.params else DEFAULT_FIT_PARAMS
-    if args.results and (args.url or args.launch):
-        raise ConfigError("calibrate", "give result folders or --url/--launch (to replay the probe), not both")
-    if args.results:
-        runs = load_runs(args.results, model=args.model, gpu=args.gpu)
-    elif args.url or args.launch:
-        runs = _probe_runs(args)
-    else:
-        raise ConfigError("calibrate", "give replay result folders, or --url / --launch vllm to replay the probe")
-    start = _coefficients(args.start_profile, None)
-    fit = calibrate(runs, params=params, start=start, max_evals=args.max_evals,
-                    fit_client_latency=not args.no_client_latency, target=args.target)
-    save_profile(fit, args.out, model=args.model, gpu=args.gpu)
-    print(fit.describe())
-    print(f"profile written to {args.out}")
-    return 0
-
-
-def _probe_runs(args: argparse.Namespace):
-    """Replay the calibration probe (prefill sweep, decode batch sweep, mixed steps) against ``--url`` or an
-    engine launched with ``--set``'s config, one probe at a time, and return the runs to fit."""
-    from replay.calibrate import engine_times, probe_groups, run_probes
-    from sim.profiles import load_gpu, load_model
-
-    if not args.model or not args.gpu:
-        raise ConfigError("--model", "the probe needs the model (HF folder or profile name) and --gpu (device)")
-    model, gpu = load_model(args.model, field="--model"), load_gpu(args.gpu, field="--gpu")
-    config = _engine_config(args.set)
-    groups = probe_groups(config, model, gpu, repeats=args.repeats)
-    out_dir = Path(args.save_runs) if args.save_runs else None
-
-    def progress(i, group, result) -> None:
-        req = result.requests
-        print(f"  probe {i + 1}/{len(groups)} {group.phase}: {group.name}: TTFT p50 {req['ttft_s'].median() * 1e3:.0f} "
-              f"ms, TPOT p50 {req['tpot_s'].median() * 1e3:.1f} ms", flush=True)
-
-    if args.url:
-        pgid = args.engine_pgid
-        counters = (lambda: engine_times(pgid)) if pgid else None
-        return run_probes(args.url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
-                          engine_counters=counters, model_ref=args.model, gpu_ref=args.gpu)
-    from replay.flags import serve_command
-    from replay.launcher import EngineProcess, free_port
-    from replay.vllm_env import find_vllm
-
-    install = find_vllm(args.vllm_python)
-    port = free_port()
-    argv, env = serve_command(args.model, config, port=port, install=install, extra_args=tuple(args.vllm_arg or ()))
-    log = (out_dir / "engine.log") if out_dir else None
-    print(f"kvtune calibrate: starting vLLM {install.version} ({len(groups)} probes to replay)", flush=True)
-    with EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log) as engine:
-        pgid = engine.proc.pid
-        return run_probes(engine.base_url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
-                          engine_counters=lambda: engine_times(pgid), model_ref=args.model, gpu_ref=args.gpu)
-
-
 # ---- registration --------------------------------------------------------------------------------------
 def add_replay_parsers(subparsers) -> None:
     """Register ``twin``, ``replay`` and ``calibrate`` on ``subparsers`` (from ``parser.add_subparsers()``)."""
@@ -300,34 +241,4 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--log-level", default="warning")
     rep.set_defaults(func=cmd_replay)
 
-    cal = subparsers.add_parser(
-        "calibrate", help="fit the latency model's coefficients to replay results or to a replayed probe",
-        description="Replay kvtune's calibration probe (prefill sweep, decode batch sweep, mixed steps) against a "
-                    "server (--url) or a vLLM it starts (--launch vllm), or read replay result folders; simulate "
-                    "each run with candidate coefficients and fit them so that the runs' timings match: vLLM's "
-                    "engine-side prefill and decode times where the server exports them, else the client's "
-                    "per-request TTFT and TPOT.  Prints the residuals per run and per probe phase.",
-    )
-    cal.add_argument("results", nargs="*", help="replay result folders (written by kvtune replay / ReplayBackend)")
-    where = cal.add_mutually_exclusive_group()
-    where.add_argument("--url", help="replay the probe against this running server (started with --set's config)")
-    where.add_argument("--launch", choices=("vllm",), help="start vLLM with --set's config and replay the probe")
-    add_engine_arguments(cal, model_help="model: HF folder or profile name (overrides the one recorded in results)",
-                         gpu_help="device: profile name or YAML (overrides the one recorded in results)",
-                         set_help="the probed engine's config (repeatable; e.g. num_gpu_blocks_override=1000)")
-    cal.add_argument("--repeats", type=int, default=2, help="replays of each probe (default 2)")
-    cal.add_argument("--save-runs", help="folder for the probe's replay results (to refit later)")
-    cal.add_argument("--engine-pgid", type=int, default=None,
-                     help="with --url: the engine's process group, to record its CPU share (CPU engines)")
-    cal.add_argument("--vllm-python", default=None, help="python of the vLLM environment (or $KVTUNE_VLLM_PYTHON)")
-    cal.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for the server (repeatable)")
-    cal.add_argument("--target", choices=("auto", "engine", "client"), default="auto",
-                     help="fit engine-side timings (vLLM's histograms), client-side ones, or auto (engine if present)")
-    cal.add_argument("--out", required=True, help="profile YAML to write")
-    cal.add_argument("--params", default=None,
-                     help="coefficients to fit, comma-separated (default overhead_s,per_seq_overhead_s,mfu,bw_eff)")
-    cal.add_argument("--start-profile", help="start from this profile's coefficients (default: built-in)")
-    cal.add_argument("--max-evals", type=int, default=400, help="simulations at most")
-    cal.add_argument("--no-client-latency", action="store_true",
-                     help="do not fit the client-side TTFT latency (HTTP, stream fan-out) as a nuisance parameter")
-    cal.set_defaults(func=cmd_calibrate)
+    add_calibrate_parser(subparsers)
