@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import PRICE_KEY
 from objectives.registry import BoundConstraint, get_objective
 from optimizer._backend import SimBackend, TrialError
-from optimizer._capacity import deployment_of, priced, smallest_change
+from optimizer._capacity import BUNDLED_LEVERS, deployment_of, priced, smallest_change
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values, split_deployment
 from optimizer._robustness import describe as describe_robustness
 from optimizer._robustness import robustness
@@ -529,7 +529,10 @@ def capacity_change(spec: StudySpec, ctx: StudyContext, backend: SimBackend) -> 
             return None
 
     base = spec.fixed_knobs()
-    found = smallest_change(base, spec.model, spec.gpu, run, lambda m: shortfalls(m, ctx))
+    levers = dict(BUNDLED_LEVERS)
+    if not spec.lower_precision:  # the spec excludes FP8 KV
+        levers["kv_cache_dtype"] = ("auto",)
+    found = smallest_change(base, spec.model, spec.gpu, run, lambda m: shortfalls(m, ctx), levers)
     found["from"] = deployment_of(base, spec.gpu).to_dict()
     if found["found"]:
         metrics = found.pop("metrics")

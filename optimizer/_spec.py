@@ -46,7 +46,7 @@ from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend", "latency_profile")
+             "ray_address", "out", "backend", "latency_profile", "lower_precision")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
@@ -107,6 +107,18 @@ def _with_device_lever(search: SearchSpace, gpu_list: list[str] | None, base_dir
         load_gpu(ref, f"search.gpu.choices[{i}]")
     return SearchSpace(tuple(Domain("gpu", "categorical", choices=refs, when=domain.when) if d.name == "gpu" else d
                              for d in search.domains), search.flavor)
+
+
+def _check_full_precision(engine: Mapping[str, Any], search: SearchSpace) -> None:
+    """``lower_precision: false``: no FP8 KV cache or weights, fixed or searched."""
+    for knob in ("kv_cache_dtype", "quantization"):
+        value = engine.get(knob)
+        if isinstance(value, str) and value.startswith("fp8"):
+            raise ConfigError(f"engine.{knob}", f"{value} lowers precision, which lower_precision: false excludes")
+        if knob in search.names:
+            low = [c for c in search[knob].choices if isinstance(c, str) and c.startswith("fp8")]
+            if low:
+                raise ConfigError(f"search.{knob}", f"{low} lower precision, which lower_precision: false excludes")
 
 
 def search_devices(search: SearchSpace, gpu: str) -> list[str]:
@@ -423,6 +435,9 @@ class StudySpec:
     #: ``latency_profile``: a profile YAML (``kvtune calibrate``) whose coefficients simulated trials use; a
     #: relative path is read from the spec's folder.  ``None``: the built-in coefficients.
     latency_profile: str | None = None
+    #: ``lower_precision: false`` excludes FP8 KV and FP8 weights from the study: from its search space, its fixed
+    #: knobs and the export's capacity search (optimizer/quality.py says what they cost in accuracy).
+    lower_precision: bool = True
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -507,6 +522,11 @@ class StudySpec:
         search = parse_search_space(d.get("search"), flavor, target, fixed=engine, max_model_len=max_model_len,
                                     priorities_differ=priorities_differ)
         search = _with_device_lever(search, gpu_list, base_dir)
+        lower_precision = d.get("lower_precision", True)
+        if not isinstance(lower_precision, bool):
+            raise ConfigError("lower_precision", f"must be true or false, got {short_repr(lower_precision)}")
+        if not lower_precision:
+            _check_full_precision(engine, search)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
         _check_model_fits(fixed, search, model, device)
@@ -566,6 +586,7 @@ class StudySpec:
             out=_str(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
             latency_profile=profile,
+            lower_precision=lower_precision,
             base_dir=base_dir,
         )
 
@@ -628,6 +649,7 @@ class StudySpec:
             "out": self.out,
             "backend": self.backend.to_dict(),
             "latency_profile": self.latency_profile,
+            "lower_precision": self.lower_precision,
         }
 
     def identity(self) -> dict[str, Any]:

@@ -94,3 +94,26 @@ def test_a_deployment_says_what_it_is_and_costs():
     assert dep.gpus == 2 and dep.price_per_hour_usd == pytest.approx(2 * load_gpu("H100-SXM").price_per_hour_usd)
     assert dep.describe().startswith("fp8 KV on 2 x H100-SXM (TP 2), $")
     assert deployment_of({}, "L40S").describe() == f"one L40S, ${load_gpu('L40S').price_per_hour_usd:.2f}/h"
+
+
+def test_lower_precision_can_be_excluded(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(lower_precision=False, search={"base": "none", "kv_cache_dtype": ["auto", "fp8"]}))
+    assert err.value.field == "search.kv_cache_dtype"
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(lower_precision="no"))
+    assert err.value.field == "lower_precision"
+    # An SLO nothing meets: the export's capacity search then tries full-precision deployments only.
+    d = spec_dict(lower_precision=False, search={"base": "none", "max_num_seqs": [32]}, budget={"trials": 2},
+                  sampler={"name": "grid", "seed": 0})
+    d["workload"]["max_requests"] = 60
+    d["workload"]["classes"]["conv"]["slo"] = {"e2e_p99_s": 0.5}
+    spec, tuner = _run(tmp_path, d)
+    exported = export_study(spec, storage=tuner.storage, out=tmp_path / "export", context=tuner.ctx)
+    change = exported.capacity_change
+    assert not exported.feasible and change["tried"] and not change["found"]
+    assert not any("fp8" in t["deployment"] for t in change["tried"])
+    assert [t["deployment"] for t in change["tried"]][:2] == [
+        f"one A100-80GB, ${load_gpu('A100-80GB').price_per_hour_usd:.2f}/h",
+        f"2 x L40S (TP 2), ${2 * load_gpu('L40S').price_per_hour_usd:.2f}/h"]
+    assert "none of the 12 cheapest deployments" in exported.summary()
