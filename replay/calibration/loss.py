@@ -132,17 +132,25 @@ def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale:
 MIN_SHARE_CPU_S = 1.0
 
 
+#: Most of its core an engine can get: a larger recorded share (CPU seconds of polling threads outside the
+#: requests' span, on a short run) is clipped to it, else it would make the engine look faster than a core.
+MAX_SHARE = 1.0
+
+
 def _steady_shares(runs: Sequence[CalibrationRun]) -> list[CalibrationRun]:
-    """The runs with the CPU share of the short ones (``MIN_SHARE_CPU_S``) replaced by the median of the others."""
-    long = [r.engine["cpu_share"] for r in runs if "cpu_share" in r.engine
+    """The runs with the CPU share of the short ones (``MIN_SHARE_CPU_S``) replaced by the median of the others,
+    and every share clipped to ``MAX_SHARE`` (the raw value kept as ``cpu_share_raw``)."""
+    long = [min(MAX_SHARE, r.engine["cpu_share"]) for r in runs if "cpu_share" in r.engine
             and r.engine.get("engine_cpu_s", math.inf) >= MIN_SHARE_CPU_S]
-    if not long:
-        return list(runs)
-    median = float(np.median(long))
+    median = float(np.median(long)) if long else math.nan
     out = []
     for run in runs:
-        if "cpu_share" in run.engine and run.engine.get("engine_cpu_s", math.inf) < MIN_SHARE_CPU_S:
-            run = dataclasses.replace(run, engine={**run.engine, "cpu_share": median})
+        if "cpu_share" in run.engine:
+            share = run.engine["cpu_share"]
+            if run.engine.get("engine_cpu_s", math.inf) < MIN_SHARE_CPU_S and median == median:
+                share = median
+            run = dataclasses.replace(run, engine={**run.engine, "cpu_share": min(MAX_SHARE, share),
+                                                   "cpu_share_raw": run.engine["cpu_share"]})
         out.append(run)
     return out
 

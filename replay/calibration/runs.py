@@ -33,6 +33,10 @@ class CalibrationRun:
     #: Engine-side means over the run's finished requests (``engine_means``): queue, prefill and decode time
     #: as vLLM's engine core stamps them, and the client's TTFT and E2E; {} when the server exports none.
     engine: dict[str, float] = field(default_factory=dict)
+    #: The probe's name (``ProbeGroup.name``): repeats of one probe share it; "" for a trace replay.
+    probe: str = ""
+    #: The machine the engine ran on (``sim.latency._profile_file.machine_device``), when recorded.
+    device: dict | None = None
 
 
 
@@ -48,10 +52,11 @@ def load_run(path: str | Path, model: str | None = None, gpu: str | None = None)
         raise ConfigError("calibrate", f"{path}: no workload.parquet (the replayed workload is needed)")
     config = EngineConfig.from_dict(engine.get("config") or {}, where=f"{path}:engine.config")
     phase = str((meta.get("probe") or {}).get("phase", ""))
+    probe = str((meta.get("probe") or {}).get("name", ""))
     return CalibrationRun(
         workload=result.workload, config=config, model=load_model(model_name), gpu=load_gpu(gpu_name),
-        seed=int(result.info.get("seed", 0)), measured=result.requests, source=str(path), phase=phase,
-        engine=engine_means(result),
+        seed=int(result.info.get("seed", 0)), measured=result.requests, source=str(path), phase=phase, probe=probe,
+        engine=engine_means(result), device=meta.get("device") or None,
     )
 
 

@@ -5,12 +5,21 @@ fit: {...}}``, or a plain mapping of coefficients.  ``simulate``, ``tune`` (a sp
 ``twin`` read them with :func:`load_profile`; ``model`` and ``gpu`` name what the coefficients were fitted for
 (a profile name, or the path of an HF ``config.json`` / device YAML) and are the defaults where a command is
 given the profile but no model or device.
+
+``device`` (written by ``kvtune calibrate`` since issue 32) records the machine the probes ran on
+(:func:`machine_device`: the GPU's name and driver, or the CPU's model and the cores the process may use); a
+profile read on another machine warns once, naming both (the coefficients are that machine's speed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
+import shutil
+import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +60,99 @@ def coefficients_from_mapping(values: dict, where: str = "coefficients") -> Late
     return LatencyCoefficients(**out)
 
 
+class DeviceMismatchWarning(UserWarning):
+    """A latency profile is read on a machine other than the one its probes ran on."""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@functools.lru_cache(maxsize=1)
+def _gpus() -> tuple[str, str, int] | None:
+    """(name, driver, count) of this machine's NVIDIA GPUs from ``nvidia-smi``; None without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
+    if not rows:
+        return None
+    return rows[0][0], (rows[0][1] if len(rows[0]) > 1 else ""), len(rows)
+
+
+def machine_device(gpu: bool = True) -> dict:
+    """This machine as a profile records it: ``{kind: gpu, name, driver, count}`` when ``nvidia-smi`` lists a GPU
+    (and ``gpu``), else ``{kind: cpu, name: CPU model, cores: usable cores (sched_getaffinity), cpu_count}``."""
+    found = _gpus() if gpu else None
+    if found is not None:
+        name, driver, count = found
+        return {"kind": "gpu", "name": name, "driver": driver, "count": count}
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    return {"kind": "cpu", "name": _cpu_model(), "cores": int(usable), "cpu_count": int(os.cpu_count() or usable)}
+
+
+def describe_device(device: dict | None) -> str:
+    """One line for a recorded device (``machine_device``'s form)."""
+    if not device:
+        return "an unrecorded device"
+    if device.get("kind") == "gpu":
+        count = int(device.get("count", 1) or 1)
+        driver = f", driver {device['driver']}" if device.get("driver") else ""
+        return f"{count} x {device.get('name')}{driver}" if count > 1 else f"{device.get('name')}{driver}"
+    return f"{device.get('name')} ({device.get('cores')} usable of {device.get('cpu_count')} cores)"
+
+
+def same_device(a: dict, b: dict) -> bool:
+    """Whether two recorded devices are the same kind of machine for the coefficients: the GPU name and count, or
+    the CPU model and usable cores (a driver update or a bigger host is not another device)."""
+    if a.get("kind") != b.get("kind"):
+        return False
+    if a.get("kind") == "gpu":
+        return (a.get("name"), int(a.get("count", 1) or 1)) == (b.get("name"), int(b.get("count", 1) or 1))
+    return (a.get("name"), a.get("cores")) == (b.get("name"), b.get("cores"))
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def check_device(recorded: dict | None, where: str = "profile", current: dict | None = None) -> str | None:
+    """Warn once (``DeviceMismatchWarning``) when ``recorded`` (a profile's ``device``) is not this machine;
+    returns the message, None when they match or nothing was recorded.  A GPU profile read on a machine without
+    a GPU is not checked: simulating a device one does not have is what profiles are for."""
+    if not isinstance(recorded, dict) or not recorded.get("kind"):
+        return None
+    if current is None:
+        current = machine_device(gpu=recorded.get("kind") == "gpu")
+        if recorded.get("kind") == "gpu" and current.get("kind") != "gpu":
+            return None
+    if same_device(recorded, current):
+        return None
+    message = (f"{where}: fitted on {describe_device(recorded)}, read on {describe_device(current)}: its "
+               f"coefficients are the speed of the device it was fitted on")
+    key = (describe_device(recorded), describe_device(current))
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, DeviceMismatchWarning, stacklevel=3)
+    return message
+
+
 def read_profile(path: str | Path) -> LatencyProfile:
     """A profile file (``kvtune calibrate`` output, or a plain mapping of coefficients)."""
     path = Path(path).expanduser()
@@ -66,6 +168,7 @@ def read_profile(path: str | Path) -> LatencyProfile:
         for key, value in (("model", model), ("gpu", gpu)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}:{key}", f"must be a string, got {value!r}")
+        check_device(data.get("device"), where=str(path))
     else:
         values, model, gpu = data, None, None
     if not isinstance(values, dict):
@@ -79,4 +182,5 @@ def load_profile(path: str | Path) -> LatencyCoefficients:
     return read_profile(path).coefficients
 
 
-__all__ = ["LatencyProfile", "PROFILE_KIND", "coefficients_from_mapping", "load_profile", "read_profile"]
+__all__ = ["DeviceMismatchWarning", "LatencyProfile", "PROFILE_KIND", "check_device", "coefficients_from_mapping",
+           "describe_device", "load_profile", "machine_device", "read_profile", "same_device"]
