@@ -1,8 +1,11 @@
 """The SimPy run loop: an arrival process feeds the engine process, which steps until every request ended.
 
-Two generator processes and no global state: ``_arrivals`` adds each request at its arrival time and wakes an
-idle engine; ``_engine`` expires client deadlines at step boundaries, asks the core for a step (or a run of
-identical decode steps that ends before the next arrival or deadline), and holds the clock for its duration.
+Two generator processes and no global state: ``Simulation._arrivals`` adds each request at its arrival time and
+wakes an idle engine; :meth:`EngineLoop.process` expires client deadlines at step boundaries, asks the core for a
+step (or a run of identical decode steps that ends before the next arrival or deadline), and holds the clock for
+its duration.  The per-engine pieces are shared with ``sim.fleet`` (N engines behind a router on one clock): the
+requests (:class:`RequestStore`), the arrival times an engine may receive (:class:`Feed`) and the loop with its
+per-engine state (:class:`EngineLoop`) are one copy for both.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import gc
 import heapq
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,6 +24,7 @@ import simpy
 
 from sim.engine.config import EngineConfig
 from sim.engine.build import EnginePlan, build_engine, resolve_engine
+from sim.engine.core import EngineCore
 from sim.engine.request import Request, Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
@@ -71,6 +76,436 @@ def predicted_output_lengths(workload: Workload, quantile: float) -> dict[str, i
     return out
 
 
+class RequestStore:
+    """The workload's requests as a run makes them: the workload's columns as arrays, each request's prefix keys,
+    the live state of requests that arrived and have not ended (made at arrival from the columns), and the request
+    table's arrays (``log``).  One per run, shared by every engine of it (a fleet's replicas too); indexed by
+    workload row.
+
+    ``config`` is the resolved engine config (block size, prefix caching, ``max_model_len``); ``predicted_output``
+    the predicted admission's per-class output length (``predicted_output_lengths``), or None."""
+
+    def __init__(self, workload: Workload, config: EngineConfig, seed: int, hash_block_tokens: int,
+                 predicted_output: dict[str, int] | None, keep_requests: bool) -> None:
+        self.config = config
+        self.hash_block_tokens = hash_block_tokens
+        #: With False, a request's live state is dropped once it ended (its row is in ``log``'s arrays).
+        self.keep_requests = keep_requests
+        df = workload.requests
+        self.timeout_at, self.cancel_at = workload.client_deadlines(seed)
+        self.priorities = workload.priorities()
+        self.predicted = predicted_output
+        self.ids = df["request_id"].to_numpy()
+        self.classes = df["class"].astype(str).to_numpy()
+        self.arrivals_s = df["arrival_s"].to_numpy(dtype=float)
+        self.prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
+        self.outputs = df["output_tokens"].to_numpy(dtype=np.int64)
+        #: All requests' prefix keys in one int64 array and where each request's start (None: not made).
+        self.key_array: np.ndarray | None = None
+        self.key_starts: list[int] = []
+        #: Per request, the block hashes of its leading full prompt blocks (empty: it shares nothing).
+        self.keys = self._prefix_keys(df, self.prompts)
+        self.log = RequestLog(self.ids, self.classes, self.arrivals_s, self.prompts, self.outputs)
+        #: The columns of requests ``[_lists_start, _lists_start + LIST_CHUNK)`` as Python lists (see request).
+        self._lists: list[list] = []
+        self._lists_start = -1
+        #: Requests created (at arrival) and not yet ended, by index; with ``keep_requests`` every request.
+        self.live: dict[int, Request] = {}
+        #: With ``keep_requests``, every request's live state (made up front), in workload order; else empty.
+        self.requests: list[Request] = self._all_requests() if keep_requests else []
+
+    def __len__(self) -> int:
+        return len(self.arrivals_s)
+
+    def request(self, i: int) -> Request:
+        """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
+        req = self.live.get(i)
+        if req is None:
+            # From Python lists (indexing the numpy columns element by element costs more than the request), a
+            # chunk of requests at a time: arrivals come in index order, and the lists of all columns of a million
+            # requests took ~120 MB of that case's peak.
+            start = i - i % LIST_CHUNK
+            if start != self._lists_start:
+                self._lists = [c[start:start + LIST_CHUNK].tolist() for c in self._columns()]
+                self._lists_start = start
+            ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = self._lists
+            j = i - start
+            req = self.live[i] = self._new_request(
+                i, ids[j], classes[j], arrivals[j], prompts[j], outputs[j], priorities[j], timeout_at[j],
+                cancel_at[j], self.keys[i])
+        return req
+
+    def record(self, finished: list[Request]) -> None:
+        """Ended requests: their rows go to the request table's arrays, their live state is dropped (unless
+        ``keep_requests``), and ``finished`` is emptied."""
+        self.log.record_all(finished)
+        if not self.keep_requests:
+            live = self.live
+            for req in finished:
+                live.pop(req.index, None)
+        finished.clear()
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        """The columns a request's live state is made from, in :meth:`_new_request`'s order."""
+        return (self.ids, self.classes, self.arrivals_s, self.prompts, self.outputs, self.priorities,
+                self.timeout_at, self.cancel_at)
+
+    def _all_requests(self) -> list[Request]:
+        """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
+        (indexing the numpy columns element by element, as :meth:`request` does, costs more than the request)."""
+        reqs = [self._new_request(i, *row)
+                for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), self.keys))]
+        self.live.update(enumerate(reqs))
+        return reqs
+
+    def _new_request(self, i: int, request_id: int, cls: str, arrival_s: float, prompt: int, output: int,
+                     priority: int, timeout_at: float, cancel_at: float, keys: tuple[int, ...]) -> Request:
+        predicted = self.predicted
+        req = Request(
+            index=i, request_id=request_id, class_name=cls, arrival_s=arrival_s, prompt_tokens=prompt,
+            output_tokens_target=output, max_model_len=self.config.max_model_len, priority=priority,
+            predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
+            prefix_keys=keys,
+        )
+        if keys and self.key_array is not None:
+            start = self.key_starts[i]
+            req.prefix_array = self.key_array[start:start + len(keys)]
+        return req
+
+    def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
+        """Per request, the block hashes of its leading full prompt blocks from the trace's ``hash_ids`` (each id
+        names one ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's
+        traces): kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``, and hash ``2 * key`` (even:
+        see :func:`~sim.engine.prefix_pool.block_hash`).  Requests without ids share nothing."""
+        if "hash_ids" not in df.columns or not self.config.enable_prefix_caching:
+            return [()] * len(df)
+        block_size = self.config.block_size
+        if self.hash_block_tokens // block_size < 1 or self.hash_block_tokens % block_size:
+            raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
+                                            f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
+        column = df["hash_ids"].to_numpy()
+        found = _prefix_hash_array(column, prompts, block_size, self.hash_block_tokens)
+        if found is None:
+            return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
+        # Each request's keys are also handed to it as a view of the one array (Request.prefix_array), so that the
+        # prefix pool does not convert its tuple: that conversion was ~30% of the elements the prefix case turned
+        # from lists into arrays (benchmarks/tools/compiled_profile.py --case prefix).
+        self.key_array, ends = found
+        self.key_starts = [0, *ends[:-1]]
+        return _key_tuples(*found)
+
+
+class Feed:
+    """The arrival times an engine may receive requests at, in order, and how many of them have arrived (``next``:
+    the arrivals process advances it).  One engine's own (the single engine's: the workload's), or shared by the
+    replicas of a fleet whose router decides at arrival time (any arrival may come to any of them)."""
+
+    def __init__(self, times: np.ndarray | list[float]) -> None:
+        #: A numpy array or a list of floats (indexed one at a time).
+        self.times = times
+        self.next = 0
+        self.total = len(times)
+
+
+class RunRecord:
+    """A run of identical decode steps as an engine's published metrics see it (``EngineLoop.history``): what
+    stepping one iteration at a time would have published at the run's inner boundaries (steps 1 to ``k - 1``;
+    step 0's boundary and the run's end are published as they come).  Queue lengths are those after the run's
+    first ``schedule()`` (a steady decode admits and preempts nothing, and no request finishes before the run's
+    end) plus the requests added to the waiting queue during the run (arrivals that do not end it, see
+    ``EngineLoop.cut``), and the blocks in use grow by each step's new blocks (a request needs one where its
+    token count crosses a block boundary)."""
+
+    def __init__(self, start_s: float, num_steps: int, affine: tuple[float, float] | None,
+                 durations: np.ndarray | None, waiting: int, running: int, used: int, cumulative: list[int],
+                 batch: int) -> None:
+        self.start_s = start_s
+        #: Steps of the run (less when it was cut).
+        self.num_steps = num_steps
+        self.affine = affine
+        self.starts: np.ndarray | None = None
+        if affine is None and durations is not None:
+            self.starts = start_s + np.concatenate(([0.0], np.cumsum(durations[:num_steps])))
+        self.waiting = waiting
+        self.running = running
+        self.used = used
+        #: ``cumulative[r]``: new blocks of steps ``1..r`` (r < block size); each further block size of steps
+        #: adds ``batch``.
+        self.cumulative = cumulative
+        self.batch = batch
+        #: When each request added to the waiting queue during the run was added.
+        self.adds: list[float] = []
+
+    def boundary_s(self, j: int) -> float:
+        """When step ``j`` of the run starts."""
+        if self.affine is not None:
+            first, increment = self.affine
+            return self.start_s + (j * first + increment * j * (j - 1) / 2)
+        assert self.starts is not None
+        return float(self.starts[j])
+
+    def last_boundary(self, at_s: float) -> int:
+        """The last step of the run (0 to ``num_steps - 1``) that starts at or before ``at_s``."""
+        k = self.num_steps
+        if self.affine is None:
+            assert self.starts is not None
+            return max(0, min(k - 1, int(np.searchsorted(self.starts[:k], at_s, side="right")) - 1))
+        first = self.affine[0]
+        j = min(k - 1, max(0, int((at_s - self.start_s) / first))) if first > 0 else k - 1
+        while j > 0 and self.boundary_s(j) > at_s:
+            j -= 1
+        while j < k - 1 and self.boundary_s(j + 1) <= at_s:
+            j += 1
+        return j
+
+    def metrics(self, j: int, block_size: int) -> tuple[int, int, int]:
+        """(waiting, running, blocks in use) published at step ``j >= 1``'s boundary."""
+        m = j - 1  # the steps after the first whose blocks are in use by then
+        used = self.used + (m // block_size) * self.batch + self.cumulative[m % block_size]
+        at = self.boundary_s(j)
+        return self.waiting + sum(1 for t in self.adds if t <= at), self.running, used
+
+
+class EngineLoop:
+    """One engine's SimPy process and its per-engine state: the single engine's (``Simulation``) and each
+    replica's of a fleet (``sim.fleet``), the same loop.
+
+    The engine keeps its own clock and hands control back to SimPy only when an arrival it may receive is due (or
+    it must sleep): deadlines are the engine's own, so steps between two arrivals need no SimPy event.  At each
+    step boundary it expires client deadlines, asks the core for a step (or a run of identical decode steps that
+    ends before the next event) and holds the clock for its duration.
+
+    ``feed``: the arrival times it may receive requests at; the arrivals process advances ``feed.next`` and calls
+    :meth:`add` for each request that comes here.  ``own_feed`` False (a fleet whose router decides at each arrival
+    which replica gets it): the feed is every fleet arrival, most of which go elsewhere, so a run of decode steps
+    is not bounded by them; an arrival routed here ends the run at that arrival (:meth:`cut`), exactly as a bound
+    known in advance would have (``EngineCore.cut_run``).  The run's end is applied only once no arrival before it
+    can come (or when cut).  ``store``: the run's requests (live state, request table).
+
+    Published for a router (set by the fleet, package-internal): ``ended_pub`` (requests ended by the last
+    boundary; with ``dirty`` the engine's ``index`` is appended to it when that count changes) and, when
+    ``history`` is a deque, (time, waiting, running, blocks in use, run) at each boundary, ``run`` a
+    :class:`RunRecord` for a run's inner boundaries or None."""
+
+    def __init__(self, core: EngineCore, store: RequestStore, feed: Feed, max_sim_time_s: float = math.inf,
+                 own_feed: bool = True, index: int = 0) -> None:
+        self.core = core
+        self.scheduler = core.scheduler
+        self.store = store
+        self.feed = feed
+        self.own_feed = own_feed
+        self.index = index
+        self.max_sim_time_s = max_sim_time_s
+        #: Requests added here, and those of them ended (recorded in ``store``) or in ``scheduler.finished``.
+        self.assigned = 0
+        self.done = 0
+        self.deadlines: list[tuple[float, int]] = []
+        self.wake: simpy.Event | None = None
+        self.aborted: str | None = None
+        self.progress: Callable[[Progress], None] | None = None
+        self.progress_every_s = 2.0
+        #: The process (for :meth:`cut`) and the end of the run it waits out, if any (else -1).
+        self.process_handle: simpy.Process | None = None
+        self.pending_end = -1.0
+        self.cut_end = 0.0
+        self.ended_pub = 0
+        self.dirty: list[int] | None = None
+        self.history: deque | None = None
+        self.run_record: RunRecord | None = None
+
+    def add(self, req: Request, now: float) -> None:
+        """A request that comes here arrives (after ``feed.next`` was advanced past it)."""
+        self.assigned += 1
+        scheduler = self.scheduler
+        scheduler.add_request(req, now)
+        if req.deadline < math.inf:
+            heapq.heappush(self.deadlines, (req.deadline, req.index))
+        record = self.run_record
+        if record is not None and req.status == Status.WAITING:
+            record.adds.append(now)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def cut(self, now: float) -> None:
+        """An arrival at ``now`` comes here: a run of decode steps still under way ends at the first step boundary at
+        or after it (the engine's clock moves back to that boundary), as if the arrival had been known when the run
+        began.  Called before :meth:`add`; a no-op for a step that ends by then or cannot be cut."""
+        if self.pending_end <= now:
+            return
+        core = self.core
+        pending = core._pending
+        assert pending is not None
+        steps = pending.num_steps
+        start = core._pending_start
+        result = core.cut_run(now)
+        # The run's end is known now (a later arrival cannot end it sooner): applied before the arrival is added,
+        # as the single engine applies a step before the arrivals during it.
+        self.pending_end = -1.0
+        if result.num_steps < steps:
+            record = self.run_record
+            if record is not None:
+                record.num_steps = result.num_steps
+            end = start + result.duration_s
+            self.cut_end = end
+            core.end_step(end)
+            self.process_handle.interrupt()
+        else:
+            core.end_step(start + pending.duration_s)
+
+    def drain(self) -> None:
+        """Ended requests to the request table."""
+        finished = self.scheduler.finished
+        if finished:
+            self.done += len(finished)
+            self.store.record(finished)
+
+    def pending(self) -> bool:
+        """Requests may still come, or some that came have not ended."""
+        feed = self.feed
+        return feed.next < feed.total or self.done + len(self.scheduler.finished) < self.assigned
+
+    def next_event_s(self) -> float:
+        """The next arrival (of the own feed), client deadline or load landing."""
+        feed = self.feed
+        nxt = float(feed.times[feed.next]) if self.own_feed and feed.next < feed.total else math.inf
+        if self.deadlines and self.deadlines[0][0] < nxt:
+            nxt = self.deadlines[0][0]
+        # An asynchronous load from the CPU tier landing makes its request schedulable.
+        return min(nxt, self.scheduler.next_load_ready_s())
+
+    def expire_deadlines(self, now: float) -> None:
+        scheduler = self.scheduler
+        live = self.store.live
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, index = heapq.heappop(self.deadlines)
+            req = live.get(index)
+            if req is None:
+                continue  # it ended already
+            status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
+            scheduler.abort(req, status, deadline)
+
+    def metrics_at(self, at_s: float) -> tuple[int, int, int]:
+        """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
+        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call)."""
+        history = self.history
+        assert history is not None
+        while len(history) > 1 and history[1][0] <= at_s:
+            history.popleft()
+        t, waiting, running, used, run = history[0]
+        if run is not None and run.num_steps > 1:
+            j = run.last_boundary(at_s)
+            if j >= 1:
+                return run.metrics(j, self.scheduler.block_size)
+        return waiting, running, used
+
+    def _record_run(self, now: float, num_steps: int) -> None:
+        """A run of ``num_steps`` decode steps began at ``now``: its inner boundaries for ``history``."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        cols = scheduler._columns
+        seg = len(cols) if cols is not None else 0
+        rest = np.fromiter((r.num_tokens for r in (running[seg:] if seg else running)), dtype=np.int64,
+                           count=len(running) - seg)
+        tokens = np.concatenate((cols.computed + 1, rest)) if seg else rest
+        bs = scheduler.block_size
+        per_residue = np.bincount(((-tokens) % bs + 1) % bs, minlength=bs)
+        steps = per_residue[np.arange(1, bs) % bs]
+        cumulative = [0, *np.cumsum(steps).tolist()]
+        affine, durations = self.core.run_starts()
+        record = RunRecord(now, num_steps, affine, durations, len(scheduler.waiting), len(running),
+                           scheduler.pool.num_used, cumulative, len(running))
+        self.run_record = record
+        self.history.append((record.boundary_s(1), record.waiting, record.running, record.used, record))
+
+    def process(self, env: simpy.Environment):
+        """The engine's SimPy process: steps until every request that came (and may still come) ended."""
+        core = self.core
+        scheduler = self.scheduler
+        feed = self.feed
+        times = feed.times
+        total = feed.total
+        deadlines = self.deadlines
+        finished = scheduler.finished
+        own_feed = self.own_feed
+        dirty = self.dirty
+        history = self.history
+        pool = scheduler.pool
+        inf = math.inf
+        wall0 = time.perf_counter()
+        last_report = wall0
+        clock = env.now
+        while feed.next < total or self.done + len(finished) < self.assigned:
+            if len(finished) > 256:
+                self.drain()
+            if env.now < clock and feed.next < total and times[feed.next] <= clock:
+                yield env.timeout(clock - env.now)
+            now = clock
+            if now > self.max_sim_time_s:
+                break
+            if deadlines and deadlines[0][0] <= now:
+                self.expire_deadlines(now)
+                if not (feed.next < total or self.done + len(finished) < self.assigned):
+                    break  # the last requests ended by client deadline
+            if dirty is not None:
+                ended = self.done + len(finished)
+                if ended != self.ended_pub:
+                    self.ended_pub = ended
+                    dirty.append(self.index)
+                if history is not None:
+                    # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
+                    self.run_record = None
+                    history.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
+            step = None
+            if scheduler.has_unfinished():
+                deadline = deadlines[0][0] if deadlines else inf
+                nxt = float(times[feed.next]) if own_feed and feed.next < total else inf
+                try:
+                    step = core.begin_step(now, min(nxt, deadline, scheduler.next_load_ready_s()), deadline)
+                except EngineAborted as exc:
+                    self.aborted = str(exc)
+                    break
+            if step is None:
+                # Idle (or stuck until an arrival or deadline frees something): sleep until the next event.  Behind
+                # a router that decides at arrival time, through the fleet's arrivals: one that comes here wakes it
+                # (``add``), as an arrival wakes the single engine.
+                if env.now < clock:
+                    yield env.timeout(clock - env.now)
+                nxt = self.next_event_s()
+                if nxt == inf:
+                    if feed.next >= total:
+                        self.aborted = self.aborted or "no request can make progress"
+                        break
+                self.wake = env.event()
+                if nxt < inf:
+                    yield self.wake | env.timeout(nxt - now)
+                else:
+                    yield self.wake
+                self.wake = None
+                clock = env.now
+                continue
+            clock = now + step.duration_s
+            if history is not None and step.num_steps > 1:
+                self._record_run(now, step.num_steps)
+            if (not own_feed and step.num_steps > 1 and feed.next < total and times[feed.next] < clock
+                    and not scheduler.arrivals_join_blocked_queue()):
+                # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
+                self.pending_end = clock
+                try:
+                    yield env.timeout(clock - env.now)
+                except simpy.Interrupt:
+                    clock = self.cut_end  # cut by an arrival, and ended there (``cut``)
+                    continue
+                if self.pending_end < 0.0:
+                    continue  # ended by ``cut`` (an arrival in its last step)
+                self.pending_end = -1.0
+            core.end_step(clock)
+            if self.progress is not None:
+                wall = time.perf_counter()
+                if wall - last_report >= self.progress_every_s:
+                    last_report = wall
+                    self.progress(Progress(clock, self.done + len(finished), total, wall - wall0))
+
+
 class Simulation:
     """One simulated run of a workload on one engine config."""
 
@@ -103,17 +538,8 @@ class Simulation:
         ``True`` (the default) ``self.requests`` holds every request's final state.
         ``decode_columns=False`` keeps the running batch as Request objects only (the slow path the decode
         columns are checked against; see sim/engine/decode_columns.py)."""
-        if isinstance(config, EnginePlan):
-            if latency is not None or coefficients is not None:
-                raise ValueError("Simulation: a plan has its latency model; give latency/coefficients to resolve_engine")
-            plan = config
-        else:
-            plan = resolve_engine(config, model, gpu, latency=latency, coefficients=coefficients)
-        resolved = plan.config
-        predicted = (
-            predicted_output_lengths(workload, resolved.admission_quantile)
-            if resolved.admission_policy == "predicted" else None
-        )
+        plan = plan_for(config, model, gpu, latency, coefficients)
+        predicted = predicted_output_for(workload, plan.config)
         built = build_engine(
             plan, model, gpu, predicted_output=predicted,
             record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer,
@@ -134,224 +560,46 @@ class Simulation:
         self.keep_requests = keep_requests
         if step_sink is not None and not record_steps:
             self.core.on_rows = lambda rows: step_sink(step_table(rows))
-        self._load_columns(workload, seed)
-        #: Requests created (at arrival) and not yet ended, by index; with ``keep_requests`` every request.
-        self._live: dict[int, Request] = {}
-        self.requests: list[Request] = self._all_requests() if keep_requests else []
-        self._done = 0
+        self.store = RequestStore(workload, self.config, seed, self.hash_block_tokens,
+                                  self.core.scheduler.predicted_output, keep_requests)
+        self.log = self.store.log
+        #: Requests created (at arrival) and not yet ended, by index (the store's).
+        self._live = self.store.live
+        self.requests: list[Request] = self.store.requests
         scheduler = self.core.scheduler
-        if scheduler.pool.enable_caching and any(self._keys):
+        if scheduler.pool.enable_caching and any(self.store.keys):
             scheduler.share_prefixes()
-        self._deadlines: list[tuple[float, int]] = []
-        self._next_arrival = 0
+        self.feed = Feed(self.store.arrivals_s)
         self.env = simpy.Environment()
-        self._wake: simpy.Event | None = None
-        self._aborted: str | None = None
+        self.end_s = 0.0
 
-    def _load_columns(self, workload: Workload, seed: int) -> None:
-        """The workload's columns as arrays (a request's live state is made from them when it arrives) and the
-        request table's arrays."""
-        df = workload.requests
-        self._timeout_at, self._cancel_at = workload.client_deadlines(seed)
-        self._priorities = workload.priorities()
-        self._predicted = self.core.scheduler.predicted_output
-        self._ids = df["request_id"].to_numpy()
-        self._classes = df["class"].astype(str).to_numpy()
-        self._arrivals_s = df["arrival_s"].to_numpy(dtype=float)
-        self._prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
-        self._outputs = df["output_tokens"].to_numpy(dtype=np.int64)
-        #: All requests' prefix keys in one int64 array and where each request's start (None: not made).
-        self._key_array: np.ndarray | None = None
-        self._key_starts: list[int] = []
-        self._keys = self._prefix_keys(df, self._prompts)
-        self.log = RequestLog(self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs)
-        #: The columns of requests ``[_lists_start, _lists_start + LIST_CHUNK)`` as Python lists (see _request).
-        self._lists: list[list] = []
-        self._lists_start = -1
-
-    def _request(self, i: int) -> Request:
-        """Request ``i``'s live state (made once; with ``keep_requests`` all are made up front)."""
-        req = self._live.get(i)
-        if req is None:
-            # From Python lists (indexing the numpy columns element by element costs more than the request), a
-            # chunk of requests at a time: arrivals come in index order, and the lists of all columns of a million
-            # requests took ~120 MB of that case's peak.
-            start = i - i % LIST_CHUNK
-            if start != self._lists_start:
-                self._lists = [c[start:start + LIST_CHUNK].tolist() for c in self._columns()]
-                self._lists_start = start
-            ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = self._lists
-            j = i - start
-            req = self._live[i] = self._new_request(
-                i, ids[j], classes[j], arrivals[j], prompts[j], outputs[j], priorities[j], timeout_at[j],
-                cancel_at[j], self._keys[i])
-        return req
-
-    def _columns(self) -> tuple[np.ndarray, ...]:
-        """The columns a request's live state is made from, in :meth:`_new_request`'s order."""
-        return (self._ids, self._classes, self._arrivals_s, self._prompts, self._outputs, self._priorities,
-                self._timeout_at, self._cancel_at)
-
-    def _all_requests(self) -> list[Request]:
-        """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
-        (indexing the numpy columns element by element, as :meth:`_request` does, costs more than the request)."""
-        reqs = [self._new_request(i, *row)
-                for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), self._keys))]
-        self._live.update(enumerate(reqs))
-        return reqs
-
-    def _new_request(self, i: int, request_id: int, cls: str, arrival_s: float, prompt: int, output: int,
-                     priority: int, timeout_at: float, cancel_at: float, keys: tuple[int, ...]) -> Request:
-        predicted = self._predicted
-        req = Request(
-            index=i, request_id=request_id, class_name=cls, arrival_s=arrival_s, prompt_tokens=prompt,
-            output_tokens_target=output, max_model_len=self.config.max_model_len, priority=priority,
-            predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
-            prefix_keys=keys,
-        )
-        if keys and self._key_array is not None:
-            start = self._key_starts[i]
-            req.prefix_array = self._key_array[start:start + len(keys)]
-        return req
-
-    def _drain(self) -> None:
-        """Ended requests: their rows go to the request table's arrays and their live state is dropped."""
-        finished = self.core.scheduler.finished
-        if not finished:
-            return
-        self.log.record_all(finished)
-        if not self.keep_requests:
-            live = self._live
-            for req in finished:
-                live.pop(req.index, None)
-        self._done += len(finished)
-        finished.clear()
-
-    def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
-        """Per request, the block hashes of its leading full prompt blocks from the trace's ``hash_ids`` (each id
-        names one ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's
-        traces): kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``, and hash ``2 * key`` (even:
-        see :func:`~sim.engine.prefix_pool.block_hash`).  Requests without ids share nothing."""
-        if "hash_ids" not in df.columns or not self.config.enable_prefix_caching:
-            return [()] * len(df)
-        block_size = self.config.block_size
-        if self.hash_block_tokens // block_size < 1 or self.hash_block_tokens % block_size:
-            raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
-                                            f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
-        column = df["hash_ids"].to_numpy()
-        found = _prefix_hash_array(column, prompts, block_size, self.hash_block_tokens)
-        if found is None:
-            return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
-        # Each request's keys are also handed to it as a view of the one array (Request.prefix_array), so that the
-        # prefix pool does not convert its tuple: that conversion was ~30% of the elements the prefix case turned
-        # from lists into arrays (benchmarks/tools/compiled_profile.py --case prefix).
-        self._key_array, ends = found
-        self._key_starts = [0, *ends[:-1]]
-        return _key_tuples(*found)
-
-    # ---- processes -------------------------------------------------------------------------------------
-    def _arrivals(self, env: simpy.Environment):
-        scheduler = self.core.scheduler
-        arrivals = self._arrivals_s
-        for i in range(len(arrivals)):
+    def _arrivals(self, env: simpy.Environment, loop: EngineLoop):
+        store = self.store
+        feed = self.feed
+        arrivals = feed.times
+        for i in range(feed.total):
             delay = float(arrivals[i]) - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            self._next_arrival += 1
-            req = self._request(i)
-            scheduler.add_request(req, env.now)
-            if req.deadline < math.inf:
-                heapq.heappush(self._deadlines, (req.deadline, req.index))
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
-
-    def _next_event_s(self) -> float:
-        arrivals = self._arrivals_s
-        nxt = float(arrivals[self._next_arrival]) if self._next_arrival < len(arrivals) else math.inf
-        if self._deadlines and self._deadlines[0][0] < nxt:
-            nxt = self._deadlines[0][0]
-        # An asynchronous load from the CPU tier landing makes its request schedulable.
-        return min(nxt, self.core.scheduler.next_load_ready_s())
-
-    def _next_deadline_s(self) -> float:
-        return self._deadlines[0][0] if self._deadlines else math.inf
-
-    def _expire_deadlines(self, now: float) -> None:
-        scheduler = self.core.scheduler
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, index = heapq.heappop(self._deadlines)
-            req = self._live.get(index)
-            if req is None:
-                continue  # it ended already
-            status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
-            scheduler.abort(req, status, deadline)
-
-    def _engine(self, env: simpy.Environment):
-        core = self.core
-        scheduler = core.scheduler
-        total = len(self._arrivals_s)
-        wall0 = time.perf_counter()
-        last_report = wall0
-        # The engine keeps its own clock and hands control back to SimPy only when an arrival is due (or it
-        # must sleep): deadlines are the engine's own, so steps between two arrivals need no SimPy event.
-        clock = env.now
-        arrivals = self._arrivals_s
-        finished = scheduler.finished
-        while self._done + len(finished) < total:
-            if len(finished) > 256:
-                self._drain()
-            if env.now < clock and self._next_arrival < total and arrivals[self._next_arrival] <= clock:
-                yield env.timeout(clock - env.now)
-            now = clock
-            if now > self.max_sim_time_s:
-                break
-            self._expire_deadlines(now)
-            if self._done + len(finished) >= total:
-                break  # the last requests ended by client deadline
-            step = None
-            if scheduler.has_unfinished():
-                try:
-                    step = core.begin_step(now, self._next_event_s(), self._next_deadline_s())
-                except EngineAborted as exc:
-                    self._aborted = str(exc)
-                    break
-            if step is None:
-                # Idle (or stuck until an arrival or deadline frees something): sleep until the next event.
-                if env.now < clock:
-                    yield env.timeout(clock - env.now)
-                nxt = self._next_event_s()
-                if nxt == math.inf:
-                    if self._next_arrival >= total:
-                        self._aborted = self._aborted or "no request can make progress"
-                        break
-                self._wake = env.event()
-                if nxt < math.inf:
-                    yield self._wake | env.timeout(nxt - now)
-                else:
-                    yield self._wake
-                self._wake = None
-                clock = env.now
-                continue
-            clock = now + step.duration_s
-            core.end_step(clock)
-            if self.progress is not None:
-                wall = time.perf_counter()
-                if wall - last_report >= self.progress_every_s:
-                    last_report = wall
-                    self.progress(Progress(clock, self._done + len(finished), total, wall - wall0))
+            feed.next += 1
+            loop.add(store.request(i), env.now)
 
     # ---- run -------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         env = self.env
-        env.process(self._arrivals(env))
-        engine = env.process(self._engine(env))
+        # Made here: the core, ``max_sim_time_s`` and ``progress`` may be set after construction.
+        loop = EngineLoop(self.core, self.store, self.feed, self.max_sim_time_s)
+        loop.progress = self.progress
+        loop.progress_every_s = self.progress_every_s
+        env.process(self._arrivals(env, loop))
+        engine = env.process(loop.process(env))
         with FrozenHeap():
             env.run(until=engine)
         self.core.scheduler.sync_requests()  # requests still running: their state out of the decode columns
         # The engine may have run ahead of SimPy's clock after the last arrival.
         self.end_s = max(env.now, self.core.last_step_end)
-        self._drain()
+        loop.drain()
         unfinished = [req for req in self._live.values()
                       if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)]
         settle = self.core.scheduler.settle
@@ -373,7 +621,7 @@ class Simulation:
             makespan_s=makespan,
             wall_s=time.perf_counter() - wall0,
             num_iterations=self.core.num_iterations,
-            aborted=self._aborted,
+            aborted=loop.aborted,
             info={
                 "num_gpu_blocks": self.sizing.num_gpu_blocks,
                 "num_cpu_blocks": self.sizing.num_cpu_blocks,
@@ -382,6 +630,24 @@ class Simulation:
                 "gpu": self.gpu.name,
             },
         )
+
+
+def plan_for(config: EngineConfig | EnginePlan, model: ModelProfile, gpu: GpuProfile,
+             latency: LatencyModel | None = None, coefficients: LatencyCoefficients | None = None) -> EnginePlan:
+    """``config`` resolved for ``model`` on ``gpu`` (``resolve_engine``), or ``config`` itself if it is a plan."""
+    if isinstance(config, EnginePlan):
+        if latency is not None or coefficients is not None:
+            raise ValueError("Simulation: a plan has its latency model; give latency/coefficients to resolve_engine")
+        return config
+    return resolve_engine(config, model, gpu, latency=latency, coefficients=coefficients)
+
+
+def predicted_output_for(workload: Workload, config: EngineConfig) -> dict[str, int] | None:
+    """The predicted admission's per-class output lengths for a resolved ``config`` (None unless its admission
+    policy is ``predicted``)."""
+    if config.admission_policy != "predicted":
+        return None
+    return predicted_output_lengths(workload, config.admission_quantile)
 
 
 class FrozenHeap:

@@ -84,6 +84,10 @@ class EngineCore:
         self._pending: StepResult | None = None
         self.last_step_end = 0.0
         self._pending_start = 0.0
+        #: The pending run's step times, for :meth:`cut_run`: ``(first, increment)`` when affine, else None and
+        #: ``_run_durations`` holds them (one array per run the latency model computed; nothing is copied).
+        self._run_affine: tuple[float, float] | None = None
+        self._run_durations: np.ndarray | None = None
 
     def begin_step(self, now: float, next_event_s: float, next_deadline_s: float | None = None) -> StepResult | None:
         """Schedule a step (or a run of identical decode steps ending before ``next_event_s``).
@@ -163,6 +167,51 @@ class EngineCore:
             self.flush_rows()
         self._flush_if_idle()
 
+    def cut_run(self, horizon_s: float) -> StepResult:
+        """End the pending step (from :meth:`begin_step`, not yet ended) before ``horizon_s``, as if ``horizon_s``
+        had been the next event when it began: a run of decode steps keeps the steps that start before it (at
+        least the first); a single step is kept whole.  Returns the pending result, cut or not.
+
+        A run's steps after its first depend on nothing but the latency model and the batch (that is why they are
+        batched), so the cut run is the run :meth:`begin_step` would have made had it known of ``horizon_s``:
+        the same number of steps, durations and totals (``_decode_run`` bounds a run at the event in the same
+        way, the step count being the smaller of every bound).  A router that decides at arrival time uses it to
+        end a replica's run at an arrival routed there, and only then (``sim.runner.EngineLoop.cut``)."""
+        result = self._pending
+        assert result is not None, "cut_run without begin_step"
+        k = result.num_steps
+        if k <= 1:
+            return result
+        now = self._pending_start
+        affine = self._run_affine
+        if affine is not None:
+            limit = _affine_steps_before(affine[0], affine[1], horizon_s - now, k)
+            if limit >= k:
+                return result
+            if limit <= 1:
+                cut = StepResult(result.output, result.first_s, 1)
+            else:
+                total = limit * affine[0] + affine[1] * limit * (limit - 1) / 2
+                cut = StepResult(result.output, total, limit, result.first_s, affine[0] + affine[1] * (limit - 1))
+        else:
+            durations = self._run_durations
+            assert durations is not None
+            starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+            limit = max(1, min(k, int(np.searchsorted(starts, horizon_s, side="left"))))
+            if limit >= k:
+                return result
+            if limit <= 1:
+                cut = StepResult(result.output, result.first_s, 1)
+            else:
+                cut = StepResult(result.output, float(durations[:limit].sum()), limit, result.first_s,
+                                 float(durations[limit - 1]))
+        self._pending = cut
+        return cut
+
+    def run_starts(self) -> tuple[tuple[float, float] | None, np.ndarray | None]:
+        """The pending run's step times (see :meth:`cut_run`): ``(affine, None)`` or ``(None, durations)``."""
+        return (self._run_affine, None) if self._run_affine is not None else (None, self._run_durations)
+
     def _flush_if_idle(self) -> None:
         """With nothing left to schedule, vLLM runs no further schedule() before update_from_output frees the
         requests that just finished (async scheduling): free them now, not at the next arrival."""
@@ -205,6 +254,7 @@ class EngineCore:
         if batch * -(-(limit - 1) // block_size) > free:
             limit = scheduler.run_block_limit(free, limit)
         affine = self.latency.decode_run_affine(batch, context)
+        self._run_affine = affine
         if affine is not None:
             limit = _affine_steps_before(affine[0], affine[1], next_event_s - now, limit)
             if limit <= 1:
@@ -213,6 +263,7 @@ class EngineCore:
             last = affine[0] + affine[1] * (limit - 1)
         else:
             durations = self.latency.decode_run_times(batch, context, limit)
+            self._run_durations = durations
             if next_event_s < math.inf:
                 starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 k_time = int(np.searchsorted(starts, next_event_s, side="left"))

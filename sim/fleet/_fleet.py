@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -11,17 +12,17 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.engine.build import build_engine
+from sim.engine.build import EnginePlan
 from sim.engine.config import EngineConfig
 from sim.engine.request import Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
-from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS, FrozenHeap, Simulation
+from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, plan_for,
+                        predicted_output_for)
 from sim.tables import step_table
 from sim.workload.workload import Workload
-from sim.fleet._replica import Feed, Replica
 from sim.fleet._routers import Router, make_router
 from sim.fleet._views import ReplicaView, RequestView
 
@@ -93,7 +94,7 @@ class FleetSimulation:
     def __init__(
         self,
         workload: Workload,
-        config: EngineConfig,
+        config: EngineConfig | EnginePlan,
         model: ModelProfile,
         gpu: GpuProfile,
         replicas: int = 1,
@@ -105,7 +106,7 @@ class FleetSimulation:
         record_steps: bool = True,
         max_sim_time_s: float = math.inf,
         batch_decode_runs: bool = True,
-        hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS,
+        hash_block_tokens: int | None = None,
         keep_requests: bool = True,
     ):
         if isinstance(router, Router):
@@ -115,48 +116,53 @@ class FleetSimulation:
         else:
             self.router = make_router(router, router_params, replicas, seed)
         self.router_params = {k: getattr(self.router, k) for k in type(self.router).params}
-        # One Simulation loads the workload (columns, prefix keys, the request table's arrays, requests' live
-        # state) and builds the first replica's engine; the others are built the same way.
-        base = Simulation(
-            workload, config, model, gpu, latency=latency, coefficients=coefficients, seed=seed,
-            record_steps=record_steps, max_sim_time_s=max_sim_time_s, batch_decode_runs=batch_decode_runs,
-            hash_block_tokens=hash_block_tokens, keep_requests=keep_requests,
-        )
-        self.base = base
-        self.config, self.sizing, self.model, self.gpu = base.config, base.sizing, model, gpu
-        self.env = simpy.Environment()
-        self.arrivals_s = base._arrivals_s
-        n = len(self.arrivals_s)
-        cores = [base.core]
-        share = base.core.scheduler.pool.enable_caching and any(base._keys)
-        for _ in range(replicas - 1):
-            core = build_engine(
-                config, model, gpu, latency=base.latency, predicted_output=base.core.scheduler.predicted_output,
-                record_steps=record_steps, batch_decode_runs=batch_decode_runs,
-            ).core
+        # One plan (config resolved, KV sized, latency model picked once), one engine built from it per replica, and
+        # one store of the workload's requests (columns, prefix keys, live state, the request table's arrays).
+        # Prompt tokens per hash_ids entry: the workload's own (its trace option) unless given, as Simulation.
+        hash_block_tokens = workload.hash_block_tokens if hash_block_tokens is None else hash_block_tokens
+        plan = self.plan = plan_for(config, model, gpu, latency, coefficients)
+        predicted = predicted_output_for(workload, plan.config)
+        cores = [plan.build(predicted_output=predicted, record_steps=record_steps,
+                            batch_decode_runs=batch_decode_runs).core for _ in range(replicas)]
+        self.config, self.sizing, self.model, self.gpu = plan.config, plan.sizing, model, gpu
+        self.store = RequestStore(workload, plan.config, seed, hash_block_tokens, predicted, keep_requests)
+        share = cores[0].scheduler.pool.enable_caching and any(self.store.keys)
+        for core in cores:
             core.scheduler.use_decode_columns()  # as Simulation does (decode_columns=True)
             if share:
                 core.scheduler.share_prefixes()
-            cores.append(core)
+        self.env = simpy.Environment()
+        self.arrivals_s = self.store.arrivals_s
+        n = len(self.arrivals_s)
         self.replica_of = np.full(n, -1, dtype=np.int64)
         df = workload.requests
         column = next((c for c in SESSION_COLUMNS if c in df.columns), None)
         self._sessions = df[column].tolist() if column is not None else None
-        self._classes = base._classes
-        self._prompts = base._prompts
-        publish = self.router.needs_state
-        if self.router.needs_state:
-            feed = Feed(self.arrivals_s)
+        self._classes = self.store.classes
+        self._prompts = self.store.prompts
+        state = self.router.needs_state
+        if state:
+            # Decided at each arrival: every replica may receive any arrival (a shared feed); a replica's run of
+            # decode steps ends at an arrival only when it is routed there (EngineLoop.cut).
+            feed = Feed(self.arrivals_s.tolist())
             feeds = [feed] * replicas
-            self._feed = feed
+            self._feed: Feed | None = feed
         else:
             # Routed ahead of the run: each replica looks ahead to its own next arrival only.
             self._preroute()
-            feeds = [Feed(self.arrivals_s[self.replica_of == r]) for r in range(replicas)]
+            feeds = [Feed(self.arrivals_s[self.replica_of == r].tolist()) for r in range(replicas)]
             self._feed = None
-        self.replicas = [Replica(r, core, feeds[r], base._live, base.log, keep_requests, max_sim_time_s, publish,
-                                 own_feed=not self.router.needs_state)
+        self.replicas = [EngineLoop(core, self.store, feeds[r], max_sim_time_s, own_feed=not state, index=r)
                          for r, core in enumerate(cores)]
+        #: Replicas whose published state changed since the router's views were last brought up to date.
+        self._dirty: list[int] = list(range(replicas))
+        self._view_list = [ReplicaView(index=r, routed=0, outstanding=0) for r in range(replicas)]
+        self._reads_metrics = state and self.router.reads_metrics
+        if state:
+            for rep in self.replicas:
+                rep.dirty = self._dirty
+                if self._reads_metrics:
+                    rep.history = deque([(0.0, 0, 0, 0, None)])
         #: In flight per replica, for ``tracks_requests`` routers: request index -> [request, first token seen].
         self._inflight: list[dict[int, list]] = [{} for _ in range(replicas)]
 
@@ -164,7 +170,7 @@ class FleetSimulation:
     def _request_view(self, i: int) -> RequestView:
         return RequestView(
             index=i, arrival_s=float(self.arrivals_s[i]), class_name=str(self._classes[i]),
-            prompt_tokens=int(self._prompts[i]), block_hashes=self.base._keys[i], block_size=self.config.block_size,
+            prompt_tokens=int(self._prompts[i]), block_hashes=self.store.keys[i], block_size=self.config.block_size,
             session_id=None if self._sessions is None else _session(self._sessions[i]),
         )
 
@@ -185,21 +191,28 @@ class FleetSimulation:
 
     def _views(self, now: float) -> list[ReplicaView]:
         """Each replica as the router sees it at ``now``: its own counts exact, the engine's metrics as published
-        at the last step boundary at or before ``now - lag``."""
-        cutoff = now - self.router.metrics_lag
-        views = []
-        for rep in self.replicas:
-            published = rep.published
-            # Boundaries are published in time order, none after ``now`` (a replica yields before publishing one
-            # that lies beyond an arrival it may receive).
-            while len(published) > 1 and published[1][0] <= cutoff:
-                published.popleft()
-            _, waiting, running, used, _ = published[0]
-            ended = published[-1][4]
-            views.append(ReplicaView(
-                index=rep.index, routed=rep.assigned, outstanding=rep.assigned - ended, num_waiting=waiting,
-                num_running=running, kv_usage=used / rep.scheduler.pool.num_blocks,
-            ))
+        at the last step boundary at or before ``now - lag`` (None for a router that reads none).
+
+        Every boundary a replica published lies at or before ``now`` (it yields before one beyond an arrival it
+        may receive).  A boundary inside a run of decode steps is computed from the run (``RunRecord``).  Without
+        metrics the views are kept and only those of replicas whose counts changed are made again."""
+        views = self._view_list
+        replicas = self.replicas
+        if self._reads_metrics:
+            cutoff = now - self.router.metrics_lag
+            for rep in replicas:
+                waiting, running, used = rep.metrics_at(cutoff)
+                views[rep.index] = ReplicaView(
+                    index=rep.index, routed=rep.assigned, outstanding=rep.assigned - rep.ended_pub,
+                    num_waiting=waiting, num_running=running, kv_usage=used / rep.scheduler.pool.num_blocks)
+            self._dirty.clear()
+            return views
+        dirty = self._dirty
+        if dirty:
+            for r in dirty:
+                rep = replicas[r]
+                views[r] = ReplicaView(index=r, routed=rep.assigned, outstanding=rep.assigned - rep.ended_pub)
+            dirty.clear()
         return views
 
     def _notify(self, now: float) -> None:
@@ -220,14 +233,15 @@ class FleetSimulation:
 
     # ---- processes -------------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
-        arrivals = self.arrivals_s
-        base = self.base
+        arrivals = self.arrivals_s.tolist()
+        store = self.store
         router = self.router
         replicas = self.replicas
         feed = self._feed
         tracks = router.tracks_requests
+        dirty = self._dirty
         for i in range(len(arrivals)):
-            delay = float(arrivals[i]) - env.now
+            delay = arrivals[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
             now = env.now
@@ -237,11 +251,15 @@ class FleetSimulation:
                 chosen = self._check(router.route(self._request_view(i), self._views(now)), i)
                 self.replica_of[i] = chosen
                 feed.next += 1
+                rep = replicas[chosen]
+                rep.cut(now)  # a run of decode steps under way there ends at this arrival
+                dirty.append(chosen)
             else:
                 chosen = int(self.replica_of[i])
-                replicas[chosen].feed.next += 1
-            req = base._request(i)
-            replicas[chosen].add(req, now)
+                rep = replicas[chosen]
+                rep.feed.next += 1
+            req = store.request(i)
+            rep.add(req, now)
             if tracks:
                 self._inflight[chosen][i] = [req, False]
         # No more arrivals: a replica asleep until one is routed to it wakes, to end (or to find itself stuck).
@@ -254,7 +272,10 @@ class FleetSimulation:
         wall0 = time.perf_counter()
         env = self.env
         env.process(self._arrivals(env))
-        procs = [env.process(rep.process(env)) for rep in self.replicas]
+        procs = []
+        for rep in self.replicas:
+            rep.process_handle = env.process(rep.process(env))
+            procs.append(rep.process_handle)
         with FrozenHeap():
             env.run(until=simpy.AllOf(env, procs))
         end_s = env.now
@@ -262,13 +283,13 @@ class FleetSimulation:
             rep.scheduler.sync_requests()  # requests still running: their state out of the decode columns
             end_s = max(end_s, rep.core.last_step_end)
             rep.drain()
-        base = self.base
-        unfinished = [req for req in base._live.values() if req.status not in _ENDED]
+        store = self.store
+        unfinished = [req for req in store.live.values() if req.status not in _ENDED]
         for req in unfinished:
             req.status = Status.UNFINISHED
             r = int(self.replica_of[req.index])
             self.replicas[max(r, 0)].scheduler.settle(req)
-        base.log.record_all(unfinished)
+        store.log.record_all(unfinished)
         steps = []
         for rep in self.replicas:
             rep.core.flush_rows()
@@ -276,7 +297,7 @@ class FleetSimulation:
                 table = step_table(rep.core.step_rows)
                 table.insert(0, "replica", rep.index)
                 steps.append(table)
-        requests = base.log.table()
+        requests = store.log.table()
         requests["replica"] = self.replica_of
         end = requests["end_s"].max() if len(requests) else 0.0
         start = requests["arrival_s"].min() if len(requests) else 0.0

@@ -51,6 +51,9 @@ class Router(abc.ABC):
     request's arrival; it returns a replica index.  A router with ``needs_state = False`` decides from the request
     and its own past decisions alone: the fleet routes every request through it before the run (then its views
     carry no load), which lets each replica look ahead to its own next arrival, as a single engine does.
+    A router with ``reads_metrics = False`` reads only its own counts (``routed``, ``outstanding``): its views carry
+    no engine metrics (None), and the fleet neither records the engines' metrics nor makes every replica's view
+    again at each arrival, only those whose counts changed.
     A router with ``tracks_requests = True`` is told when each of its requests' first token and end reach it
     (:meth:`on_first_token`, :meth:`on_complete`), before the next ``route`` call that comes after them.
     """
@@ -60,6 +63,7 @@ class Router(abc.ABC):
     #: The parameters it accepts (``router_params``), with defaults and ranges.
     params: ClassVar[dict[str, Param]] = {}
     needs_state: ClassVar[bool] = True
+    reads_metrics: ClassVar[bool] = True
     tracks_requests: ClassVar[bool] = False
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
@@ -181,6 +185,7 @@ class LeastOutstanding(Router):
     to (sgl-router src/policies/cache_aware.rs, ``worker.load()``)."""
 
     name = "least_outstanding"
+    reads_metrics = False
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         return self._pick_min([r.outstanding for r in replicas])
@@ -218,6 +223,7 @@ class SGLangCacheAware(Router):
     (max_tree_size, default 2**26 characters) is not modelled."""
 
     name = "sglang_cache_aware"
+    reads_metrics = False
     params = {
         "cache_threshold": Param(0.3, 0.0, 1.0),
         "balance_abs_threshold": Param(64, 0, math.inf, integer=True),
@@ -298,6 +304,7 @@ class DynamoKV(Router):
     expiring after ``ttl_s``, default 120 s), not from the engines' KV events."""
 
     name = "dynamo_kv"
+    reads_metrics = False
     tracks_requests = True
     params = {
         "prefill_load_scale": Param(1.0, 0.0, math.inf),
