@@ -36,6 +36,7 @@ _COUNTERS = (
     ("swapped_in_blocks", "swapped_in_blocks", np.int64),
     ("kv_blocks_peak", "kv_blocks_peak", np.int64),
     ("prefix_hit_tokens", "prefix_hit_tokens", np.int64),
+    ("preempted_hit_tokens", "preempted_hit_tokens", np.int64),
     ("max_itl_s", "max_itl_s", np.float64),
     ("preempted_s", "preempted_s", np.float64),
 ) + tuple((c, c, np.float64) for c in REQUEST_TIME_COLUMNS)
@@ -110,6 +111,9 @@ class RequestLog:
             "swapped_in_blocks": c["swapped_in_blocks"],
             "kv_blocks_peak": c["kv_blocks_peak"],
             "prefix_hit_tokens": c["prefix_hit_tokens"],
+            # Not one of REQUEST_COLUMNS (like ``capped``; a replay cannot see it): hits of lookups after a preemption,
+            # which vLLM does not export (``prefix_hit_tokens`` is the first admission's, as vllm:prefix_cache_hits).
+            "preempted_hit_tokens": c["preempted_hit_tokens"],
             "max_itl_s": c["max_itl_s"],
             "preempted_s": c["preempted_s"],
             **{name: c[name] for name in REQUEST_TIME_COLUMNS},

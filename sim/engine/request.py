@@ -39,8 +39,8 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids", "blocks_freed",
-        "appended_tokens",
+        "prefix_hit_tokens", "preempted_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids",
+        "blocks_freed", "appended_tokens",
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
         "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
     )
@@ -89,7 +89,12 @@ class Request:
         self.swapped_out_blocks = 0
         self.swapped_in_blocks = 0
         self.kv_blocks_peak = 0
+        #: Prefix-cache hit tokens as vLLM counts them (``vllm:prefix_cache_hits``, the request's ``num_cached_tokens``):
+        #: its lookup before any preemption.  A previously preempted request's lookups (which mostly re-hit its own
+        #: surviving blocks) go to ``preempted_hit_tokens``, vLLM's ``PrefixCacheStats.preempted_hits``, which
+        #: /metrics does not export (v1/core/kv_cache_manager.py, v1/metrics/stats.py ``PrefixCacheStats.record``).
         self.prefix_hit_tokens = 0
+        self.preempted_hit_tokens = 0
         self.processed_tokens = 0
         #: Hashes of the leading prompt blocks other requests may share (from the trace's ``hash_ids``; even, see
         #: :func:`~sim.engine.prefix_pool.block_hash`).

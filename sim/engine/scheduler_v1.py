@@ -146,7 +146,12 @@ class V1Scheduler(BaseScheduler):
         pool.allocate(total - gpu_hit)
         req.blocks = total
         req.num_computed_tokens = computed
-        req.prefix_hit_tokens += gpu_hit * self.block_size
+        # vLLM records a lookup by a previously preempted request apart (PrefixCacheStats.preempted_hits, not
+        # exported); vllm:prefix_cache_hits and the request's num_cached_tokens are the first admission's.
+        if req.num_preemptions:
+            req.preempted_hit_tokens += gpu_hit * self.block_size
+        else:
+            req.prefix_hit_tokens += gpu_hit * self.block_size
 
     def _admit_loaded(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool:
         """Admit a request whose load has landed: it holds the blocks of its computed tokens already."""

@@ -213,7 +213,7 @@ def test_shared_prefix_blocks(workload, config_and_runs):
     for req in sim.requests:
         if req.status == Status.FINISHED:
             full = req.prompt_tokens + req.num_output_tokens - 1 + req.recomputed_tokens
-            assert full - req.prefix_hit_tokens <= req.processed_tokens <= full
+            assert full - req.prefix_hit_tokens - req.preempted_hit_tokens <= req.processed_tokens <= full
     steps = result.steps
     stepped = int((steps["prefill_tokens_new"] + steps["prefill_tokens_recompute"] + steps["decode_tokens"]).sum())
     assert stepped == sum(r.processed_tokens for r in sim.requests)
@@ -229,7 +229,7 @@ def test_batched_decode_runs_match_single_steps_with_shared_prefixes(workload, c
     _, batched = _run_checked(workload, config, True, hash_block_tokens=32)
     _, single = _run_checked(workload, config, False, hash_block_tokens=32)
     cols = ["status", "generated_tokens", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens",
-            "swapped_out_blocks"]
+            "preempted_hit_tokens", "swapped_out_blocks"]
     assert batched.requests[cols].equals(single.requests[cols])
     for col in ("first_token_s", "end_s"):
         assert np.allclose(batched.requests[col].fillna(-1), single.requests[col].fillna(-1), rtol=0, atol=1e-9)
