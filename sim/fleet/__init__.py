@@ -1,7 +1,7 @@
 """A fleet of engine replicas behind a router, in one simulation.
 
 N replicas of one engine config (each the V1/V0 engine of ``sim.engine``, with its own KV cache and prefix cache,
-built by ``sim.engine.build.build_engine``) share one SimPy clock behind a router that places each arriving
+built from one ``sim.engine.build.resolve_engine`` plan: ``plan.build()`` per replica) share one SimPy clock behind a router that places each arriving
 request on one of them::
 
     from sim.fleet import simulate_fleet
@@ -32,15 +32,26 @@ and raises ``sim.errors.ConfigError`` naming ``router``, ``replicas`` or ``route
   lowest recent request rate for requests without one.
 
 What a router sees (:class:`ReplicaView`): its own counts (``routed``; ``outstanding``: sent, response not ended
-by the arrival) exactly, and each engine's metrics (``num_waiting``, ``num_running``, ``kv_usage``) as published at
-the last step boundary at or before the arrival less the router's ``metrics_lag_s``; never anything later.  Prefix
-routers keep their own approximate index of the block hashes they sent where (no engine introspection).
+by the replica's last step boundary at or before the arrival) exactly, and each engine's metrics (``num_waiting``,
+``num_running``, ``kv_usage``) as published at the last step boundary at or before the arrival less the router's
+``metrics_lag_s``; never anything later.  A boundary inside a run of identical decode steps shows what stepping one
+iteration at a time would have published (``sim.runner.RunRecord``: queue lengths constant but for arrivals
+queued there, KV blocks grown by each step's new blocks).  A router with ``reads_metrics = False``
+(``least_outstanding``, ``sglang_cache_aware``, ``dynamo_kv``) is shown no metrics (None).  Prefix routers keep
+their own approximate index of the block hashes they sent where (no engine introspection).
 
-Speed (``benchmarks/fleet_speed.py``): a router that reads no engine state (``round_robin``,
-``session_affinity``: ``Router.needs_state = False``) is run ahead of the simulation, so each replica looks ahead
-to its own arrivals as the single engine does.  One that reads state is asked at each arrival, with a view of every
-replica (O(N) per arrival), and every busy replica's run of identical decode steps ends at every fleet arrival
-(any of them may be routed to it), so it costs more with more replicas.
+Each replica is the single engine's own loop (``sim.runner.EngineLoop``, one copy for both) over one shared store
+of the workload's requests (``sim.runner.RequestStore``).
+
+Speed (``benchmarks/fleet_speed.py``; figures in benchmarks/speed/README.md, "Fleet speed"): a router that reads
+no engine state (``round_robin``, ``session_affinity``: ``Router.needs_state = False``) is run ahead of the
+simulation, so each replica looks ahead to its own arrivals as the single engine does.  One that reads state is
+asked at each arrival.  A busy replica's run of identical decode steps is not cut at arrivals routed elsewhere:
+it is bounded by its own deadlines only, its end applied once no fleet arrival before it remains, and an arrival
+routed to it ends it at that arrival (``EngineLoop.cut`` / ``EngineCore.cut_run``: the steps that start before
+the arrival, exactly what the bound known in advance gives, so one replica still reproduces ``simulate``).  Views
+are remade only for replicas whose counts changed, unless the router reads metrics (then every replica's, O(N)
+per arrival).
 
 A replica that aborts (as vLLM aborts on a lack of swap space) stays behind the router; what is routed to it is
 left unfinished.  The fleet has no progress callback and no streamed step sink yet.
