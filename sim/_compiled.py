@@ -27,6 +27,8 @@ from pathlib import Path
 COMPILED = (
     "sim.engine.request",
     "sim.engine.kv_cache",
+    "sim.engine.scheduler_output",
+    "sim.engine.waiting_queue",
     "sim.engine.scheduler_base",
     "sim.engine.scheduler_v1",
     "sim.engine.scheduler_v0",

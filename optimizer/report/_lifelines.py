@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from sim.engine.scheduler_base import split_tokens
+from sim.engine.scheduler_output import split_tokens
 
 #: Requests a lifeline chart shows (the most preempted ones).
 MAX_LIFELINES = 8

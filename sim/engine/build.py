@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Union
 
 from sim.engine.config import EngineConfig
 from sim.engine.core import EngineCore, make_scheduler
-from sim.engine.scheduler_base import SchedulerOutput
+from sim.engine.scheduler_output import SchedulerOutput
 from sim.engine.sizing import KVSizing, size_kv_cache, with_gpu_blocks
 from sim.latency import LatencyCoefficients, LatencyModel, RooflineModel, ScaledLatency
 from sim.profiles import GpuProfile, ModelProfile

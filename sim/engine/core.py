@@ -16,7 +16,8 @@ from typing import Callable
 import numpy as np
 
 from sim.engine.config import EngineConfig
-from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
+from sim.engine.scheduler_base import BaseScheduler
+from sim.engine.scheduler_output import SchedulerOutput
 from sim.engine.scheduler_v0 import V0Scheduler
 from sim.engine.scheduler_v1 import V1Scheduler
 from sim.latency import PART_NAMES, LatencyModel, StepParts

@@ -1,15 +1,16 @@
 """What both scheduler flavors share: queues, the step's bookkeeping, finishing, aborting and preemption.
 
+The step's output (:class:`SchedulerOutput`, :func:`split_tokens`) is in ``sim/engine/scheduler_output.py`` and the
+waiting queue (:class:`WaitingQueue`) in ``sim/engine/waiting_queue.py``; both are importable from here as before.
+
 The split follows vLLM's v1 core (vllm/v1/core/sched/scheduler.py): ``schedule()`` decides what runs in a
 step; ``update_from_output()`` applies the step's result once the latency model has said how long it took.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from abc import ABC, abstractmethod
-from collections import deque
 from itertools import repeat
 from typing import Callable
 
@@ -20,7 +21,8 @@ from sim.engine.decode_columns import DecodeColumns
 from sim.engine.kv_cache import CpuBlockTier, GpuBlockPool
 from sim.engine.prefix_pool import PrefixBlockPool
 from sim.engine.request import Request, Status
-from sim.latency import StepShape
+from sim.engine.scheduler_output import SchedulerOutput, split_tokens
+from sim.engine.waiting_queue import WaitingQueue
 
 #: Smallest segment the decode columns take on.  Their per-step work is a few compiled calls
 #: (sim/engine/_column_kernels.py, ~1 us each), but joining and writing back cost Python per request, so a
@@ -32,96 +34,6 @@ DECODE_COLUMNS_MIN = 48
 #: Steady decodes that join an existing segment together (fewer wait in the object path: a join costs a few
 #: numpy calls whatever its size).
 DECODE_COLUMNS_JOIN = 4
-
-
-class SchedulerOutput:
-    """One step's decision, with the token accounting the step table needs.  (A plain class, made anew by every
-    ``schedule()``: see :class:`~sim.latency.StepShape` on why not a dataclass.)"""
-
-    def __init__(self) -> None:
-        self.scheduled: list[tuple[Request, int]] = []
-        self.preempted: list[Request] = []
-        self.num_admitted = 0
-        self.prefill_tokens_new = 0
-        self.prefill_tokens_recompute = 0
-        self.decode_tokens = 0
-        self.swap_out_blocks = 0
-        self.swap_in_blocks = 0
-        self.swap_copies = 0
-        self.shape = StepShape()
-        #: True when this step is pure decode of every running request, nothing admitted or preempted, and
-        #: whatever stopped admission cannot change until a request finishes (so identical steps can be batched).
-        self.steady_decode = False
-        #: Fewest outputs any running request still has to produce, when the scheduler computed it (else 0).
-        self.min_remaining_outputs = 0
-        #: How many leading entries of ``scheduled`` the decode fast path scheduled (one decode token each, see
-        #: :meth:`BaseScheduler._schedule_decode_prefix`); it leaves their processed-token count to
-        #: update_from_output.
-        self.bulk_decode = 0
-        #: ``(new prefill, recompute, decode)`` tokens of each entry of ``scheduled`` after the bulk ones, split when
-        #: it was scheduled (``split_tokens``), so that the step's time is attributed without splitting again.
-        self.splits: list[tuple[int, int, int]] = []
-        #: How many of the bulk entries are the scheduler's decode columns (updated as arrays).
-        self.columnar = 0
-
-
-def split_tokens(req: Request, num_new: int) -> tuple[int, int, int]:
-    """``(new prefill, recompute, decode)`` tokens among the ``num_new`` scheduled for ``req`` from its current
-    ``num_computed_tokens``: below ``high_water`` is recompute, then prompt tokens are new prefill, the rest decode."""
-    computed = req.num_computed_tokens
-    end = computed + num_new
-    high = req.high_water
-    recompute = min(end, high) - computed
-    if recompute < 0:
-        recompute = 0
-    prefill_new = min(end, req.prompt_tokens) - (computed if computed > high else high)
-    if prefill_new < 0:
-        prefill_new = 0
-    return prefill_new, recompute, num_new - recompute - prefill_new
-
-
-class WaitingQueue:
-    """FCFS deque, or a heap on ``(priority, arrival, index)`` for the priority policy (vLLM's
-    ``create_request_queue``)."""
-
-    def __init__(self, priority: bool):
-        self.priority = priority
-        self._deque: deque[Request] = deque()
-        self._heap: list[tuple[int, float, int, Request]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.priority else len(self._deque)
-
-    def __iter__(self):
-        if self.priority:
-            return iter(r for *_, r in sorted(self._heap, key=lambda e: e[:3]))
-        return iter(self._deque)
-
-    def add(self, req: Request) -> None:
-        if self.priority:
-            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.index, req))
-        else:
-            self._deque.append(req)
-
-    def prepend(self, req: Request) -> None:
-        """Preempted requests go back to the front (the heap orders them by key anyway)."""
-        if self.priority:
-            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.index, req))
-        else:
-            self._deque.appendleft(req)
-
-    def peek(self) -> Request:
-        return self._heap[0][3] if self.priority else self._deque[0]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3] if self.priority else self._deque.popleft()
-
-    def remove(self, req: Request) -> None:
-        if self.priority:
-            self._heap = [e for e in self._heap if e[3] is not req]
-            heapq.heapify(self._heap)
-        else:
-            self._deque.remove(req)
 
 
 class BaseScheduler(ABC):

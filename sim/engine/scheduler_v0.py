@@ -14,7 +14,8 @@ from collections import deque
 
 from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
-from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
+from sim.engine.scheduler_base import BaseScheduler
+from sim.engine.scheduler_output import SchedulerOutput
 from sim.errors import EngineAborted
 
 #: block_manager.py: ``watermark: float = 0.01``.
