@@ -160,19 +160,23 @@ class SimBackend(TrialBackend):
         ``keep_steps`` (default: ``record_steps``): keep the step table in the result; without it the step table
         is collected in compact chunks for the metrics (same values) and ended requests are not kept."""
         from objectives import StepTotals, summarize
-        from optimizer._knobs import split_deployment
+        from optimizer._knobs import fleet_of, split_deployment
         from sim.engine import resolve_engine
         from sim.profiles import load_gpu, load_model
         from sim.runner import simulate
 
         workload = self.workload(seed)
-        # A study that searches devices carries the trial's in the knobs (the ``gpu`` lever, optimizer/_capacity.py).
+        # A study that searches devices or fleets carries the trial's in the knobs (optimizer/_capacity.py).
+        knobs = params
         params, device = split_deployment(params)
         model, gpu = load_model(self.model), load_gpu(device or self.gpu)
         # Resolved, sized and given its latency model once; the plan goes to the engine as it is.
         plan = resolve_engine(params, model, gpu, coefficients=self.coefficients).scaled(self.kv_scale,
                                                                                         self.time_scale)
         keep = self.record_steps if keep_steps is None else keep_steps
+        replicas, router, router_params = fleet_of(knobs)
+        if replicas > 1 or router is not None:  # a fleet behind a router (sim.fleet), one SimPy clock
+            return self._run_fleet(workload, plan, model, gpu, seed, replicas, router, router_params)
         totals = None if keep else StepTotals()
         result = simulate(workload, plan, model, gpu, seed=seed, record_steps=keep,
                           step_sink=None if totals is None else totals.add, keep_requests=False, observer=observer)
@@ -182,6 +186,29 @@ class SimBackend(TrialBackend):
         metrics["sim.num_gpu_blocks"] = float(result.sizing.num_gpu_blocks)
         metrics["sim.num_cpu_blocks"] = float(result.sizing.num_cpu_blocks)
         metrics["sim.wall_s"] = float(result.wall_s)
+        return metrics, result
+
+    def _run_fleet(self, workload: Any, plan: Any, model: Any, gpu: Any, seed: int, replicas: int,
+                   router: str | None, router_params: Mapping[str, Any]) -> tuple[dict[str, float], Any]:
+        """One replicate of a fleet: ``replicas`` engines of ``plan``'s config behind ``router`` (round robin when
+        none is named); the summary is the fleet's (every replica's requests and steps), plus ``fleet.*``."""
+        from objectives import summarize
+        from sim.fleet import router_class, simulate_fleet
+
+        router = router or "round_robin"
+        own = router_class(router).params  # a searched parameter of another router does not apply to this one
+        result = simulate_fleet(workload, plan.config, model, gpu, replicas=replicas, router=router,
+                                router_params={k: v for k, v in router_params.items() if k in own}, seed=seed,
+                                latency=plan.latency, keep_requests=False)
+        if result.aborted:
+            raise TrialError(f"engine aborted: {result.aborted}")
+        metrics = summarize(result.requests, result.steps, workload.classes).to_dict()
+        metrics["sim.num_gpu_blocks"] = float(result.sizing.num_gpu_blocks)
+        metrics["sim.num_cpu_blocks"] = float(result.sizing.num_cpu_blocks)
+        metrics["sim.wall_s"] = float(result.wall_s)
+        for key, value in result.fleet.items():
+            if isinstance(value, (int, float)):
+                metrics[f"fleet.{key}"] = float(value)
         return metrics, result
 
     def run(self, params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, float]:

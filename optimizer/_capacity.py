@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from objectives import PRICE_KEY
-from optimizer._knobs import split_deployment
+from optimizer._knobs import fleet_of, split_deployment
 from sim.errors import ConfigError
 from sim.profiles import GpuProfile, load_gpu, load_model
 
-__all__ = ["BUNDLED_LEVERS", "Deployment", "capacity_candidates", "deployment_of", "priced", "smallest_change",
-           "startup_problem"]
+__all__ = ["BUNDLED_LEVERS", "Deployment", "capacity_candidates", "deployment_of", "fleet_problem", "priced",
+           "router_deployment", "smallest_change", "startup_problem"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Deployment:
     quantization: str | None
     replicas: int = 1
     price_per_hour_usd: float = 0.0
+    #: The router in front of the replicas (sim.fleet) and its parameters; None: one engine, no router.
+    router: str | None = None
+    router_params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -53,7 +56,11 @@ class Deployment:
             parts.append(f"{self.quantization} weights")
         where = f"{self.gpus} x {self.gpu}" + (f" (TP {self.tensor_parallel_size})" if self.tensor_parallel_size > 1
                                                   else "")
-        if self.gpus == 1:
+        if self.replicas > 1:
+            where = (f"{self.replicas} replicas of " + (f"{self.tensor_parallel_size} x {self.gpu} (TP "
+                     f"{self.tensor_parallel_size})" if self.tensor_parallel_size > 1 else f"one {self.gpu}")
+                     + (f" behind {self.router}" if self.router else ""))
+        elif self.gpus == 1:
             where = f"one {self.gpu}"
         price = f", ${self.price_per_hour_usd:.2f}/h" if self.price_per_hour_usd > 0 else ""
         return (" and ".join(parts) + " on " if parts else "") + where + price
@@ -61,6 +68,7 @@ class Deployment:
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size, "replicas": self.replicas,
                 "gpus": self.gpus, "kv_cache_dtype": self.kv_cache_dtype, "quantization": self.quantization,
+                "router": self.router, "router_params": dict(self.router_params),
                 "price_per_hour_usd": self.price_per_hour_usd, "description": self.describe()}
 
 
@@ -74,11 +82,12 @@ def deployment_of(knobs: Mapping[str, Any], default_gpu: str) -> Deployment:
     gpu = gpu or default_gpu
     device = _device(gpu)
     tp = int(engine.get("tensor_parallel_size") or 1)
-    replicas = int(engine.get("replicas") or 1)
+    replicas, router, params = fleet_of(knobs)
     return Deployment(gpu=device.name if not gpu.endswith((".yaml", ".yml")) else gpu, tensor_parallel_size=tp,
                       kv_cache_dtype=str(engine.get("kv_cache_dtype") or "auto"),
                       quantization=engine.get("quantization") or None, replicas=replicas,
-                      price_per_hour_usd=float(device.price_per_hour_usd) * tp * replicas)
+                      price_per_hour_usd=float(device.price_per_hour_usd) * tp * replicas,
+                      router=router, router_params=tuple(sorted(params.items())))
 
 
 def priced(metrics: Mapping[str, Any], knobs: Mapping[str, Any], default_gpu: str) -> dict[str, Any]:
@@ -89,6 +98,22 @@ def priced(metrics: Mapping[str, Any], knobs: Mapping[str, Any], default_gpu: st
     if price > 0:
         out[PRICE_KEY] = price
     return out
+
+
+def fleet_problem(knobs: Mapping[str, Any]) -> str | None:
+    """Why the fleet of ``knobs`` is invalid (an unknown router, a parameter out of its range), or None.  A router
+    parameter searched for a router that lacks it is dropped (it does not apply), not an error."""
+    from sim.fleet import make_router, router_class
+
+    replicas, router, params = fleet_of(knobs)
+    if router is None:
+        return None
+    own = router_class(router).params
+    try:
+        make_router(router, {k: v for k, v in params.items() if k in own}, replicas)
+    except ConfigError as exc:
+        return f"invalid fleet: {exc}"
+    return None
 
 
 def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> str | None:
@@ -157,3 +182,31 @@ def smallest_change(base: Mapping[str, Any], model: str, default_gpu: str, run, 
                     "tried": tried}
     return {"found": False, "tried": tried, "levers": {k: list(v) for k, v in levers.items()},
             "max_tries": max_tries}
+
+
+def router_deployment(dep: Deployment) -> dict[str, Any] | None:
+    """How to deploy the fleet of ``dep`` with a real router: ``sglang-router`` (PyPI 0.3.2,
+    shared/tools/sglang-router: ``--policy``, ``--cache-threshold``, ``--balance-abs-threshold``,
+    ``--balance-rel-threshold``) or vLLM production-stack's router (``--routing-logic roundrobin|session``), when
+    one implements the simulated rule; None for one engine without a router."""
+    if dep.replicas <= 1 and dep.router is None:
+        return None
+    router = dep.router or "round_robin"
+    params = dict(dep.router_params)
+    urls = " ".join(f"http://REPLICA{i}:8000" for i in range(dep.replicas))
+    launch = f"python -m sglang_router.launch_router --host 0.0.0.0 --port 30000 --worker-urls {urls}"
+    out: dict[str, Any] = {"replicas": dep.replicas, "router": router, "router_params": params}
+    if router == "round_robin":
+        out["sglang_router"] = f"{launch} --policy round_robin"
+        out["production_stack"] = "--routing-logic roundrobin"
+    elif router == "sglang_cache_aware":
+        flags = "".join(f" --{k.replace('_', '-')} {v:g}" for k, v in sorted(params.items())
+                        if k in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"))
+        out["sglang_router"] = f"{launch} --policy cache_aware{flags}"
+    elif router == "session_affinity":
+        out["production_stack"] = "--routing-logic session --session-key <the header that carries the session id>"
+    else:
+        out["note"] = (f"neither sglang-router nor production-stack implements kvtune's {router} rule; its source "
+                       f"(sim/fleet/_routers.py) names the router that does (llm-d's inference scheduler for the "
+                       f"KV-utilization and weighted scorers, Dynamo's KV router for dynamo_kv)")
+    return out

@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import PRICE_KEY
 from objectives.registry import BoundConstraint, get_objective
 from optimizer._backend import SimBackend, TrialError
-from optimizer._capacity import BUNDLED_LEVERS, deployment_of, priced, smallest_change
+from optimizer._capacity import BUNDLED_LEVERS, deployment_of, priced, router_deployment, smallest_change
 from optimizer._knobs import KVTUNE_POLICIES, engine_flag_values, split_deployment
 from optimizer._robustness import describe as describe_robustness
 from optimizer._robustness import robustness
@@ -631,6 +631,10 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     if change is not None:
         header.append(describe_change(change))
     header.extend(describe_robustness(robust))
+    fleet = router_deployment(deployment)
+    if fleet is not None:
+        header.append(f"fleet: {fleet['replicas']} replicas behind {fleet['router']}; each replica runs this config")
+        header.extend(f"  {key}: {fleet[key]}" for key in ("sglang_router", "production_stack", "note") if key in fleet)
     if quality:
         header.append("LOWER PRECISION: this recommendation lowers precision; published accuracy deltas:")
         header.extend(format_quality_notes(quality).splitlines())
@@ -658,6 +662,7 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
         "gpu": deployment.gpu,
         "tensor_parallel_size": deployment.tensor_parallel_size,
         "deployment": deployment.to_dict(),
+        "fleet": router_deployment(deployment),
         "default_deployment": deployment_of(spec.fixed_knobs(), spec.gpu).to_dict(),
         "quality": quality,
         "knobs": knobs,

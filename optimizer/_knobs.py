@@ -55,7 +55,11 @@ TOP_LEVEL = ("flavor", "tensor_parallel_size", "engine_version")
 #: Capacity levers: deployment settings a study may search beside the engine knobs (``search: {gpu: [...],
 #: tensor_parallel_size: [1, 2]}``; a top-level ``gpu:`` list searches the devices too).  ``gpu`` is not an engine
 #: knob: a trial's knobs carry it (:func:`split_deployment`) and the backend runs the engine on that device.
-CAPACITY_LEVERS = ("gpu", "tensor_parallel_size")
+CAPACITY_LEVERS = ("gpu", "tensor_parallel_size", "replicas", "router")
+#: Search keys ``router.<param>`` set a router's parameter (sim.fleet: each router's ``params``).
+ROUTER_PARAM = "router."
+#: Most replicas a study may search or fix.
+MAX_REPLICAS = 1024
 #: Tensor-parallel sizes kvtune simulates (one node).
 TP_SIZES = (1, 2, 4, 8)
 
@@ -70,8 +74,17 @@ def knob_names() -> list[str]:
     return [name for name in _FIELDS if name not in TOP_LEVEL]
 
 
+def is_lever(name: str) -> bool:
+    """A capacity lever (device, TP, replicas, router) or a router parameter (``router.<param>``)."""
+    return name in CAPACITY_LEVERS or name.startswith(ROUTER_PARAM)
+
+
 def field_type(name: str) -> str:
-    """``int``, ``float``, ``bool`` or ``str`` for an EngineConfig field (the virtual knob is ``str``)."""
+    """``int``, ``float``, ``bool`` or ``str`` for an EngineConfig field (the virtual knob is ``str``) or a lever."""
+    if name == "replicas":
+        return "int"
+    if name.startswith(ROUTER_PARAM):
+        return "float"
     if name not in _FIELDS:
         return "str"
     kind = str(_FIELDS[name].type)
@@ -83,7 +96,7 @@ def field_type(name: str) -> str:
 
 def check_knob(name: str, flavor: str, target: Any, where: str, *, searched: bool = False) -> None:
     """Raise ConfigError (at ``where``) if ``name`` is no knob of ``flavor``, or a vLLM flag ``target`` lacks."""
-    if searched and name in CAPACITY_LEVERS:
+    if searched and is_lever(name):
         return
     if name in TOP_LEVEL or name == "gpu":
         raise ConfigError(where, f"{name} is set at the top level of the study (or searched as a capacity lever "
@@ -170,7 +183,13 @@ def engine_flag_values(config: Any):
 
 
 def split_deployment(knobs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``(engine knobs, device)``: a trial's knobs without the ``gpu`` lever, and the device it names (None: the
-    study's device)."""
-    out = dict(knobs)
-    return out, out.pop("gpu", None)
+    """``(engine knobs, device)``: a trial's knobs without the deployment levers (``gpu``, ``replicas``,
+    ``router``, ``router.<param>``: :func:`fleet_of` reads those), and the device it names (None: the study's)."""
+    out = {k: v for k, v in knobs.items() if not (k in ("gpu", "replicas", "router") or k.startswith(ROUTER_PARAM))}
+    return out, knobs.get("gpu")
+
+
+def fleet_of(knobs: Mapping[str, Any]) -> tuple[int, str | None, dict[str, Any]]:
+    """``(replicas, router, router params)`` of a trial's knobs: one engine and no router unless they say."""
+    params = {k[len(ROUTER_PARAM):]: v for k, v in knobs.items() if k.startswith(ROUTER_PARAM)}
+    return int(knobs.get("replicas") or 1), knobs.get("router"), params

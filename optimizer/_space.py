@@ -12,6 +12,9 @@ starts from an empty space)::
       watermark: null                                   # not searched
       gpu: [L40S, H100-SXM]                             # capacity levers: devices (names or device YAMLs),
       tensor_parallel_size: [1, 2]                      # tensor parallelism (with kv_cache_dtype, quantization)
+      replicas: {low: 1, high: 8}                       # engines behind a router (sim/fleet)
+      router: [round_robin, sglang_cache_aware]         # the router in front of them
+      router.cache_threshold: {low: 0.1, high: 0.9}     # a router's parameter (used by routers that have it)
 
 A knob with ``when`` is suggested only in trials whose parent knob (an earlier categorical knob) took one of the
 given values; otherwise the engine keeps its default for it.  ``grid_points`` (or ``grid: [values]``) says how a
@@ -26,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from optimizer._knobs import (TP_SIZES, VIRTUAL_PREEMPTION, V0_PREEMPTION_CHOICES, V1_PREEMPTION_CHOICES, check_knob,
+from optimizer._knobs import (MAX_REPLICAS, ROUTER_PARAM, TP_SIZES, VIRTUAL_PREEMPTION, V0_PREEMPTION_CHOICES, V1_PREEMPTION_CHOICES, check_knob,
                               field_type)
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, short_repr
@@ -175,6 +178,24 @@ def _check_value(name: str, value: Any, flavor: str, where: str) -> Any:
         return value
     if name == "tensor_parallel_size" and value not in TP_SIZES:
         raise ConfigError(where, f"must be one of {list(TP_SIZES)}, got {short_repr(value)}")
+    if name == "replicas":
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+            raise ConfigError(where, f"must be a whole number of replicas in [1, {MAX_REPLICAS}], got "
+                                     f"{short_repr(value)}")
+        return value
+    if name == "router" or name.startswith(ROUTER_PARAM):
+        from sim.fleet import router_class, router_names
+    if name == "router":
+        if value not in router_names():
+            raise ConfigError(where, f"unknown router {short_repr(value)}; routers: {router_names()}")
+        return value
+    if name.startswith(ROUTER_PARAM):
+        param = name[len(ROUTER_PARAM):]
+        if not any(param in router_class(r).params for r in router_names()):
+            raise ConfigError(where, f"no router has a parameter {param!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(where, f"must be a finite number, got {short_repr(value)}")
+        return value
     kind = field_type(name)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (

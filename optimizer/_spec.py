@@ -121,6 +121,30 @@ def _check_full_precision(engine: Mapping[str, Any], search: SearchSpace) -> Non
                 raise ConfigError(f"search.{knob}", f"{low} lower precision, which lower_precision: false excludes")
 
 
+def _check_router_params(search: SearchSpace) -> None:
+    """Each searched ``router.<param>`` range lies within that parameter's range for every router searched that
+    has it (sim.fleet's ``Param``), so no trial draws a value its router refuses."""
+    from optimizer._knobs import ROUTER_PARAM
+    from sim.fleet import router_class, router_names
+
+    routers = list(search["router"].choices) if "router" in search.names else []
+    for domain in search.domains:
+        if not domain.name.startswith(ROUTER_PARAM):
+            continue
+        param = domain.name[len(ROUTER_PARAM):]
+        where = f"search.{domain.name}"
+        owners = [r for r in (routers or router_names()) if param in router_class(r).params]
+        if routers and not owners:
+            raise ConfigError(where, f"none of the routers searched ({routers}) has a parameter {param!r}")
+        values = list(domain.choices) if domain.kind == "categorical" else [domain.low, domain.high]
+        for router in owners:
+            for value in values:
+                try:
+                    router_class(router).params[param].check(router, param, value)
+                except ConfigError as exc:
+                    raise ConfigError(where, str(exc)[len(exc.field) + 2:]) from None
+
+
 def search_devices(search: SearchSpace, gpu: str) -> list[str]:
     """The devices a study's trials may run on: the ``gpu`` lever's choices, else the study's device."""
     return list(search["gpu"].choices) if "gpu" in search.names else [gpu]
@@ -522,6 +546,7 @@ class StudySpec:
         search = parse_search_space(d.get("search"), flavor, target, fixed=engine, max_model_len=max_model_len,
                                     priorities_differ=priorities_differ)
         search = _with_device_lever(search, gpu_list, base_dir)
+        _check_router_params(search)
         lower_precision = d.get("lower_precision", True)
         if not isinstance(lower_precision, bool):
             raise ConfigError("lower_precision", f"must be true or false, got {short_repr(lower_precision)}")

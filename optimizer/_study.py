@@ -35,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialBackend, backend_factory
 from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
-from optimizer._capacity import priced, startup_problem
+from optimizer._capacity import fleet_problem, priced, startup_problem
 from optimizer._knobs import params_to_knobs, repair_knobs, split_deployment
 from optimizer._progress import Phases, ProgressLine
 from optimizer._samplers import TRIAL_CONSTRAINTS, make_sampler
@@ -269,6 +269,9 @@ class Tuner:
         if config.max_num_batched_tokens < config.max_num_seqs:
             return "error", (f"invalid config: max_num_batched_tokens {config.max_num_batched_tokens} < max_num_seqs "
                              f"{config.max_num_seqs} (vLLM refuses this)")
+        problem = fleet_problem(knobs)
+        if problem is not None:
+            return "error", problem
         if self._capacity_searched:
             problem = startup_problem(knobs, self.spec.model, self.spec.gpu)
             if problem is not None:

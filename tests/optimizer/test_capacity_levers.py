@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from objectives import PRICE_KEY
 from optimizer import InProcessExecutor, StudySpec, Tuner
-from optimizer._capacity import deployment_of
+from optimizer._capacity import deployment_of, router_deployment
 from optimizer._export import export_study
 from optimizer._storage import PRUNE_REASON, is_default, trial_metrics
 from sim.errors import ConfigError
@@ -117,3 +117,44 @@ def test_lower_precision_can_be_excluded(tmp_path):
         f"one A100-80GB, ${load_gpu('A100-80GB').price_per_hour_usd:.2f}/h",
         f"2 x L40S (TP 2), ${2 * load_gpu('L40S').price_per_hour_usd:.2f}/h"]
     assert "none of the 12 cheapest deployments" in exported.summary()
+
+
+def test_replicas_and_routers_are_searched_and_priced(tmp_path):
+    d = spec_dict(search={"base": "none", "replicas": [1, 2], "router": ["round_robin", "sglang_cache_aware"]},
+                  sampler={"name": "grid", "seed": 0}, budget={"trials": 10})
+    d["workload"]["max_requests"] = 120
+    spec, tuner = _run(tmp_path, d)
+    complete = {json.dumps(t.params, sort_keys=True): t for t in tuner.study.get_trials()
+                if t.state == TrialState.COMPLETE}
+    assert len(complete) == 5  # the default and the 2 x 2 grid
+    price = load_gpu("L40S").price_per_hour_usd
+    default = complete["{}"]
+    one_rr = complete[json.dumps({"replicas": 1, "router": "round_robin"}, sort_keys=True)]
+    two = complete[json.dumps({"replicas": 2, "router": "sglang_cache_aware"}, sort_keys=True)]
+    # One replica behind round robin is the single engine.
+    for key in ("output_tokens_per_s", "class.conv.e2e_s.p99", "preemptions_total"):
+        assert one_rr.user_attrs[key] == default.user_attrs[key], key
+    assert trial_metrics(one_rr)[PRICE_KEY] == price and trial_metrics(two)[PRICE_KEY] == 2 * price
+    assert two.user_attrs["fleet.requests"] == 120 and 0 < two.user_attrs["fleet.max_load_ratio"]
+    assert two.user_attrs["class.conv.e2e_s.p99"] < default.user_attrs["class.conv.e2e_s.p99"]
+    dep = deployment_of(two.user_attrs["knobs"], "L40S")
+    assert dep.describe().startswith("2 replicas of one L40S behind sglang_cache_aware")
+    fleet = router_deployment(deployment_of({**two.user_attrs["knobs"], "router.cache_threshold": 0.5}, "L40S"))
+    assert fleet["sglang_router"].endswith("--worker-urls http://REPLICA0:8000 http://REPLICA1:8000 --policy "
+                                           "cache_aware --cache-threshold 0.5")
+    assert router_deployment(deployment_of({}, "L40S")) is None
+    assert router_deployment(deployment_of({"replicas": 3}, "L40S"))["production_stack"] == "--routing-logic roundrobin"
+
+
+@pytest.mark.parametrize("search, field", [
+    ({"router": ["round_robin", "nope"]}, "search.router.choices[1]"),
+    ({"replicas": [0, 2]}, "search.replicas.choices[0]"),
+    ({"router": ["sglang_cache_aware"], "router.cache_threshold": {"low": 0.1, "high": 1.5}},
+     "search.router.cache_threshold"),
+    ({"router": ["round_robin"], "router.cache_threshold": [0.5]}, "search.router.cache_threshold"),
+    ({"router.no_such_param": [1.0]}, "search.router.no_such_param.choices[0]"),
+])
+def test_bad_fleet_levers_are_one_error_naming_the_field(search, field):
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(search={"base": "none", **search}))
+    assert err.value.field == field
