@@ -14,7 +14,7 @@ Names are imported lazily so that ``import replay`` stays cheap.
 
 from __future__ import annotations
 
-from sim._lazy import lazy_getattr
+from sim import lazy_getattr
 
 _EXPORTS = {
     "ReplayBackend": "replay.backend",

@@ -19,6 +19,8 @@ _EXPORTS = {
     "Simulation": "sim.runner",
 }
 
-__all__ = sorted(_EXPORTS)
+#: ``lazy_getattr(module, {name: module path})``: the module ``__getattr__`` other packages use for the same lazy
+#: public names (replay/).
+__all__ = sorted([*_EXPORTS, "lazy_getattr"])
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -23,7 +23,7 @@ prompt lengths and batch sizes separates them.
 
 from __future__ import annotations
 
-from sim._lazy import lazy_getattr
+from sim import lazy_getattr
 
 #: Public name -> module; imported on first use, so that ``import replay.calibration`` (the CLI) stays cheap.
 _EXPORTS = {

@@ -52,7 +52,7 @@ def _probe_runs(args: argparse.Namespace):
     engine launched with ``--set``'s config, one probe at a time, and return the runs to fit."""
     from replay.calibration.probes import QUICK_PROBES, warmup_groups
     from replay.calibrate import engine_times, probe_groups, run_probes
-    from sim.latency._profile_file import machine_device
+    from sim.latency import machine_device
     from sim.profiles import load_gpu, load_model
 
     if not args.model or not args.gpu:

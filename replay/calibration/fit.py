@@ -35,7 +35,7 @@ from replay.calibration.runs import CalibrationRun
 from replay.calibration.solvers import levenberg_marquardt, nelder_mead
 from sim.errors import ConfigError, KvtuneError
 from sim.latency import PROFILE_KIND, LatencyCoefficients
-from sim.latency._profile_file import describe_device, same_device
+from sim.latency import describe_device, same_device
 
 DEFAULT_FIT_PARAMS = ("overhead_s", "per_seq_overhead_s", "mfu", "bw_eff")
 #: Physical bounds of each coefficient (the fit never leaves them; a coefficient that ends at one is warned of).
