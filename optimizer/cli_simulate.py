@@ -44,7 +44,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
     from objectives import format_summary, summarize
-    from sim.engine.config import EngineConfig
+    from sim.engine import EngineConfig, release_record
     from sim.profiles import load_gpu, load_model
     from sim.runner import Progress, simulate
     from sim.workload import bundled_trace_path, load_trace
@@ -88,6 +88,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "gpu": gpu.name,
         "latency_profile": args.profile,
         "config": {k: v for k, v in vars(result.config).items()},
+        **release_record(config.engine_version, result.config),
         "num_gpu_blocks": result.sizing.num_gpu_blocks,
         "num_cpu_blocks": result.sizing.num_cpu_blocks,
         "engine_aborted": result.aborted,

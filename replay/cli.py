@@ -8,6 +8,7 @@ main CLI calls it); each sets ``func`` to a handler ``func(args) -> int``.  ``ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -79,7 +80,6 @@ PROBE_KNOBS = {"async_scheduling": "false", "max_num_batched_tokens": "8192"}
 
 def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
     from sim.workload import bundled_trace_path, load_trace
-    from sim.workload.classes import RequestClass
 
     if args.probe:
         from replay.calibrate import probe_workload
@@ -110,13 +110,8 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
         for name, seconds in timeouts.items():
             if name not in classes:
                 raise ConfigError("--timeout", f"no class {name!r} in the workload (classes: {sorted(classes)})")
-            c = classes[name]
-            classes[name] = RequestClass(name=c.name, slo=c.slo, timeout_s=seconds,
-                                         cancel_probability=c.cancel_probability, cancel_after_s=c.cancel_after_s,
-                                         priority=c.priority)
-        from sim.workload.workload import Workload
-
-        workload = Workload(requests=workload.requests, classes=classes, source=workload.source, report=workload.report)
+            classes[name] = dataclasses.replace(classes[name], timeout_s=seconds)
+        workload = dataclasses.replace(workload, classes=classes)  # keeps every other field (hash_block_tokens, ...)
     return workload
 
 

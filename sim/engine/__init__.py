@@ -17,6 +17,7 @@ _EXPORTS = {
     "build_engine": "sim.engine.build",
     "resolve_engine": "sim.engine.build",
     "roofline_for": "sim.engine.build",
+    "release_record": "sim.engine.defaults",
     "size_kv_cache": "sim.engine.sizing",
 }
 

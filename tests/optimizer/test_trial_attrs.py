@@ -14,6 +14,7 @@ from optimizer_test_helpers import spec_dict
 from objectives import BUCKET_PREFIXES, Summary
 from optimizer import InProcessExecutor, SimBackend, StudySpec, Tuner, choose, prepare
 from optimizer import _study as study_module
+from optimizer._capacity import priced
 from optimizer._export import pareto_table, shortfalls, trial_row
 from optimizer._storage import BUCKET_ATTRS, make_storage, metric_attrs, set_user_attrs, trial_metric, trial_metrics
 from optimizer.report._data import trial_frame
@@ -173,9 +174,11 @@ def test_a_stored_trial_reads_back_its_summary_and_evaluates_alike(tmp_path, sim
     trials = _run(spec, ctx, storage, 4, metrics)
     assert [t.user_attrs.get("kvtune_default", False) for t in trials] == [True, False, False, False]
     assert sum("duplicate_of" in t.user_attrs for t in trials) >= 1
+    with_price = priced(metrics, {}, spec.gpu)  # a trial stores its deployment's price beside what the backend measured
+    assert len(with_price) == len(metrics) + 1
     for t in trials:
         flat = trial_metrics(t)
-        _same(flat, metrics)
+        _same(flat, with_price)
         assert set(summary_keys) <= set(flat)  # every Summary.to_dict() key, the bucket cohorts included
         assert all(isinstance(t.user_attrs[a], dict) for a in BUCKET_ATTRS.values())
         assert not [k for k in t.user_attrs if k.split(".")[0] in BUCKET_PREFIXES]
@@ -220,9 +223,10 @@ def test_a_study_resumed_over_trials_stored_flat_reads_them_alike(tmp_path, simu
     # The first two old-style; a later trial that drew an old config copies its attrs as they are (_copy_result).
     assert len(trials) == 4 and len(old) >= 2 and new and len(old) + len(new) == 4
     assert len(new[0].user_attrs) < len(old[0].user_attrs) - 500
+    with_price = priced(metrics, {}, spec.gpu)
     for t in trials:
         flat = trial_metrics(t)
-        _same(flat, metrics)
+        _same(flat, with_price)
         for o, value in zip(ctx.objectives, t.values):
             assert o.value(flat) == pytest.approx(value)
         for c, stored in zip(ctx.constraints, t.user_attrs["constraints"]):

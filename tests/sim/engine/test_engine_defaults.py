@@ -142,3 +142,17 @@ def test_release_record_says_what_was_targeted_and_what_was_simulated():
     assert "engine_version_note" not in record("0.33.0")
     v0 = record(None, "vllm-v0")
     assert v0["engine_version_simulated"] == v0["engine_rules_release"] == "0.8.5"
+
+
+def test_simulate_writes_the_release_record_into_summary_json(tmp_path):
+    import json
+
+    from optimizer.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(trace), "--set", "engine_version=0.32.1", "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert (doc["engine_version_targeted"], doc["engine_version_simulated"]) == ("0.32.1", "0.32.0")
+    assert doc["config"]["engine_version"] == "0.32.0"
