@@ -5,7 +5,8 @@ It implements the optimizer's ``TrialBackend``: ``run(params, seeds)`` builds th
 in its own process group), waits for ``/health``, replays the seed's workload once per seed, stops the engine and
 returns the flat metrics (``objectives.summarize`` of each seed's tables, averaged over seeds, as SimBackend
 does).  ``run_trial`` returns the same plus the tables.  With ``url`` it replays against a server that is
-already running; the trial's params are then only recorded (the server keeps the config it was started with).
+already running (a list of servers: the load generator routes across them with ``options.router``); the trial's
+params are then only recorded (the server keeps the config it was started with).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class ReplayBackend(TrialBackend):
         model: str,
         gpu: str | None = None,
         sim_model: str | None = None,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         engine: str = "vllm",
         base_config: dict[str, Any] | None = None,
         vllm_version: str | None = None,
@@ -143,7 +144,9 @@ class ReplayBackend(TrialBackend):
         self.model = model
         self.gpu = gpu
         self.sim_model = sim_model or guess_sim_model(model)
-        self.url = url.rstrip("/") if url else None
+        #: The running servers (``url`` a list: the load generator routes across them, ``options.router``).
+        self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else list(url or ()))]
+        self.url = self.urls[0] if self.urls else None
         self.engine = engine
         self.base_config = dict(base_config or {})
         self.vllm_version = vllm_version
@@ -190,7 +193,7 @@ class ReplayBackend(TrialBackend):
     def server(self, config: EngineConfig, log_path: Path | None = None) -> Iterator[str]:
         """The URL of a healthy engine running ``config`` (started here and stopped on exit, unless ``url``)."""
         if self.url:
-            yield self.url
+            yield self.urls if len(self.urls) > 1 else self.url
             return
         port = self.port or free_port(self.host)
         argv, env = self.command(config, port)
@@ -264,6 +267,7 @@ class ReplayBackend(TrialBackend):
         """What calibration needs to re-simulate a run (saved as ``engine`` in replay.json)."""
         return {
             "kind": "external" if self.url else self.engine,
+            **({"urls": list(self.urls)} if len(self.urls) > 1 else {}),
             "model": self.model,
             "sim_model": self.sim_model,
             "gpu": self.gpu,

@@ -115,6 +115,62 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
     return workload
 
 
+def _router_params(pairs: list[str] | None) -> dict:
+    """``--router-param NAME=VALUE`` as numbers (a value that is not one is left for the router's check)."""
+    out: dict = {}
+    for key, value in _pairs(pairs, "--router-param").items():
+        text = str(value).strip()
+        try:
+            out[key] = int(text)
+        except ValueError:
+            try:
+                out[key] = float(text)
+            except ValueError:
+                out[key] = text
+    return out
+
+
+def _check_router(args: argparse.Namespace) -> tuple[list[str], str | None, dict]:
+    """The servers, router name and router parameters of ``kvtune replay`` (one ConfigError naming the flag)."""
+    from sim.fleet import make_router
+
+    urls = list(args.url or [])
+    params = _router_params(args.router_param)
+    if (args.router or params) and not urls:
+        raise ConfigError("--router", "routes across servers given with --url; not with --launch")
+    if params and not args.router and len(urls) < 2:
+        raise ConfigError("--router-param", "needs --router (or several --url)")
+    if len(set(urls)) != len(urls):
+        raise ConfigError("--url", f"the same server is given twice: {sorted(u for u in set(urls) if urls.count(u) > 1)[0]}")
+    router = args.router or ("round_robin" if len(urls) > 1 else None)
+    if router is not None:
+        try:
+            make_router(router, params, len(urls))
+        except ConfigError as exc:
+            flag = "--router" if exc.field in ("router", "replicas") else f"--router-param {exc.field.split('.', 1)[-1]}"
+            raise ConfigError(flag, exc.message) from None
+    for url in urls:
+        _check_reachable(url)
+    return urls, router, params
+
+
+def _check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """``url`` answers HTTP (any status) within ``timeout_s``; else ConfigError naming ``--url``."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError("--url", f"{url!r} is not an http:// or https:// URL")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered (e.g. 401 without the API key): the replay reports the rest
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError("--url", f"{url} cannot be reached: {reason}") from None
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from replay.backend import ReplayBackend
     from replay.loadgen import ReplayOptions
@@ -122,7 +178,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     knobs = _pairs(args.set, "--set")
-    _engine_config(args.set)  # a misspelt knob fails before anything starts
+    config = _engine_config(args.set)  # a misspelt knob fails before anything starts
+    urls, router, router_params = _check_router(args)
     if args.probe:
         # The probe separates the host's per-step cost from the GPU's: with async scheduling (vLLM >= 0.17's
         # default) they overlap and the host part is hidden, so the probe runs the engine without it; and its
@@ -134,14 +191,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         model=args.model,
         gpu=args.gpu,
         sim_model=args.sim_model,
-        url=args.url,
+        url=urls if len(urls) > 1 else (urls[0] if urls else None),
         engine=args.launch or "vllm",
         vllm_version=args.vllm_version,
         vllm_python=args.vllm_python,
         extra_args=tuple(args.vllm_arg or ()),
         speed=args.speed,
         out_dir=args.out,
-        options=ReplayOptions(sample_interval_wall_s=args.sample_interval, drain_timeout_s=args.drain_timeout),
+        options=ReplayOptions(sample_interval_wall_s=args.sample_interval, drain_timeout_s=args.drain_timeout,
+                              router=router, router_params=router_params, router_block_size=config.block_size),
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
     )
@@ -160,6 +218,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"seed {result.info.get('seed')}: {len(req)} requests {counts}; preemptions "
               f"{result.preemptions_total:g}; e2e p50 {e2e.quantile(0.5):.3f}s p99 {e2e.quantile(0.99):.3f}s; "
               f"saved to {path}")
+        if "replica" in req.columns:
+            counts = req["replica"].value_counts()
+            per = ", ".join(f"{url} {int(counts.get(r, 0))}" for r, url in enumerate(result.info.get("urls", [])))
+            print(f"  router {result.info.get('router')}: requests per replica: {per}")
         view = result.info.get("engine_view") or {}
         if view:
             print(f"  server: {view['num_gpu_blocks']:g} KV blocks of {view['block_size']:g}; finished requests "
@@ -206,8 +268,16 @@ def add_replay_parsers(subparsers) -> None:
                     "scrape /metrics, and save the request table and timeline.",
     )
     where = rep.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="an already running server (its config is whatever it was started with)")
+    where.add_argument("--url", action="append",
+                       help="an already running server (its config is whatever it was started with); repeat it "
+                            "to route across several with --router")
     where.add_argument("--launch", choices=("vllm", "twin"), help="start this engine with the config")
+    rep.add_argument("--router", default=None,
+                     help="kvtune router placing each request on one of the --url servers (sim.fleet's: "
+                          "round_robin, least_outstanding, least_kv_usage, sglang_cache_aware, llm_d_weighted, "
+                          "dynamo_kv, session_affinity; default round_robin with several --url)")
+    rep.add_argument("--router-param", action="append", metavar="NAME=VALUE",
+                     help="router parameter, e.g. cache_threshold=0.5 (repeatable)")
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")

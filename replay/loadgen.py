@@ -29,6 +29,16 @@ Outcomes of an HTTP answer other than a stream (vLLM 0.32, vllm/entrypoints/serv
 
 ``/metrics`` is scraped before and after, and every ``sample_interval_s`` during the run (raw text, parsed
 afterwards so that parsing never delays a send).
+
+Several servers (``base_url`` a list): the load generator is the router.  Each request goes to the replica that
+``options.router`` (a ``sim.fleet`` router by name, ``options.router_params`` checked by ``sim.fleet.make_router``)
+picks at its arrival, from what a router in front of them sees: the request (its prompt's block hashes at
+``options.router_block_size`` from the trace's ``hash_ids``, its session id), its own counts per replica (routed;
+outstanding: sent, response not ended) and, for a router that reads engine metrics, each server's last scraped
+``/metrics`` (``vllm:num_requests_waiting``, ``..._running``, ``kv_cache_usage_perc``; as old as the sampling
+interval).  Routers that track requests are told when a first token and an end reach the client.  The request
+table gains ``replica`` (the index of the URL; -1: never sent); the metrics are every server's summed (the KV
+usage gauge averaged), and ``info["replicas"]`` holds each server's URL, request count and counters.
 """
 
 from __future__ import annotations
@@ -40,11 +50,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import aiohttp
 import numpy as np
 
-from replay.prom import SUMMARY_SAMPLES, TWIN_SLACK, TWIN_SPEED, MetricsSnapshot, parse_metrics
+from replay.prom import (KV_USAGE, KV_USAGE_V0, RUNNING, SUMMARY_SAMPLES, TWIN_SLACK, TWIN_SPEED, WAITING,
+                         MetricsSnapshot, parse_metrics)
 from replay.results import ReplayResult, request_table_from_records
 from sim.errors import KvtuneError
 from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS
@@ -87,6 +99,13 @@ class ReplayOptions:
     headers: dict[str, str] = field(default_factory=dict)
     #: Per-request extra body fields.
     extra_body: dict = field(default_factory=dict)
+    #: With several servers: the ``sim.fleet`` router that places each request (None: ``round_robin``); with one
+    #: server and a router named, every request goes to it and the table still gets ``replica``.
+    router: str | None = None
+    #: The router's parameters (checked against its declared ranges).
+    router_params: dict = field(default_factory=dict)
+    #: Tokens per block of the router's prefix index (the engines' block size).
+    router_block_size: int = 16
 
 
 @dataclass
@@ -107,6 +126,8 @@ class _Record:
     client_error: bool = False
     #: How long after its client deadline the stream closed (a late deadline: a loaded machine).
     close_lag: float = math.nan
+    #: The server (index of the base URL) it was sent to; -1: not sent.
+    replica: int = -1
 
 
 class ServerError(KvtuneError):
@@ -161,10 +182,14 @@ def classify_http_error(status: int, message: str, prompt_too_long: bool = False
 
 
 class _Replay:
-    def __init__(self, base_url: str, workload: Workload, options: ReplayOptions):
+    def __init__(self, base_url: str | Sequence[str], workload: Workload, options: ReplayOptions):
         if not options.speed > 0:
             raise KvtuneError(f"speed must be > 0, got {options.speed!r}")
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise KvtuneError("no server URL to replay against")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.base_url = self.urls[0]
         self.workload = workload
         self.options = options
         df = workload.requests
@@ -190,6 +215,65 @@ class _Replay:
         #: Index of the first request that failed on the client's side (the run stops there).
         self.first_failure: int | None = None
         self._failed: asyncio.Event | None = None
+        self._setup_router(workload, options)
+
+    def _setup_router(self, workload: Workload, options: ReplayOptions) -> None:
+        """The router across ``self.urls`` (None for one server and no router named) and what it reads."""
+        self.routed = len(self.urls) > 1 or options.router is not None
+        self.router = None
+        self.samples_by_replica: list[list[tuple[float, str]]] = [[] for _ in self.urls]
+        if not self.routed:
+            return
+        from sim.engine.config import EngineConfig
+        from sim.fleet import RequestView, make_router
+        from sim.runner import RequestStore
+
+        self.router = make_router(options.router or "round_robin", options.router_params, len(self.urls),
+                                  options.seed)
+        df = workload.requests
+        # The prompt's block hashes as the simulated fleet's routers get them (sim.runner keys blocks by hash id).
+        config = EngineConfig(block_size=int(options.router_block_size), enable_prefix_caching=True)
+        keys = RequestStore(workload, config, options.seed, workload.hash_block_tokens, None, False).keys
+        column = next((c for c in ("session_id", "conversation_id") if c in df.columns), None)
+        sessions = df[column].tolist() if column is not None else [None] * len(df)
+        self.request_views = [
+            RequestView(index=i, arrival_s=float(self.arrivals[i]), class_name=str(self.classes[i]),
+                        prompt_tokens=int(self.prompts[i]), block_hashes=keys[i],
+                        block_size=int(options.router_block_size),
+                        session_id=None if s is None or (isinstance(s, float) and s != s) else s)
+            for i, s in enumerate(sessions)]
+        self.routed_count = [0] * len(self.urls)
+        self.outstanding = [0] * len(self.urls)
+        #: Each server's last scraped (num_waiting, num_running, kv_usage), for routers that read metrics.
+        self.published: list[tuple[float, float, float] | None] = [None] * len(self.urls)
+
+    def _route(self, i: int) -> int:
+        """The replica of request ``i`` at its arrival (the router's decision, checked)."""
+        from sim.fleet import ReplicaView
+
+        views = []
+        for r in range(len(self.urls)):
+            pub = self.published[r] if self.router.reads_metrics else None
+            if pub is None:
+                views.append(ReplicaView(index=r, routed=self.routed_count[r], outstanding=self.outstanding[r]))
+            else:
+                views.append(ReplicaView(index=r, routed=self.routed_count[r], outstanding=self.outstanding[r],
+                                         num_waiting=int(pub[0]), num_running=int(pub[1]), kv_usage=float(pub[2])))
+        chosen = self.router.route(self.request_views[i], views)
+        if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)) or not 0 <= chosen < len(self.urls):
+            raise KvtuneError(f"router {self.router.name!r} returned {chosen!r} for request {i}")
+        chosen = int(chosen)
+        self.routed_count[chosen] += 1
+        self.outstanding[chosen] += 1
+        return chosen
+
+    def _ended(self, rec: _Record, loop) -> None:
+        """Request ``rec`` left its replica (for the router's counts and hooks)."""
+        if self.router is None or rec.replica < 0:
+            return
+        self.outstanding[rec.replica] -= 1
+        if self.router.tracks_requests:
+            self.router.on_complete(rec.index, rec.replica, self.trace_time(loop.time()))
 
     def _fail(self, i: int) -> None:
         if self.first_failure is None:
@@ -212,33 +296,46 @@ class _Replay:
 
     # ---- setup ---------------------------------------------------------------------------------------
     async def _discover(self, session: aiohttp.ClientSession) -> None:
-        try:
-            async with session.get(self.base_url + "/v1/models") as resp:
-                if resp.status != 200:
-                    raise ServerError(f"{self.base_url}/v1/models answered HTTP {resp.status}")
-                data = (await resp.json()).get("data") or []
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ServerError(f"cannot reach {self.base_url}: {exc}") from None
-        if not data:
-            raise ServerError(f"{self.base_url}/v1/models lists no model")
-        entry = data[0]
-        if self.model is not None:
-            entry = next((m for m in data if m.get("id") == self.model), None)
-            if entry is None:
-                served = [m.get("id") for m in data]
-                raise ServerError(f"{self.base_url} does not serve {self.model!r} (it serves {served})")
-        self.model = entry["id"]
-        if self.max_model_len is None and entry.get("max_model_len"):
-            self.max_model_len = int(entry["max_model_len"])
+        """The served model (the first of the first server's, unless named) and ``max_model_len`` (the smallest
+        over the servers); every server must serve it."""
+        for url in self.urls:
+            try:
+                async with session.get(url + "/v1/models") as resp:
+                    if resp.status != 200:
+                        raise ServerError(f"{url}/v1/models answered HTTP {resp.status}")
+                    data = (await resp.json()).get("data") or []
+            except (aiohttp.ClientError, OSError) as exc:
+                raise ServerError(f"cannot reach {url}: {exc}") from None
+            if not data:
+                raise ServerError(f"{url}/v1/models lists no model")
+            entry = data[0]
+            if self.model is not None:
+                entry = next((m for m in data if m.get("id") == self.model), None)
+                if entry is None:
+                    served = [m.get("id") for m in data]
+                    raise ServerError(f"{url} does not serve {self.model!r} (it serves {served})")
+            self.model = entry["id"]
+            if entry.get("max_model_len") and self.options.max_model_len is None:
+                length = int(entry["max_model_len"])
+                self.max_model_len = length if self.max_model_len is None else min(self.max_model_len, length)
 
-    async def _scrape(self, session: aiohttp.ClientSession) -> str | None:
+    async def _scrape_one(self, session: aiohttp.ClientSession, url: str) -> str | None:
         try:
-            async with session.get(self.base_url + "/metrics") as resp:
+            async with session.get(url + "/metrics") as resp:
                 if resp.status != 200:
                     return None
                 return await resp.text()
         except aiohttp.ClientError:
             return None
+
+    async def _scrape_all(self, session: aiohttp.ClientSession) -> list[str | None]:
+        if len(self.urls) == 1:
+            return [await self._scrape_one(session, self.base_url)]
+        return list(await asyncio.gather(*(self._scrape_one(session, url) for url in self.urls)))
+
+    async def _scrape(self, session: aiohttp.ClientSession) -> str | None:
+        """Every server's ``/metrics`` as one text (each sample labelled ``kvtune_replica``: totals add up)."""
+        return _merge_texts(await self._scrape_all(session))
 
     # ---- requests ------------------------------------------------------------------------------------
     def _body(self, i: int) -> bytes:
@@ -280,6 +377,14 @@ class _Replay:
             if delay > 0:
                 await asyncio.sleep(delay)
             body = self._body(i)
+            if self.router is not None:
+                # Decided at the arrival, in arrival order, from what the router has seen by then.
+                delay = start - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                self.records[i].replica = self._route(i)
+            else:
+                self.records[i].replica = 0
             tasks.append(loop.create_task(self._request(session, i, body, start)))
         await asyncio.gather(*tasks)
 
@@ -298,9 +403,17 @@ class _Replay:
                    CLASS_HEADER: self.classes[i]}
         when = self.deadline_wall(deadline) if deadline < math.inf else None
         rec.sent = loop.time()
+        url = self.urls[max(rec.replica, 0)]
+        try:
+            await self._send(session, rec, i, url, body, headers, when, loop, abort_status)
+        finally:
+            self._ended(rec, loop)
+
+    async def _send(self, session, rec: _Record, i: int, url: str, body: bytes, headers: dict, when, loop,
+                    abort_status: str) -> None:
         try:
             async with asyncio.timeout_at(when):
-                async with session.post(self.base_url + "/v1/completions", data=body, headers=headers) as resp:
+                async with session.post(url + "/v1/completions", data=body, headers=headers) as resp:
                     rec.http_status = resp.status
                     if resp.status != 200:
                         message = " ".join(error_message(await resp.text()).split())[:500]
@@ -327,7 +440,7 @@ class _Replay:
                 rec.end = when
         except aiohttp.ClientConnectorError as exc:  # refused / unreachable: the client's failure
             rec.status, rec.client_error = "unfinished", True
-            rec.error = f"cannot connect to {self.base_url}: {exc}"[:500]
+            rec.error = f"cannot connect to {url}: {exc}"[:500]
             rec.end = loop.time()
             self._fail(i)
         except (aiohttp.ClientError, json.JSONDecodeError, ValueError) as exc:
@@ -395,6 +508,8 @@ class _Replay:
                 if new > 0:
                     if rec.tokens == 0:
                         rec.first_token = t
+                        if self.router is not None and self.router.tracks_requests:
+                            self.router.on_first_token(rec.index, rec.replica, self.trace_time(t))
                     if self.options.record_tokens:
                         rec.token_times.extend([t] * new)
                     rec.tokens = count
@@ -416,9 +531,19 @@ class _Replay:
         interval = self.options.sample_interval_wall_s
         loop = asyncio.get_running_loop()
         while True:
-            text = await self._scrape(session)
+            texts = await self._scrape_all(session)
+            now = loop.time()
+            text = _merge_texts(texts)
             if text is not None:
-                self.samples.append((loop.time(), text))
+                self.samples.append((now, text))
+            if self.router is not None and self.router.reads_metrics:
+                for r, one in enumerate(texts):
+                    if one:
+                        snap = parse_metrics(one, names=_ROUTER_SAMPLES)
+                        usage = snap.kv_usage()
+                        self.published[r] = (snap.total(WAITING) if snap.has(WAITING) else 0.0,
+                                             snap.total(RUNNING) if snap.has(RUNNING) else 0.0,
+                                             usage if usage == usage else 0.0)
             await asyncio.sleep(interval)
 
     # ---- run -----------------------------------------------------------------------------------------
@@ -439,15 +564,19 @@ class _Replay:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=opts.headers) as session:
             await self._discover(session)
-            before_text = await self._scrape(session)
+            before_texts = await self._scrape_all(session)
+            before_text = _merge_texts(before_texts)
             before_at = loop.time()
-            if before_text:
-                snap = parse_metrics(before_text)
+            for url, text in zip(self.urls, before_texts):  # each server's own (a merged text sums them)
+                if not text:
+                    continue
+                snap = parse_metrics(text)
                 slack = snap.total(TWIN_SLACK)
-                self.recv_offset = slack if slack == slack and slack > 0 else 0.0
+                if slack == slack and slack > 0:
+                    self.recv_offset = max(self.recv_offset, slack)
                 twin_speed = snap.total(TWIN_SPEED)
                 if twin_speed == twin_speed and abs(twin_speed - opts.speed) > 1e-9 * twin_speed:
-                    raise ServerError(f"{self.base_url} is a twin running at speed {twin_speed:g} but the replay "
+                    raise ServerError(f"{url} is a twin running at speed {twin_speed:g} but the replay "
                                       f"runs at speed {opts.speed:g}: give both the same speed")
             self.t0 = loop.time() + opts.start_delay_wall_s
             self.unix_t0 = float(time.time() + (self.t0 - loop.time()))
@@ -477,9 +606,21 @@ class _Replay:
                         pass
             # Let the server's counters settle (aborts are applied at its next step boundary).
             await asyncio.sleep(min(0.5, max(0.05, opts.sample_interval_wall_s)))
-            after_text = await self._scrape(session)
+            after_texts = await self._scrape_all(session)
+            after_text = _merge_texts(after_texts)
             after_at = loop.time()
-        return self._result(before_text, before_at, after_text, after_at, wall_start)
+        result = self._result(before_text, before_at, after_text, after_at, wall_start)
+        if self.routed:
+            result.info["router"] = self.router.name
+            result.info["router_params"] = {k: getattr(self.router, k) for k in type(self.router).params}
+            result.info["urls"] = list(self.urls)
+            result.info["replicas"] = [{
+                "url": url,
+                "requests": int(sum(1 for rec in self.records if rec.replica == r)),
+                "metrics_before": parse_metrics(b).summary() if b else {},
+                "metrics_after": parse_metrics(a).summary() if a else {},
+            } for r, (url, b, a) in enumerate(zip(self.urls, before_texts, after_texts))]
+        return result
 
     def _result(self, before_text, before_at, after_text, after_at, wall_start) -> ReplayResult:
         to_trace = self.trace_time
@@ -498,6 +639,8 @@ class _Replay:
                 if r.sent != r.sent and r.error is None:
                     r.error = "not sent: the replay stopped at a client-side failure"
         requests = request_table_from_records(self.workload, records, to_trace)
+        if self.routed:
+            requests["replica"] = np.array([r.replica for r in records], dtype=np.int64)
         if self.options.record_tokens:
             token_times = {
                 int(self.ids[r.index]): (np.asarray(r.token_times, dtype=float) - self.t0 - self.recv_offset)
@@ -531,9 +674,36 @@ class _Replay:
         return ReplayResult.from_snapshots(requests, snaps, before, after, token_times, info, self.workload)
 
 
-async def replay_async(base_url: str, workload: Workload, options: ReplayOptions | None = None) -> ReplayResult:
-    """Replay ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:8000``).  Raises
-    ServerError when the server cannot be reached, ReplayRequestError at a client-side request failure."""
+def _merge_texts(texts: list[str | None]) -> str | None:
+    """One server's ``/metrics`` text as it is; several servers' as one text whose samples carry a
+    ``kvtune_replica`` label (so that ``MetricsSnapshot`` sums counters over them and averages the usage gauge).
+    None when no server answered."""
+    if len(texts) == 1:
+        return texts[0]
+    if all(t is None for t in texts):
+        return None
+    lines = []
+    for r, text in enumerate(texts):
+        for line in (text or "").splitlines():
+            if not line or line[0] == "#":
+                continue
+            brace, space = line.find("{"), line.find(" ")
+            if 0 <= brace < space or (brace >= 0 and space < 0):
+                lines.append(f'{line[:brace]}{{kvtune_replica="{r}",{line[brace + 1:]}')
+            elif space > 0:
+                lines.append(f'{line[:space]}{{kvtune_replica="{r}"}}{line[space:]}')
+    return "\n".join(lines) + "\n"
+
+
+#: What a metrics-reading router reads of a scrape.
+_ROUTER_SAMPLES = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_V0})
+
+
+async def replay_async(base_url: str | Sequence[str], workload: Workload,
+                       options: ReplayOptions | None = None) -> ReplayResult:
+    """Replay ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:8000``), or routed across
+    several (a list, see the module docstring).  Raises ServerError when a server cannot be reached,
+    ReplayRequestError at a client-side request failure."""
     result = await _Replay(base_url, workload, options or ReplayOptions()).run()
     first = result.info.get("first_client_error")
     if first is not None:
@@ -543,7 +713,7 @@ async def replay_async(base_url: str, workload: Workload, options: ReplayOptions
     return result
 
 
-def replay(base_url: str, workload: Workload, options: ReplayOptions | None = None, **kwargs) -> ReplayResult:
+def replay(base_url: str | Sequence[str], workload: Workload, options: ReplayOptions | None = None, **kwargs) -> ReplayResult:
     """Blocking :func:`replay_async`; keyword arguments override fields of ``options``."""
     options = options or ReplayOptions()
     if kwargs:
