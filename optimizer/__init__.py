@@ -2,7 +2,8 @@
 
 Entry points: :func:`load_study_spec` / :class:`StudySpec` (the YAML), :class:`Tuner` / :func:`run_study` (run or
 resume a study), :func:`export_study` (Pareto front and recommended config), the :class:`TrialBackend` and
-:class:`Executor` interfaces with :class:`SimBackend`, :class:`RayExecutor` and :class:`InProcessExecutor`.
+:class:`Executor` interfaces with :class:`SimBackend`, :class:`RayExecutor`, :class:`ProcessExecutor` and
+:class:`InProcessExecutor` (:func:`choose_executor` picks one per study).
 The command line is :mod:`optimizer.cli`; packages that extend it (the replay package) register their trial
 backends (:func:`register_backend`) and subcommands (:func:`register_commands`) and share its argument types and
 its ``--model/--gpu/--set`` group (:func:`add_engine_arguments`, :func:`parse_pairs`).
@@ -29,6 +30,7 @@ _EXPORTS = {
     "flag_table": "optimizer._versions",
     "hf_model_id": "optimizer._export",
     "InProcessExecutor": "optimizer._executors",
+    "choose_executor": "optimizer._executors",
     "is_feasible": "optimizer._storage",
     "is_finished": "optimizer._storage",
     "KVTUNE_POLICIES": "optimizer._knobs",
@@ -47,6 +49,7 @@ _EXPORTS = {
     "positive_float": "optimizer._cli_args",
     "positive_int": "optimizer._cli_args",
     "prepare": "optimizer._storage",
+    "ProcessExecutor": "optimizer._executors",
     "RayExecutor": "optimizer._executors",
     "recover_interrupted": "optimizer._storage",
     "register_backend": "optimizer._backend",

@@ -17,6 +17,7 @@
     sampler: {name: tpe, seed: 0}        # tpe | nsga2 | gp | random | grid
     storage: null                        # Optuna storage URL; default sqlite:///<out>/study.db
     ray_address: null                    # an existing Ray cluster; default: a local one
+    executor: auto                       # where trials run: auto | ray | process | in-process (see README)
     out: null                            # default runs/<name> (relative to the current directory)
     backend: {kind: sim}                 # or replay: see BackendSpec (trials on a real engine or the twin)
 
@@ -46,8 +47,11 @@ from sim.workload._spec import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend", "latency_profile", "lower_precision")
+             "ray_address", "out", "backend", "latency_profile", "lower_precision", "executor")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
+#: Where a study's trials run (``executor:``, ``kvtune tune --executor``); ``auto`` chooses
+#: (``optimizer._executors.choose_executor``).
+EXECUTORS = ("auto", "ray", "process", "in-process")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 #: Parts of a spec that define what a trial measures: a stored study made from other values cannot be resumed.
@@ -454,6 +458,8 @@ class StudySpec:
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     storage: str | None = None
     ray_address: str | None = None
+    #: Where trials run: ``auto`` (chosen per study), ``ray``, ``process`` or ``in-process`` (:data:`EXECUTORS`).
+    executor: str = "auto"
     out: str | None = None
     backend: BackendSpec = field(default_factory=BackendSpec)
     #: ``latency_profile``: a profile YAML (``kvtune calibrate``) whose coefficients simulated trials use; a
@@ -608,6 +614,7 @@ class StudySpec:
             sampler=sampler,
             storage=_str(d, "storage", "", None),
             ray_address=_str(d, "ray_address", "", None),
+            executor=_str(d, "executor", "", "auto", EXECUTORS),
             out=_str(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
             latency_profile=profile,
@@ -671,6 +678,7 @@ class StudySpec:
             "sampler": self.sampler.to_dict(),
             "storage": self.storage,
             "ray_address": self.ray_address,
+            "executor": self.executor,
             "out": self.out,
             "backend": self.backend.to_dict(),
             "latency_profile": self.latency_profile,

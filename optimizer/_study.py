@@ -34,7 +34,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer._backend import SimBackend, TrialBackend, backend_factory
-from optimizer._executors import Executor, RayExecutor, TrialOutcome, check_reachable, code_runtime_env
+from optimizer._executors import (
+    Executor,
+    InProcessExecutor,
+    ProcessExecutor,
+    RayExecutor,
+    TrialOutcome,
+    check_reachable,
+    choose_executor,
+    code_runtime_env,
+)
 from optimizer._capacity import fleet_problem, priced, startup_problem
 from optimizer._knobs import params_to_knobs, repair_knobs, split_deployment
 from optimizer._progress import Phases, ProgressLine
@@ -95,6 +104,42 @@ class StudyResult:
     recovered: list[int] = field(default_factory=list)
     #: Wall seconds by phase of the driver (:class:`~optimizer._progress.Phases`).
     phases: dict[str, float] = field(default_factory=dict)
+    #: The executor the trials ran on (``ray``, ``process``, ``in-process``, or the class name of one passed in;
+    #: None when nothing was left to run) and why it was chosen.
+    executor: str | None = None
+    executor_reason: str | None = None
+
+    @property
+    def split(self) -> dict[str, float]:
+        """:attr:`wall_s` in four parts that sum to it: ``start`` (building the workloads, opening the storage,
+        starting the executor), ``storage`` (asking the sampler for trials and storing their results), ``shutdown``
+        (stopping the executor), and ``trials`` (the rest: trials running, and what the driver does between)."""
+        return split_wall(self.wall_s, self.phases)
+
+    def split_text(self) -> str:
+        """``start 0.4 s, trials 5.1 s, storage 0.9 s, shutdown 0.0 s``."""
+        return ", ".join(f"{k} {v:.1f} s" for k, v in self.split.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``kvtune tune`` writes to ``<out>/study_run.json``."""
+        return {"name": self.name, "storage": self.storage, "target": self.target, "finished": self.finished,
+                "complete": self.complete, "failed": self.failed, "feasible": self.feasible, "ran": self.ran,
+                "recovered": list(self.recovered), "executor": self.executor, "executor_reason": self.executor_reason,
+                "wall_s": round(self.wall_s, 3), "split_s": {k: round(v, 3) for k, v in self.split.items()},
+                "phases_s": {k: round(v, 3) for k, v in self.phases.items()}}
+
+
+#: Driver phases (:class:`~optimizer._progress.Phases`) in each part of :attr:`StudyResult.split`; ``trials`` is the
+#: rest of the wall time.
+SPLIT_PHASES = {"start": ("prepare", "storage", "executor_start"), "storage": ("ask", "tell"),
+                "shutdown": ("shutdown",)}
+
+
+def split_wall(wall_s: float, phases: Mapping[str, float]) -> dict[str, float]:
+    """``wall_s`` as ``start``, ``trials``, ``storage``, ``shutdown`` (see :attr:`StudyResult.split`)."""
+    parts = {name: sum(phases.get(k, 0.0) for k in keys) for name, keys in SPLIT_PHASES.items()}
+    trials = max(0.0, wall_s - sum(parts.values()))
+    return {"start": parts["start"], "trials": trials, "storage": parts["storage"], "shutdown": parts["shutdown"]}
 
 
 def _jsonable(value: Any) -> Any:
@@ -110,9 +155,13 @@ class Tuner:
 
     ``backend``: default per the spec's ``backend:`` -- :class:`SimBackend` on the spec's workload, or for
     ``kind: replay`` the backend the replay package registers (optimizer._backend.register_backend), launching
-    vLLM or the twin per trial, or replaying against ``url``.  ``executor``: default :class:`RayExecutor` (``address`` or the spec's
+    vLLM or the twin per trial, or replaying against ``url``.  ``executor``: an :class:`Executor` to use;
+    otherwise the kind ``executor_kind`` names (default: the spec's ``executor``, ``auto``: see
+    :func:`~optimizer._executors.choose_executor`): :class:`RayExecutor` (``address`` or the spec's
     ``ray_address``; ``workers`` trials at once, default one per CPU, and per ``backend.gpus_per_trial`` GPUs:
-    each trial reserves them as a Ray resource).  With ``backend.url`` trials run one at a time (``workers`` 1).
+    each trial reserves them as a Ray resource), :class:`ProcessExecutor` (``workers`` forked worker processes,
+    default one per CPU) or :class:`InProcessExecutor`.  With ``backend.url`` trials run one at a time
+    (``workers`` 1).
     """
 
     def __init__(self, spec: StudySpec, *, trials: int | None = None, workers: int | None = None,
@@ -120,7 +169,7 @@ class Tuner:
                  backend: TrialBackend | None = None, executor: Executor | None = None,
                  trial_timeout_s: float | None = None, progress: TextIO | None = None,
                  context: StudyContext | None = None, crash_retries: int = CRASH_RETRIES,
-                 max_consecutive_crashes: int = MAX_CONSECUTIVE_CRASHES):
+                 max_consecutive_crashes: int = MAX_CONSECUTIVE_CRASHES, executor_kind: str | None = None):
         self.spec = spec
         self.target = trials if trials is not None else spec.budget.trials
         if self.target < 1:
@@ -145,6 +194,9 @@ class Tuner:
         self.address = address or spec.ray_address
         self.backend = backend
         self.executor = executor
+        self.executor_kind = executor_kind or spec.executor
+        #: The executor kind :meth:`run` used and why (``StudyResult.executor`` / ``executor_reason``).
+        self.executor_choice: tuple[str, str] | None = None
         self.timeout_s = trial_timeout_s if trial_timeout_s is not None else spec.budget.trial_timeout_s
         self.progress_stream = progress if progress is not None else sys.stderr
         self.ctx = context
@@ -168,7 +220,7 @@ class Tuner:
         t0 = time.monotonic()
         spec = self.spec
         phases = self.phases = Phases()
-        if self.address and self.executor is None:
+        if self.address and self.executor is None and self.executor_kind in ("auto", "ray"):
             check_reachable(self.address)  # before any work: ray.init would retry an unreachable one for minutes
         with phases.time("prepare"):
             ctx = self.ctx or prepare(spec)
@@ -200,9 +252,9 @@ class Tuner:
                     trials = study.get_trials(deepcopy=False)
         executor = None
         if finished < target:  # started before any progress output: an unreachable cluster is one error line
-            executor = self.executor or RayExecutor(
-                self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
-                gpus_per_trial=spec.backend.gpus_per_trial)
+            executor = self.executor or self.make_executor(target - finished)
+            if self.executor is not None:
+                self.executor_choice = (type(executor).__name__, "given")
             with phases.time("executor_start"):
                 executor.start()
         progress = ProgressLine(target, list(spec.objectives), ctx.directions, stream=self.progress_stream,
@@ -241,7 +293,23 @@ class Tuner:
             failed=sum(1 for t in trials if t.state == TrialState.FAIL and is_finished(t)),
             feasible=sum(1 for t in trials if is_feasible(t)),
             ran=self._ran, wall_s=time.monotonic() - t0, recovered=recovered, phases=dict(phases.seconds),
+            executor=self.executor_choice[0] if self.executor_choice else None,
+            executor_reason=self.executor_choice[1] if self.executor_choice else None,
         )
+
+    def make_executor(self, trials: int) -> Executor:
+        """The executor for ``trials`` more trials, of the kind :attr:`executor_kind` names (``auto``: chosen by
+        :func:`~optimizer._executors.choose_executor`); the choice and its reason go to :attr:`executor_choice`."""
+        spec = self.spec
+        kind, why = choose_executor(self.executor_kind, address=self.address, trials=trials,
+                                    replicates=spec.replicates, replay=spec.backend.is_replay)
+        self.executor_choice = (kind, why)
+        if kind == "in-process":
+            return InProcessExecutor()
+        if kind == "process":
+            return ProcessExecutor(workers=self.workers)
+        return RayExecutor(self.address, workers=self.workers, runtime_env=code_runtime_env() if self.address else None,
+                           gpus_per_trial=spec.backend.gpus_per_trial)
 
     def make_backend(self, ctx: StudyContext) -> TrialBackend:
         """The spec's backend on the built workloads: SimBackend, or the factory registered for the backend's
@@ -505,6 +573,10 @@ class _Run:
         progress.message(f"kvtune: study {spec.name!r}: {self.finished}/{self.target} trials finished"
                          + (f", {others} running in another driver" if others else "")
                          + f"; running up to {capacity} at once on {self.executor.describe()}; storage {tuner.storage}")
+        if tuner.executor_choice is not None and tuner.executor_choice[1] != "given":
+            kind, why = tuner.executor_choice
+            progress.message(f"kvtune: executor {kind}: {why} (--executor or the spec's executor: to force one of "
+                             f"ray, process, in-process)")
         self._start_heartbeat()
         while True:
             if time.monotonic() - self._last_recovery > HEARTBEAT_INTERVAL_S:

@@ -33,7 +33,11 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="output folder (default: the spec's out, else runs/<name>)")
     p.add_argument("--trial-timeout", type=positive_float, metavar="SECONDS",
                    help="per-trial timeout (default: budget.trial_timeout_s)")
-    p.add_argument("--in-process", action="store_true", help="run trials one by one in this process (no Ray)")
+    p.add_argument("--executor", choices=("auto", "ray", "process", "in-process"), default=None,
+                   help="where trials run (default: the spec's executor, else auto: worker processes for a small "
+                        "study on this machine, Ray for a cluster address, a replay backend or a large study)")
+    p.add_argument("--in-process", action="store_true", help="run trials one by one in this process "
+                                                             "(--executor in-process)")
     p.add_argument("--no-export", action="store_true", help="do not export pareto.csv / recommended.* at the end")
     p.set_defaults(handler=cmd_tune)
 
@@ -48,7 +52,8 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from optimizer._executors import InProcessExecutor
+    import time
+
     from optimizer._export import export_study
     from optimizer._spec import load_study_spec
     from optimizer._study import Tuner
@@ -56,24 +61,45 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sim.outputs import probe_out_dir
 
     spec = load_study_spec(args.spec)
+    kind = "in-process" if args.in_process else args.executor
     tuner = Tuner(spec, trials=args.trials, workers=args.workers, storage=args.storage, address=args.address,
-                  out=args.out, trial_timeout_s=args.trial_timeout,
-                  executor=InProcessExecutor() if args.in_process else None)
+                  out=args.out, trial_timeout_s=args.trial_timeout, executor_kind=kind)
     if not args.no_export:
         probe_out_dir(tuner.out)  # before the study: an export that cannot be written would waste it
     result = tuner.run()
+    ran_on = f" on {result.executor}" if result.executor else ""
     print(f"study {result.name}: {result.finished}/{result.target} trials finished ({result.complete} complete, "
-          f"{result.failed} failed, {result.feasible} feasible); ran {result.ran} now in {result.wall_s:.1f} s; "
-          f"storage {result.storage}")
+          f"{result.failed} failed, {result.feasible} feasible); ran {result.ran} now{ran_on} in "
+          f"{result.wall_s:.1f} s ({result.split_text()}); storage {result.storage}")
+    record = result.to_dict()
+    if not args.no_export and result.complete and result.storage != "memory":
+        t0 = time.monotonic()
+        export = export_study(spec, storage=result.storage, out=tuner.out, context=tuner.ctx)
+        record["export_s"] = round(time.monotonic() - t0, 3)
+    else:
+        export = None
+    if result.storage != "memory" or args.out is not None:
+        _write_run_record(tuner.out, record)
     if result.complete == 0 and result.finished:
         print("kvtune: error: no trial completed; each failed trial's reason is in its fail_reason attribute "
               "(optuna-dashboard or the study storage)", file=sys.stderr)
         return 1
-    if args.no_export or result.complete == 0 or result.storage == "memory":
+    if export is None:
         return 0
-    export = export_study(spec, storage=result.storage, out=tuner.out, context=tuner.ctx)
     print(export.summary())
     return 0 if export.feasible else 1
+
+
+def _write_run_record(out: Path, record: dict) -> None:
+    """``<out>/study_run.json``: the last ``kvtune tune`` run's counts, executor and wall-time split (best effort:
+    an out folder that cannot be written only loses this file)."""
+    import json
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "study_run.json").write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        print(f"kvtune: warning: cannot write {out / 'study_run.json'}: {exc.strerror or exc}", file=sys.stderr)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -187,7 +187,7 @@ class SlowBackend(TrialBackend):
         self.flag = flag
 
     def run(self, params, seeds):
-        Path(self.flag).write_text("started")
+        Path(self.flag).write_text(str(os.getpid()))  # the process the trial runs in
         time.sleep(120)
         return {}
 

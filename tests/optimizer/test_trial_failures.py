@@ -13,7 +13,7 @@ import time
 import optuna
 from optimizer_test_helpers import spec_dict
 
-from optimizer import InProcessExecutor, RayExecutor, SimBackend, StudySpec, TrialBackend, Tuner, open_study, prepare
+from optimizer import InProcessExecutor, ProcessExecutor, RayExecutor, SimBackend, StudySpec, TrialBackend, Tuner, open_study, prepare
 
 TrialState = optuna.trial.TrialState
 RAISES, HANGS, KILLED = 11, 12, 13
@@ -103,6 +103,30 @@ def test_ray_trials_that_raise_hang_or_die(tmp_path, local_ray):
     log = progress.getvalue()
     assert "failed (error): RuntimeError: boom" in log and "failed (timeout)" in log and "failed (crashed)" in log
     assert "trials 6/6 done (3 failed)" in log
+
+
+def test_process_trials_that_raise_hang_or_die(tmp_path):
+    """The same three failures on forked worker processes (ProcessExecutor, what ``executor: auto`` picks for a
+    small study): each fails only its trial; the hung one's worker is killed at its timeout."""
+    spec, storage, backend = _study(tmp_path, [RAISES, HANGS, KILLED, 32, 64, 128])
+    progress = io.StringIO()
+    result = Tuner(spec, storage=storage, backend=backend, executor=ProcessExecutor(workers=2), progress=progress,
+                   crash_retries=1).run()
+    study = optuna.load_study(study_name=spec.name, storage=storage)
+    why = [(t.number, t.params, t.user_attrs.get("fail_reason")) for t in study.trials]
+    assert result.finished == 6 and result.failed == 3 and result.complete == 3, why
+    killed = [t for t in study.trials if t.params["max_num_seqs"] == KILLED]
+    assert [t.user_attrs.get("retried", False) for t in killed] == [True, False]
+    trials = _by_value(storage, spec.name)
+    assert trials[RAISES].user_attrs["fail_kind"] == "error"
+    assert trials[RAISES].user_attrs["fail_reason"] == "RuntimeError: boom: the backend failed"
+    assert trials[HANGS].user_attrs["fail_kind"] == "timeout"
+    assert f"timed out after {spec.budget.trial_timeout_s:g} s" in trials[HANGS].user_attrs["fail_reason"]
+    assert trials[KILLED].user_attrs["fail_kind"] == "crashed"
+    assert "worker died (killed by signal 9)" in trials[KILLED].user_attrs["fail_reason"]
+    for v in (32, 64, 128):
+        assert trials[v].state == TrialState.COMPLETE and trials[v].user_attrs["class.conv.e2e_s.p99"] > 0
+    assert "trials 6/6 done (3 failed)" in progress.getvalue()
 
 
 def test_in_process_trials_that_raise_or_hang(tmp_path):
