@@ -142,14 +142,21 @@ class _PrefixIndex:
         self.seen: dict[int, float] = {}
 
     def match(self, hashes: tuple[int, ...], now: float, ttl_s: float = math.inf) -> int:
+        """The number of leading ``hashes`` held (sent no more than ``ttl_s`` before ``now``).
+
+        A binary search: every insert is a whole chained prefix stamped with one time, so along a chain a held
+        hash's predecessors are held and were sent no earlier; "block k matches" is true up to the longest match
+        and false after it (what the engine's prefix cache assumes of the same keys, ``sim.runner``)."""
         seen = self.seen
-        n = 0
-        for key in hashes:
-            t = seen.get(key)
+        lo, hi = 0, len(hashes)  # hashes[:lo] match; hashes[hi:] do not
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            t = seen.get(hashes[mid])
             if t is None or now - t > ttl_s:
-                break
-            n += 1
-        return n
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def insert(self, hashes: tuple[int, ...], now: float) -> None:
         seen = self.seen

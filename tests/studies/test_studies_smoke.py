@@ -28,7 +28,7 @@ SPECS = sorted(STUDIES.glob("*.yaml"))
 SLICE_REQUESTS = 150
 TRIALS = 2
 EXPECTED = {"kv-pressure-incident", "swap-vs-recompute", "admission-headroom", "class-tradeoff", "hardware-whatif",
-            "reasoning-kv-pressure", "reasoning-capacity"}
+            "reasoning-kv-pressure", "reasoning-capacity", "fleet-capacity", "fleet-prefix-routing"}
 
 
 def readme_commands() -> dict[str, list[str]]:
