@@ -15,12 +15,13 @@ Subcommands (the one-side commands are what a whole-process timer runs, A B A B)
 
     python benchmarks/fleet_vs_dynamo.py trace --out T.jsonl [--requests 20000] [--seed 0]
     python benchmarks/fleet_vs_dynamo.py kvtune T.jsonl [--workers 8] [--router round_robin|dynamo_kv]
-    DYNAMO_PY -m ... : ~/.cache/kvtune/dynamo-venv/bin/python benchmarks/fleet_vs_dynamo.py dynamo T.jsonl
-                       [--workers 8] [--router round_robin|kv_router] [--per-request]
+    ~/.cache/kvtune/dynamo-venv/bin/python benchmarks/fleet_vs_dynamo.py dynamo T.jsonl [--workers 8]
+                                           [--router round_robin|kv_router] [--per-request]
     python benchmarks/fleet_vs_dynamo.py compare T.jsonl [--workers 8] [--repeats 3]
 
 ``compare`` runs each side as its own process, A B A B (kvtune, Dynamo) ``--repeats`` times per router, and prints
-each side's median whole-process and in-process wall time, the ratio of whole-process times pair by pair, the
+each side's median whole-process wall time (``proc s``: start-up, imports, trace, simulation) and in-process wall time
+(``sim s``: reading the trace and simulating, which Dynamo's ``run_trace_replay`` call does in one), the ratio of whole-process times pair by pair, the
 prefix reuse ratio (prompt tokens served from the prefix cache over prompt tokens) and the requests per worker.
 The ``dynamo`` side needs Dynamo in its own venv (recipe: ``python3 -m venv ~/.cache/kvtune/dynamo-venv``;
 ``pip install ai-dynamo-runtime==1.6.1``; ``pip install --no-deps ai-dynamo==1.6.1``); ``--dynamo-python``
@@ -169,7 +170,8 @@ def compare(trace: Path, workers: int, repeats: int, dynamo_py: str) -> None:
             info = runs[-1][1]
             per_worker = info.get("per_worker") or dyn_counts.get("per_worker")
             proc = statistics.median(r[0] for r in runs)
-            sim = statistics.median(r[1]["wall_s"] for r in runs)
+            # In-process: reading the trace and simulating (Dynamo's replay call does both).
+            sim = statistics.median(r[1]["wall_s"] + r[1].get("load_s", 0.0) for r in runs)
             ratio = f"{statistics.median(ratios):8.2f}" if side == "kvtune" else f"{'':>8}"
             print(f"{router + ' / ' + mode:<24} {side:<7} {proc:7.2f} {sim:7.2f} {ratio} "
                   f"{info['prefix_reuse_ratio']:6.3f} {info['completed']:6d}  {per_worker}", flush=True)
