@@ -5,6 +5,10 @@ kvtune's KV capacity is within 2% of vLLM's logs (benchmarks/kv_capacity.py) and
 10% of published measurements (benchmarks/latency_validation.py); near saturation 5% fewer blocks can double a
 tail latency.  Each perturbation re-simulates the recommended and the default config with KV blocks x0.95 or
 x1.05, or every step time x0.9 or x1.1, and the worst corner (x0.95 blocks, x1.1 time).
+
+The ten simulations run in worker processes forked from the caller, one per CPU (they inherit the workloads; the
+results are the same as one after another, the simulator being deterministic); one after another on one CPU, where
+``fork`` is missing, or in a process that joined a Ray (forking a Ray driver is unsafe).
 """
 
 from __future__ import annotations
@@ -32,6 +36,62 @@ def _throughput(metrics: Mapping[str, Any], objective_names: Sequence[str]) -> t
     return "output_tokens_per_s", math.nan
 
 
+#: What the forked workers of :func:`robustness` simulate: (ctx, recommended, default, perturbations), set by the
+#: caller before the fork (inherited, not pickled: the workloads are large).
+_JOB: tuple | None = None
+
+
+def _simulate_pair(i: int) -> tuple[Any, Any, str | None]:
+    """The recommended and the default config under perturbation ``i`` of :data:`_JOB`: (rec, base, error)."""
+    assert _JOB is not None
+    ctx, recommended, default, perturbations = _JOB
+    _, kv, time = perturbations[i]
+    backend = SimBackend.for_spec(ctx.spec, ctx.workloads, kv_scale=kv, time_scale=time, record_steps=False)
+    try:
+        return backend.run(dict(recommended), ctx.seeds), backend.run(dict(default), ctx.seeds), None
+    except (TrialError, KvtuneError) as exc:
+        return None, None, str(exc)
+
+
+def _workers(jobs: int) -> int:
+    """Forked workers for ``jobs`` simulations: one per CPU, none (run here) on one CPU, without ``fork``, or in a
+    process that joined a Ray."""
+    import multiprocessing
+    import os
+    import sys
+
+    ray = sys.modules.get("ray")
+    if (ray is not None and getattr(ray, "is_initialized", lambda: False)()) \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        return 0
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return min(jobs, cpus) if cpus > 1 else 0
+
+
+def _simulate_all(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, Any],
+                  perturbations) -> list[tuple[Any, Any, str | None]]:
+    global _JOB
+    _JOB = (ctx, dict(recommended), dict(default), tuple(perturbations))
+    try:
+        workers = _workers(len(_JOB[3]))
+        if workers:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                    return list(pool.map(_simulate_pair, range(len(_JOB[3]))))
+            except BrokenProcessPool:  # a worker died: the same simulations here, one after another
+                pass
+        return [_simulate_pair(i) for i in range(len(_JOB[3]))]
+    finally:
+        _JOB = None
+
+
 def robustness(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, Any], shortfalls,
                perturbations=PERTURBATIONS) -> dict[str, Any]:
     """Per perturbation: whether the recommendation meets every SLO and beats the default (higher throughput
@@ -39,14 +99,11 @@ def robustness(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, A
     SLOs a metrics mapping misses."""
     names = list(ctx.spec.objectives)
     rows = []
-    for label, kv, time in perturbations:
-        backend = SimBackend.for_spec(ctx.spec, ctx.workloads, kv_scale=kv, time_scale=time, record_steps=False)
+    for (label, kv, time), (rec, base, error) in zip(perturbations,
+                                                     _simulate_all(ctx, recommended, default, perturbations)):
         row: dict[str, Any] = {"perturbation": label, "kv_scale": kv, "time_scale": time}
-        try:
-            rec = backend.run(dict(recommended), ctx.seeds)
-            base = backend.run(dict(default), ctx.seeds)
-        except (TrialError, KvtuneError) as exc:
-            row["error"] = str(exc)
+        if error is not None:
+            row["error"] = error
             rows.append(row)
             continue
         key, rec_tp = _throughput(rec, names)

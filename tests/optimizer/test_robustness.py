@@ -69,3 +69,24 @@ def test_robustness_predicts_with_the_studys_latency_profile(tmp_path):
     metric = key[len("recommended_"):]
     assert row[key] == pytest.approx(scored[metric], rel=1e-12)
     assert row[key] < 0.9 * default_model[metric]  # the profile's slower engine, not the default one
+
+
+def test_forked_robustness_equals_one_after_another(monkeypatch):
+    """The ten re-simulations in forked workers (one per CPU) give what they give one after another."""
+    import optimizer._robustness as rb
+    from optimizer import StudySpec, prepare
+    from optimizer_test_helpers import spec_dict
+
+    d = spec_dict()
+    d["workload"]["max_requests"] = 60
+    ctx = prepare(StudySpec.from_dict(d))
+    rec = {**ctx.spec.fixed_knobs(), "max_num_seqs": 32}
+
+    def verdicts():
+        return rb.robustness(ctx, rec, ctx.spec.fixed_knobs(), lambda m: [])
+
+    monkeypatch.setattr(rb, "_workers", lambda jobs: 2)
+    forked = verdicts()
+    monkeypatch.setattr(rb, "_workers", lambda jobs: 0)
+    assert forked == verdicts() and len(forked["perturbations"]) == len(rb.PERTURBATIONS)
+    assert rb._JOB is None  # noqa: SLF001
