@@ -3,8 +3,10 @@
 Runs ``kvtune tune SPEC --trials N --no-export`` as the CLI does (``load_study_spec`` + ``Tuner.run``, a fresh SQLite
 storage in a temporary folder) in a fresh process per mode, so that start-up (imports, Ray) is counted:
 
-- ``in-process``: trials one by one in the driver (``--in-process``);
-- ``ray-1``, ``ray-2``: a local Ray started by the study, 1 or 2 warm workers (``--workers``);
+- ``in-process``: trials one by one in the driver (``--executor in-process``);
+- ``process-1``, ``process-2``: 1 or 2 worker processes forked from the driver (``--executor process --workers``;
+  what ``executor: auto`` picks for this study);
+- ``ray-1``, ``ray-2``: a local Ray started by the study, 1 or 2 warm workers (``--executor ray --workers``);
 - ``driver-only``: in-process, every trial returning the metrics of one real trial (simulated once, before the
   clock starts; the process wall includes it): the driver's own cost per trial (sampler, storage), nothing simulated.
 
@@ -14,9 +16,11 @@ workload, opening the storage, starting Ray and warming its workers), the driver
 of the trial loop, each trial's simulation CPU and wall seconds (``sim.cpu_s``/``sim.wall_s``, measured in the
 worker), the driver's time per trial asking (sampler + storage) and telling (storage), and the worker time per
 trial that went to anything but simulating (the loop's wall x workers, less the trials' simulation wall, per trial),
-and the user attributes a complete trial stores (rows of Optuna's ``trial_user_attributes``, median).
+and the user attributes a complete trial stores (rows of Optuna's ``trial_user_attributes``, median).  A second
+table gives the split ``kvtune tune`` prints (``StudyResult.split``: start, trials, storage, shutdown; they sum
+to the study's wall) with the imports before it.
 
-    python benchmarks/study_speed.py [--modes in-process,ray-1,ray-2] [--trials 40] [--repeats 1] [--spec PATH]
+    python benchmarks/study_speed.py [--modes in-process,process-2,ray-2] [--trials 40] [--repeats 1] [--spec PATH]
 
 On the 2-core machine run it pinned and niced when the other core is busy (``taskset -c 1 nice -n 5``): the
 ``ray-2`` figures then only say what two workers on one core do.
@@ -35,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed one
-MODES = ("in-process", "ray-1", "ray-2", "driver-only")
+MODES = ("in-process", "process-1", "process-2", "ray-1", "ray-2", "driver-only")
 
 
 class _StoredMetrics:
@@ -57,7 +61,7 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
     t_import = time.perf_counter()
     import io
 
-    from optimizer import InProcessExecutor, Tuner, load_study_spec
+    from optimizer import InProcessExecutor, ProcessExecutor, Tuner, load_study_spec
 
     imports_s = time.perf_counter() - t_import
     spec = load_study_spec(spec_path)
@@ -72,8 +76,10 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
     with tempfile.TemporaryDirectory() as out:
         local = mode in ("in-process", "driver-only")
         workers = None if local else int(mode.split("-")[1])
+        executor = (InProcessExecutor() if local else
+                    ProcessExecutor(workers=workers) if mode.startswith("process") else None)
         tuner = Tuner(spec, trials=trials, workers=workers, out=out, progress=io.StringIO(), backend=backend,
-                      executor=InProcessExecutor() if local else None)
+                      executor=executor, executor_kind="ray")
         result = tuner.run()
         trials_run = [t for t in tuner.study.get_trials(deepcopy=False) if "sim.cpu_s" in t.user_attrs]
         sim_cpu = [float(t.user_attrs["sim.cpu_s"]) for t in trials_run]
@@ -85,7 +91,7 @@ def _child(mode: str, spec_path: str, trials: int, started: float, queue) -> Non
         "mode": mode, "workers": workers or 1, "imports_s": imports_s, "study_s": result.wall_s,
         "driver_cpu_s": time.process_time() - cpu0, "phases": result.phases, "ran": result.ran,
         "complete": result.complete, "failed": result.failed, "sim_cpu": sim_cpu, "sim_wall": sim_wall,
-        "trial_wall": trial_wall, "attr_rows": attr_rows, "started": started,
+        "trial_wall": trial_wall, "attr_rows": attr_rows, "started": started, "split": result.split,
     })
 
 
@@ -116,6 +122,7 @@ def _figures(row: dict) -> dict:
         "ask_ms": 1000 * ph.get("ask", 0.0) / ran, "tell_ms": 1000 * ph.get("tell", 0.0) / ran,
         "idle_s": (loop * row["workers"] - sim_wall) / ran,
         "attr_rows": statistics.median(row["attr_rows"]) if row["attr_rows"] else float("nan"),
+        "imports_s": row["imports_s"], **{f"split_{k}": v for k, v in row["split"].items()},
     }
 
 
@@ -137,6 +144,7 @@ def main() -> None:
           "worker s/trial not simulating | shutdown s | user attrs/trial |")
     print("|" + "---|" * 14)
     rates = {}
+    splits = []
     for mode in args.modes.split(","):
         if mode not in MODES:
             raise SystemExit(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
@@ -147,6 +155,12 @@ def main() -> None:
               f"({f['executor_start_s']:.1f}) | {f['driver_cpu_s']:.1f} | {f['trials_per_s']:.3f} | "
               f"{f['sim_cpu']:.2f} | {f['sim_wall']:.2f} | {f['sim_cpu_total']:.1f} | {f['ask_ms']:.0f} | "
               f"{f['tell_ms']:.0f} | {f['idle_s']:.2f} | {f['shutdown_s']:.1f} | {f['attr_rows']:.0f} |", flush=True)
+        splits.append((mode, f))
+    print("\n| mode | imports s | study wall s | start s | trials s | storage s | shutdown s |")
+    print("|" + "---|" * 7)
+    for mode, f in splits:
+        print(f"| {mode} | {f['imports_s']:.1f} | {f['study_s']:.1f} | {f['split_start']:.1f} | {f['split_trials']:.1f} "
+              f"| {f['split_storage']:.1f} | {f['split_shutdown']:.1f} |")
     if "ray-1" in rates and "ray-2" in rates and rates["ray-1"] > 0:
         print(f"# trials/s, 2 Ray workers over 1: {rates['ray-2'] / rates['ray-1']:.2f}x")
 
