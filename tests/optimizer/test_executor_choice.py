@@ -158,11 +158,12 @@ def test_sigterm_with_worker_processes_resumes_without_rerunning(tmp_path):
         time.sleep(0.1)
     assert flag.exists(), proc.communicate()[1]
     worker = int(flag.read_text())
+    time.sleep(1.0)  # the driver has asked its trial ahead by now (a stop mid-ask is test_study_faults' business)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "Traceback" not in err
-    for _ in range(50):  # the worker was killed with the driver's executor
+    for _ in range(300):  # the worker was killed with the driver's executor
         try:
             os.kill(worker, 0)
         except ProcessLookupError:
