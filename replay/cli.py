@@ -92,7 +92,11 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
         from sim.engine.config import EngineConfig
 
         return probe_workload(load_model(name), load_gpu(args.gpu), EngineConfig.from_dict(knobs or {}, "--set"))
-    workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser())
+    if args.fmt is not None:
+        from sim.workload._detect import check_format
+
+        check_format(args.fmt, "--format")
+    workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser(), args.fmt)
     df = workload.requests
     if args.start_index:
         df = df.iloc[args.start_index:]
@@ -150,25 +154,36 @@ def _check_router(args: argparse.Namespace) -> tuple[list[str], str | None, dict
             flag = "--router" if exc.field in ("router", "replicas") else f"--router-param {exc.field.split('.', 1)[-1]}"
             raise ConfigError(flag, exc.message) from None
     for url in urls:
-        _check_reachable(url)
+        served = _check_reachable(url)
+        if served is not None and args.model not in served:  # issue 32: a run on another model, exit 0, no word
+            names = ", ".join(map(repr, served))
+            raise ConfigError("--model", f"{url} does not serve {args.model!r}; it serves {names} (vllm serve's "
+                                         "--served-model-name, by default its --model)")
     return urls, router, params
 
 
-def _check_reachable(url: str, timeout_s: float = 10.0) -> None:
-    """``url`` answers HTTP (any status) within ``timeout_s``; else ConfigError naming ``--url``."""
+def _check_reachable(url: str, timeout_s: float = 10.0) -> list[str] | None:
+    """``url`` answers HTTP (any status) within ``timeout_s``, else ConfigError naming ``--url``; returns the
+    model ids its ``/v1/models`` lists (None when it answered something else, e.g. 401 without the API key)."""
+    import json
     import urllib.error
     import urllib.request
 
     if not url.startswith(("http://", "https://")):
         raise ConfigError("--url", f"{url!r} is not an http:// or https:// URL")
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s):
-            pass
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as resp:
+            body = resp.read()
     except urllib.error.HTTPError:
-        pass  # it answered (e.g. 401 without the API key): the replay reports the rest
+        return None  # it answered (e.g. 401 without the API key): the replay reports the rest
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ConfigError("--url", f"{url} cannot be reached: {reason}") from None
+    try:
+        data = json.loads(body).get("data")
+        return [str(m["id"]) for m in data] if isinstance(data, list) and data else None
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return None  # not an OpenAI model list: the replay reports it
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -198,7 +213,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         extra_args=tuple(args.vllm_arg or ()),
         speed=args.speed,
         out_dir=args.out,
-        options=ReplayOptions(sample_interval_wall_s=args.sample_interval, drain_timeout_s=args.drain_timeout,
+        options=ReplayOptions(model=args.model if urls else None,  # --url: request --model (checked above)
+                              sample_interval_wall_s=args.sample_interval, drain_timeout_s=args.drain_timeout,
                               router=router, router_params=router_params, router_block_size=config.block_size),
         coefficients=_pairs(args.coef, "--coef") or None,
         profile=args.profile,
@@ -279,6 +295,9 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--router-param", action="append", metavar="NAME=VALUE",
                      help="router parameter, e.g. cache_threshold=0.5 (repeatable)")
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
+    rep.add_argument("--format", dest="fmt", default=None,
+                     help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: "
+                          "detected)")
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
     rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")

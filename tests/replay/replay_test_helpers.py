@@ -18,11 +18,14 @@ GPU = "A100-80GB"
 
 @contextlib.contextmanager
 def running_twin(knobs: dict | None = None, *, speed: float = 20.0, slack_ms: float = 50.0,
-                 coefficients: dict | None = None, tmp_path=None) -> Iterator[str]:
-    """A twin subprocess on a free localhost port; yields its base URL, stops it (process group) on exit."""
+                 coefficients: dict | None = None, tmp_path=None,
+                 served_model_name: str | None = None) -> Iterator[str]:
+    """A twin subprocess on a free localhost port; yields its base URL, stops it (process group) on exit.
+    ``served_model_name``: the model id it serves (default MODEL)."""
     config = EngineConfig.from_dict(knobs or {})
     port = free_port()
-    argv, env = twin_command(config, MODEL, GPU, port=port, speed=speed, slack_ms=slack_ms, coefficients=coefficients)
+    argv, env = twin_command(config, MODEL, GPU, port=port, speed=speed, slack_ms=slack_ms, coefficients=coefficients,
+                             served_model_name=served_model_name)
     log_path = (tmp_path / f"twin-{port}.log") if tmp_path is not None else None
     proc = EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log_path, startup_timeout_s=60,
                          stop_timeout_s=10)

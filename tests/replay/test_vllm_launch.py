@@ -87,7 +87,7 @@ def test_cli_unreachable_server_is_one_line_and_exit_2(tmp_path, capsys):
     code = main(["replay", "--url", "http://127.0.0.1:9", "--model", "m", "--trace", _trace(tmp_path),
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "cannot reach http://127.0.0.1:9" in err[0]
+    assert code == 2 and len(err) == 1 and "--url: http://127.0.0.1:9 cannot be reached" in err[0]
 
 
 def test_cli_launch_without_a_vllm_environment_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
