@@ -17,22 +17,10 @@ from pathlib import Path
 from optimizer import (add_engine_arguments, non_negative_float, non_negative_int, parse_pairs as _pairs, port,
                        positive_float, positive_int)
 from replay.calibration.cli import add_calibrate_parser, cmd_calibrate  # noqa: F401 (kvtune calibrate)
+from replay.engine_options import coefficients as _coefficients, engine_config as _engine_config
 from sim.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
-
-
-def _engine_config(sets: list[str] | None):
-    from sim.engine.config import EngineConfig
-
-    return EngineConfig.from_dict(_pairs(sets, "--set"), where="--set")
-
-
-def _coefficients(profile: str | None, coefs: list[str] | None):
-    from replay.calibrate import coefficients_from
-
-    overrides = {k: float(v) for k, v in _pairs(coefs, "--coef").items()}
-    return coefficients_from(profile, overrides)
 
 
 # ---- twin ----------------------------------------------------------------------------------------------

@@ -7,19 +7,8 @@ import sys
 from pathlib import Path
 
 from optimizer import add_engine_arguments
+from replay.engine_options import coefficients as _coefficients, engine_config as _engine_config
 from sim.errors import ConfigError
-
-
-def _engine_config(sets: list[str] | None):
-    from replay.cli import _engine_config as parse
-
-    return parse(sets)
-
-
-def _coefficients(profile: str | None, coefs: list[str] | None):
-    from replay.cli import _coefficients as parse
-
-    return parse(profile, coefs)
 
 
 # ---- the command -----------------------------------------------------------------------------------------
