@@ -31,7 +31,8 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
                          gpu_help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)",
                          set_help="engine knob, repeatable")
     p.add_argument("--profile", default=None,
-                   help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model and device")
+                   help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model and device; "
+                        "its measured client-side latency is added to every predicted token")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
     p.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrival times X-fold")
@@ -54,7 +55,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.tp != 1:
         knobs.setdefault("tensor_parallel_size", str(args.tp))
     config = EngineConfig.from_dict(knobs, where="--set")
-    from sim.latency import read_profile
+    from sim.latency import add_client_latency, read_profile
 
     profile = read_profile(args.profile) if args.profile else None
     model = load_model(args.model or (profile and profile.model) or "Llama-3-8B", field="--model")
@@ -78,8 +79,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress,
                       coefficients=profile.coefficients if profile else None)
     print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
-    summary = summarize(result.requests, result.steps, workload.classes)
-    for name, table in (("requests.parquet", result.requests), ("steps.parquet", result.steps)):
+    # What a client sees: the profile's client-side latency (HTTP, API server) on every token, as the real-engine
+    # benchmark predicts (sim.latency.add_client_latency, issue 32).
+    client_s = profile.client_offset_s if profile else 0.0
+    requests = add_client_latency(result.requests, client_s)
+    summary = summarize(requests, result.steps, workload.classes)
+    for name, table in (("requests.parquet", requests), ("steps.parquet", result.steps)):
         with atomic_write(out / name) as tmp:  # a full disk leaves no truncated file behind
             table.to_parquet(tmp, index=False)
     document = {
@@ -87,6 +92,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "model": model.name,
         "gpu": gpu.name,
         "latency_profile": args.profile,
+        "client_latency_s": client_s,
         "config": {k: v for k, v in vars(result.config).items()},
         **release_record(config.engine_version, result.config),
         "num_gpu_blocks": result.sizing.num_gpu_blocks,
@@ -98,6 +104,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     }
     atomic_write_text(out / "summary.json", json.dumps(document, indent=1, default=str))
     print(format_summary(summary))
+    if client_s:
+        print(f"client-side latency {client_s * 1e3:.1f} ms (the profile's) added to every token's time")
     print(f"KV cache: {result.sizing.num_gpu_blocks} blocks of {result.config.block_size} tokens; "
           f"wall {result.wall_s:.2f} s ({document['simulated_requests_per_wall_s']:.0f} requests/s)")
     if result.aborted:

@@ -93,10 +93,7 @@ def report(args) -> dict:
     from replay.calibrate import ClientLatency
     from sim.profiles import load_gpu, load_model
 
-    import yaml
-
-    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
-    client = ClientLatency(offset_s=float((fit.get("client_latency") or {}).get("offset_s", 0.0)))
+    client = ClientLatency(offset_s=prof.client_offset_s)  # as kvtune simulate --profile adds it
     coefficients = prof.coefficients
     model, gpu = load_model(args.model), load_gpu(args.gpu)
     workload = WORKLOADS[WORKLOAD]()

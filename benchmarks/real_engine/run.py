@@ -277,7 +277,7 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
     prof = read_profile(args.profile)
     model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
     fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
-    client = ClientLatency(offset_s=float((fit.get("client_latency") or {}).get("offset_s", 0.0)))
+    client = ClientLatency(offset_s=prof.client_offset_s)  # as kvtune simulate --profile adds it
     cal_share = float(fit.get("cpu_share_median") or math.nan)
     dedicated = fit.get("dedicated_core_coefficients")
     from sim.latency import coefficients_from_mapping

@@ -148,7 +148,7 @@ class CalibrationFit:
             lines.append(f"  client-side latency beyond the engine (measured: client TTFT - engine queue+prefill, "
                          f"median over runs): {self.client.offset_s * 1e3:.1f} ms")
         elif self.client.offset_s or self.client.fanout_s:
-            lines.append(f"  client-side TTFT latency (not in the profile): {self.client.offset_s * 1e3:.2f} ms "
+            lines.append(f"  client-side TTFT latency (not a coefficient): {self.client.offset_s * 1e3:.2f} ms "
                          f"+ {self.client.fanout_s * 1e6:.0f} us per stream served in the same step")
         first, second = ("prefill", "decode") if self.target == "engine" else ("TTFT", "TPOT")
         how = "run means" if self.target == "engine" else "median over each run's requests"

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from replay.calibration.runs import CalibrationRun
-from sim.latency import LatencyCoefficients
+from sim.latency import LatencyCoefficients, add_client_latency
 from sim.runner import simulate
 
 
@@ -166,12 +166,7 @@ def frontend_latency(runs: Sequence[CalibrationRun]) -> ClientLatency:
 
 def with_client_latency(requests: pd.DataFrame, client: ClientLatency) -> pd.DataFrame:
     """A simulated request table as a client would see it: every token later by ``client.offset_s`` (TTFT and
-    E2E grow by it, TPOT does not change)."""
-    if not client.offset_s:
-        return requests
-    out = requests.copy()
-    for col in ("first_token_s", "end_s", "ttft_s", "e2e_s"):
-        if col in out.columns:
-            out[col] = out[col] + client.offset_s
-    return out
+    E2E grow by it, TPOT does not change); :func:`sim.latency.add_client_latency`, which
+    ``kvtune simulate --profile`` uses too."""
+    return add_client_latency(requests, client.offset_s)
 

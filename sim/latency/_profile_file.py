@@ -6,6 +6,10 @@ fit: {...}}``, or a plain mapping of coefficients.  ``simulate``, ``tune`` (a sp
 (a profile name, or the path of an HF ``config.json`` / device YAML) and are the defaults where a command is
 given the profile but no model or device.
 
+``fit.client_latency.offset_s`` is what a client sees beyond the engine (HTTP, the API server, the first chunk),
+measured or fitted by ``kvtune calibrate``; :func:`add_client_latency` adds it to a simulated request table, as
+``kvtune simulate --profile`` and the real-engine benchmark do (:attr:`LatencyProfile.client_offset_s`).
+
 ``device`` (written by ``kvtune calibrate`` since issue 32) records the machine the probes ran on
 (:func:`machine_device`: the GPU's name and driver, or the CPU's model and the cores the process may use); a
 profile read on another machine warns once, naming both (the coefficients are that machine's speed).
@@ -39,6 +43,32 @@ class LatencyProfile:
     model: str | None = None
     gpu: str | None = None
     path: str | None = None
+    #: Seconds a client sees beyond the engine, added to every token (``fit.client_latency.offset_s``; 0 if none).
+    client_offset_s: float = 0.0
+
+
+def add_client_latency(requests, offset_s: float):
+    """A simulated request table (a DataFrame) as a client would see it: every token ``offset_s`` later (TTFT,
+    E2E, first-token and end times grow by it; TPOT does not change).  The table itself when ``offset_s`` is 0."""
+    if not offset_s:
+        return requests
+    out = requests.copy()
+    for col in ("first_token_s", "end_s", "ttft_s", "e2e_s"):
+        if col in out.columns:
+            out[col] = out[col] + offset_s
+    return out
+
+
+def _client_offset(data: dict, path: Path) -> float:
+    """``fit.client_latency.offset_s`` of a profile document (0 when absent); a bad value is a ConfigError."""
+    fit = data.get("fit")
+    client = fit.get("client_latency") if isinstance(fit, dict) else None
+    value = client.get("offset_s", 0.0) if isinstance(client, dict) else 0.0
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= float(value) < math.inf):
+        raise ConfigError(f"{path}:fit.client_latency.offset_s", f"must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def coefficients_from_mapping(values: dict, where: str = "coefficients") -> LatencyCoefficients:
@@ -169,12 +199,13 @@ def read_profile(path: str | Path) -> LatencyProfile:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}:{key}", f"must be a string, got {value!r}")
         check_device(data.get("device"), where=str(path))
+        client_offset_s = _client_offset(data, path)
     else:
-        values, model, gpu = data, None, None
+        values, model, gpu, client_offset_s = data, None, None, 0.0
     if not isinstance(values, dict):
         raise ConfigError(f"{path}:coefficients", "must be a mapping")
     return LatencyProfile(coefficients_from_mapping(values, where=f"{path}:coefficients"), model or None,
-                          gpu or None, str(path))
+                          gpu or None, str(path), client_offset_s)
 
 
 def load_profile(path: str | Path) -> LatencyCoefficients:
@@ -182,5 +213,6 @@ def load_profile(path: str | Path) -> LatencyCoefficients:
     return read_profile(path).coefficients
 
 
-__all__ = ["DeviceMismatchWarning", "LatencyProfile", "PROFILE_KIND", "check_device", "coefficients_from_mapping",
-           "describe_device", "load_profile", "machine_device", "read_profile", "same_device"]
+__all__ = ["DeviceMismatchWarning", "LatencyProfile", "PROFILE_KIND", "add_client_latency", "check_device",
+           "coefficients_from_mapping", "describe_device", "load_profile", "machine_device", "read_profile",
+           "same_device"]

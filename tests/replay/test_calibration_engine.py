@@ -154,6 +154,49 @@ def test_simulate_reads_the_profile_and_its_model(tmp_path, capsys):
     assert len(err) == 1 and "coefficients.mfu: must be a number" in err[0]
 
 
+def test_simulate_adds_the_profiles_client_latency_as_the_benchmark_does(tmp_path, capsys):
+    """The README: the profile's measured client-side latency is added to every predicted token, by
+    ``kvtune simulate --profile`` as by benchmarks/real_engine/run.py (one function, sim.latency.add_client_latency)."""
+    import pandas as pd
+
+    from replay.calibrate import ClientLatency, with_client_latency
+
+    base = {"kind": "kvtune-latency-profile", "model": "Llama-3-8B", "gpu": "L40S",
+            "coefficients": {"mfu": 0.2, "overhead_s": 0.01}}
+    plain, timed = tmp_path / "plain.yaml", tmp_path / "timed.yaml"
+    plain.write_text(yaml.safe_dump(base))
+    timed.write_text(yaml.safe_dump({**base, "fit": {"client_latency": {"offset_s": 0.074, "fanout_s": 0.0}}}))
+    assert read_profile(plain).client_offset_s == 0.0 and read_profile(timed).client_offset_s == 0.074
+    tables = {}
+    for path in (plain, timed):
+        out = tmp_path / path.stem
+        assert main(["simulate", "--profile", str(path), "--max-requests", "40", "--out", str(out)]) == 0
+        tables[path.stem] = pd.read_parquet(out / "requests.parquet")
+        doc = json.loads((out / "summary.json").read_text())
+        assert doc["client_latency_s"] == read_profile(path).client_offset_s
+    stdout = capsys.readouterr().out
+    assert "client-side latency 74.0 ms" in stdout
+    engine, client = tables["plain"], tables["timed"]
+    done = engine["status"] == "finished"
+    assert done.sum() > 10
+    for col in ("ttft_s", "e2e_s", "first_token_s", "end_s"):
+        assert np.allclose(client.loc[done, col] - engine.loc[done, col], 0.074), col
+    assert np.allclose(client["tpot_s"], engine["tpot_s"], equal_nan=True)
+    assert np.allclose(client["arrival_s"], engine["arrival_s"])
+    # The real-engine benchmark's prediction: the same table.
+    bench = with_client_latency(engine, ClientLatency(offset_s=read_profile(timed).client_offset_s))
+    pd.testing.assert_frame_equal(bench, client)
+    # p50 TTFT in summary.json moved by the offset too.
+    p50 = {k: json.loads((tmp_path / k / "summary.json").read_text())["metrics"] for k in tables}
+    key = next(k for k in p50["plain"] if "ttft" in k and "p50" in k)
+    assert p50["timed"][key] == pytest.approx(p50["plain"][key] + 0.074, rel=1e-6)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**base, "fit": {"client_latency": {"offset_s": -1}}}))
+    assert main(["simulate", "--profile", str(bad), "--max-requests", "3", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fit.client_latency.offset_s" in err[0]
+
+
 def _timed_result(span_s: float, info: dict):
     import pandas as pd
 
