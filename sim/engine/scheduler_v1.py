@@ -182,8 +182,11 @@ class V1Scheduler(BaseScheduler):
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
-            # vLLM: max(running, key=(priority, arrival_time)); ties go to the first in running order.
-            return max(self.running, key=lambda r: (r.priority, r.arrival_s))
+            # vLLM (v1/core/sched/scheduler.py): max(running, key=(priority, arrival_time)).  vLLM stamps arrivals
+            # one after another, so two never tie; a trace can give equal times, and then two requests that cannot
+            # fit together would preempt each other forever (ties go to the first in running order, which is the
+            # one ahead).  The arrival index breaks the tie as vLLM's stamps would, as the waiting queue's key does.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.index))
         return self.running[-1]
 
     def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:

@@ -81,7 +81,7 @@ class Servers:
             proc.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def servers(vllm_install, tiny_model, tmp_path_factory):
     s = Servers(vllm_install, tiny_model, tmp_path_factory.mktemp("engines"))
     try:

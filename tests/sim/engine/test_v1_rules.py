@@ -62,6 +62,26 @@ def test_priority_policy_preempts_lowest_priority():
     assert result.requests.set_index("request_id").loc[1, "num_preemptions"] == 0
 
 
+def test_priority_ties_in_arrival_go_to_the_later_request_and_end():
+    """Two requests of one priority arriving at the same instant that cannot fit together: vLLM stamps arrivals one
+    after another, so the later one is the victim each time and the earlier one finishes.  Breaking the tie by
+    running order instead made them preempt each other forever (a hypothesis example ran out of memory on CI)."""
+    wl = make_workload([(0.1, 179, 5), (0.1, 200, 38)])
+    sim = make_sim(wl, block_size=8, max_model_len=256, num_gpu_blocks_override=33, max_num_seqs=9,
+                   max_num_batched_tokens=48, long_prefill_token_threshold=24, enable_prefix_caching=False,
+                   scheduling_policy="priority")
+    steps = [0]
+
+    def bounded(iteration, now, out):
+        steps[0] += 1
+        assert steps[0] < 1000, "the two requests keep preempting each other"
+
+    sim.core.observer = bounded
+    req = sim.run().requests.set_index("request_id")
+    assert (req["status"] == "finished").all()
+    assert req.loc[0, "num_preemptions"] == 0
+
+
 def test_prefix_cache_lets_a_resumed_request_rehit_its_blocks():
     wl = make_workload([(0.0, 40, 30), (0.0, 40, 30)])
     with_cache = make_sim(wl, num_gpu_blocks_override=7, max_model_len=64, enable_prefix_caching=True).run()
