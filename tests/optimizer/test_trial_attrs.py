@@ -13,7 +13,7 @@ from optimizer_test_helpers import spec_dict
 
 from objectives import BUCKET_PREFIXES, Summary
 from optimizer import InProcessExecutor, SimBackend, StudySpec, Tuner, choose, prepare
-from optimizer import _study as study_module
+from optimizer._study import outcomes as outcomes_module
 from optimizer._capacity import priced
 from optimizer._export import pareto_table, shortfalls, trial_row
 from optimizer._storage import BUCKET_ATTRS, make_storage, metric_attrs, set_user_attrs, trial_metric, trial_metrics
@@ -70,10 +70,10 @@ def test_a_finished_trial_is_not_updated(tmp_path):
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 @pytest.mark.parametrize("state", [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL])
 def test_tell_stores_what_study_tell_stores_and_reads_the_trial_once(tmp_path, monkeypatch, state):
-    """The study's ``_tell`` is ``Study.tell`` without its read-back of the finished trial (a trial carries hundreds
+    """The study's ``tell`` is ``Study.tell`` without its read-back of the finished trial (a trial carries hundreds
     of attributes): the same rows are stored, and the told trial is read from the RDB storage once (the check that
     it is still RUNNING), not a second time after it finished."""
-    from optimizer._study import _tell
+    from optimizer._study.outcomes import tell as _tell
 
     values = [1.5] if state == optuna.trial.TrialState.COMPLETE else None
     stored = []
@@ -214,13 +214,13 @@ def test_a_study_resumed_over_trials_stored_flat_reads_them_alike(tmp_path, simu
                                 "search": {"base": "none", "max_num_seqs": [16, 32, 64, 128]}})
     ctx = prepare(spec)
     storage = f"sqlite:///{tmp_path}/s.db"
-    monkeypatch.setattr(study_module, "metric_attrs", _old_layout)
+    monkeypatch.setattr(outcomes_module, "metric_attrs", _old_layout)
     _run(spec, ctx, storage, 2, metrics)
     monkeypatch.undo()
     trials = _run(spec, ctx, storage, 4, metrics)
     old = [t for t in trials if "output.256-1024.e2e_s.p99" in t.user_attrs]
     new = [t for t in trials if "output_buckets" in t.user_attrs]
-    # The first two old-style; a later trial that drew an old config copies its attrs as they are (_copy_result).
+    # The first two old-style; a later trial that drew an old config copies its attrs as they are (copy_result).
     assert len(trials) == 4 and len(old) >= 2 and new and len(old) + len(new) == 4
     assert len(new[0].user_attrs) < len(old[0].user_attrs) - 500
     with_price = priced(metrics, {}, spec.gpu)
