@@ -149,19 +149,20 @@ def _check_router_params(search: SearchSpace) -> None:
                     raise ConfigError(where, str(exc)[len(exc.field) + 2:]) from None
 
 
-def search_devices(search: SearchSpace, gpu: str) -> list[str]:
-    """The devices a study's trials may run on: the ``gpu`` lever's choices, else the study's device."""
-    return list(search["gpu"].choices) if "gpu" in search.names else [gpu]
-
-
-def _check_priced(objectives: Any, search: SearchSpace, gpu: str) -> None:
-    """A cost objective needs a price for every device the study may run on (one error naming the device)."""
+def _check_priced(objectives: Any, search: SearchSpace, gpu: str, gpu_list: list[str] | None) -> None:
+    """A cost objective needs a price for every device the study may run on (one error naming the field the spec
+    wrote the device in: ``gpu[i]`` for a top-level list, ``search.gpu.choices[i]``, else ``gpu``)."""
     from objectives import deployment_price
 
     if not any(str(o).split(":")[0] in COST_OBJECTIVES for o in objectives):
         return
-    field_name = "search.gpu" if "gpu" in search.names else "gpu"
-    for ref in search_devices(search, gpu):
+    if gpu_list is not None:
+        fields = [(f"gpu[{i}]", ref) for i, ref in enumerate(gpu_list)]
+    elif "gpu" in search.names:
+        fields = [(f"search.gpu.choices[{i}]", ref) for i, ref in enumerate(search["gpu"].choices)]
+    else:
+        fields = [("gpu", gpu)]
+    for field_name, ref in fields:
         try:
             deployment_price(load_gpu(ref), 1)
         except ConfigError as exc:
@@ -575,7 +576,7 @@ class StudySpec:
                 raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
         if len(set(objectives)) != len(objectives):
             raise ConfigError("objectives", f"lists an objective twice: {objectives}")
-        _check_priced(objectives, search, gpu_name)
+        _check_priced(objectives, search, gpu_name, gpu_list)
         constraints = d.get("constraints", "slo")
         if isinstance(constraints, list):
             if not all(isinstance(c, str) and c for c in constraints):

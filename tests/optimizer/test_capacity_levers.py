@@ -15,10 +15,11 @@ from optimizer import InProcessExecutor, StudySpec, Tuner
 from optimizer._capacity import deployment_of, router_deployment
 from optimizer._export import export_study
 from optimizer._storage import PRUNE_REASON, is_default, trial_metrics
+from optimizer.cli import main
 from sim.errors import ConfigError
 from sim.profiles import load_gpu
 
-from optimizer_test_helpers import SLO_E2E_S, spec_dict
+from optimizer_test_helpers import SLO_E2E_S, spec_dict, write_spec
 
 
 def _run(tmp_path, d):
@@ -77,7 +78,10 @@ def test_a_deployment_that_cannot_start_is_pruned_with_its_reason(tmp_path):
 
 @pytest.mark.parametrize("changes, field", [
     (dict(gpu=["L40S", "B300"]), "gpu[1]"),
-    (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["usd_per_million_output_tokens"]), "search.gpu"),
+    (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["usd_per_million_output_tokens"]), "gpu[1]"),
+    (dict(search={"base": "none", "gpu": ["L40S", "vllm-cpu-1core"]}, objectives=["cost_per_hour_usd"]),
+     "search.gpu.choices[1]"),
+    (dict(gpu="vllm-cpu-1core", objectives=["cost_per_hour_usd"]), "gpu"),
     (dict(search={"base": "none", "tensor_parallel_size": [1, 3]}), "search.tensor_parallel_size.choices[1]"),
     (dict(gpu=["L40S", "H200"], search={"base": "none", "gpu": ["H100-SXM"]}), "search.gpu"),
     (dict(search={"base": "none", "gpu": ["L40S", "H100-SXM", "nope"]}), "search.gpu.choices[2]"),
@@ -87,6 +91,25 @@ def test_bad_capacity_levers_are_one_error_naming_the_field(changes, field):
     with pytest.raises(ConfigError) as err:
         StudySpec.from_dict(spec_dict(**changes))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("changes, expect", [
+    (dict(gpu=["L40S", "B300"]), "gpu[1]: unknown GPU 'B300'"),
+    (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["cost_per_hour_usd"]),
+     "gpu[1]: device 'vllm-cpu-1core' has no price"),
+    (dict(search={"base": "none", "gpu": ["L40S", "vllm-cpu-1core"]}, objectives=["usd_per_million_output_tokens"]),
+     "search.gpu.choices[1]: device 'vllm-cpu-1core' has no price"),
+    (dict(tensor_parallel_size=3), "tensor_parallel_size: must be one of [1, 2, 4, 8], got 3"),
+    (dict(search={"base": "none", "tensor_parallel_size": [1, 16]}),
+     "search.tensor_parallel_size.choices[1]: must be one of [1, 2, 4, 8], got 16"),
+])
+def test_bad_capacity_levers_via_kvtune_tune_are_one_line_exit_2(tmp_path, capsys, changes, expect):
+    # issue 30: the field the spec wrote (a top-level gpu list is gpu[i], not search.gpu), one line, exit 2.
+    path = write_spec(tmp_path, spec_dict(**changes))
+    assert main(["tune", str(path), "--in-process", "--out", str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtune: error: {expect}"), lines
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_deployment_says_what_it_is_and_costs():
