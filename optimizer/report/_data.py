@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives import PRICE_KEY
 from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front, shortfalls
 from optimizer._robustness import robustness
@@ -31,20 +32,26 @@ from sim.profiles import load_gpu
 def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], front: Sequence[FrozenTrial]
                 ) -> pd.DataFrame:
     """One row per complete trial: ``number``, ``default`` (the engine's default config), ``feasible``, ``pareto``, ``violation`` (largest SLO violation;
-    <= 0 is feasible), the objective values under their names, ``param.<name>`` (searched), ``knob.<name>`` (what
-    the engine ran with), then every summary metric under its flat key."""
+    <= 0 is feasible), ``slo_met`` / ``slo_targets`` (how many of the study's constraints the trial meets, of how
+    many) and ``slo_missed`` (the names of those it misses), the objective values under their names,
+    ``param.<name>`` (searched), ``knob.<name>`` (what the engine ran with), then every summary metric under its
+    flat key."""
     on_front = {t.number for t in front}
     rows = []
     for t in trials:
         if t.state != TrialState.COMPLETE or t.values is None:
             continue
         violations = [float(v) for v in t.user_attrs.get("constraints", ())]
+        names = list(t.user_attrs.get("constraint_names", ())) or [f"constraint {i}" for i in range(len(violations))]
         row: dict[str, Any] = {
             "number": t.number,
             "default": bool(t.user_attrs.get("kvtune_default", False)),
             "feasible": bool(t.user_attrs.get("feasible", all(v <= 0 for v in violations))),
             "pareto": t.number in on_front,
             "violation": max(violations) if violations else -math.inf,
+            "slo_met": sum(v <= 0 for v in violations),
+            "slo_targets": len(violations),
+            "slo_missed": "; ".join(n for n, v in zip(names, violations) if v > 0),
         }
         for name, value in zip(objective_names, t.values):
             row[f"objective.{name}"] = float(value)
@@ -55,7 +62,8 @@ def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], f
         row.update((key, float(value)) for key, value in trial_metrics(t).items())
         rows.append(row)
     if not rows:
-        return pd.DataFrame(columns=["number", "default", "feasible", "pareto", "violation"])
+        return pd.DataFrame(columns=["number", "default", "feasible", "pareto", "violation", "slo_met", "slo_targets",
+                                     "slo_missed"])
     return pd.DataFrame(rows).sort_values("number").reset_index(drop=True)
 
 
@@ -347,6 +355,9 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
     if pick is not None and not pick.feasible:
         data.notes.append("No trial meets every SLO: the Pareto front shown is over all complete trials and the "
                           "recommended point is the trial closest to feasible.")
+    if len(frame) and PRICE_KEY not in frame:
+        data.notes.append("No trial's device has a price (price_per_hour_usd in its device YAML), so the page has "
+                          "no cost chart; kvtune does not count an unknown price as free.")
     if not simulate:
         return data
     backend = SimBackend.for_spec(spec, ctx.workloads)

@@ -4,6 +4,7 @@
 - ``_chart_base``: :class:`Chart`, the colours and layout, shared helpers;
 - ``_figures_trials``: the trials in objective space (Pareto front, per-class p99 against throughput, recompute
   and new-token busy shares per trial);
+- ``_figures_cost``: each trial's cost against the share of the SLOs it meets, the default and the pick marked;
 - ``_figures_timeline``: the default and recommended configs' step tables over time;
 - ``_figures_requests``: per-request lifelines;
 - ``_figures_cohorts``: tail latency by cohort (both configs, and the heatmap of every trial);
@@ -20,6 +21,7 @@ from optimizer.report._chart_base import (
     DEFAULT_COLOR, FRONT_COLOR, INFEASIBLE_COLOR, PALETTE, RECOMMENDED_COLOR, TRIAL_COLOR, Chart,
 )
 from optimizer.report._data import ReportData
+from optimizer.report._figures_cost import cost_chart
 from optimizer.report._figures_cohorts import (
     COHORT_GROUPS, HEATMAP_MAX_ROWS, cohort_chart, cohort_heatmap_chart, cohort_labels,
 )
@@ -32,13 +34,13 @@ from optimizer.report._figures_whatif import whatif_chart, whatif_grid_chart, wh
 __all__ = [
     "CHARTS", "COHORT_GROUPS", "Chart", "DEFAULT_COLOR", "FRONT_COLOR", "HEATMAP_MAX_ROWS", "INFEASIBLE_COLOR",
     "LIFELINE_COLORS", "PALETTE", "PART_COLORS", "RECOMMENDED_COLOR", "TIMELINE_BINS", "TRIAL_COLOR",
-    "build_charts", "class_tail_chart", "cohort_chart", "cohort_heatmap_chart", "cohort_labels", "lifeline_chart",
-    "pareto_chart", "sweep_charts", "timeline_chart", "timeline_frame", "waste_chart", "whatif_chart",
+    "build_charts", "class_tail_chart", "cohort_chart", "cohort_heatmap_chart", "cohort_labels", "cost_chart",
+    "lifeline_chart", "pareto_chart", "sweep_charts", "timeline_chart", "timeline_frame", "waste_chart", "whatif_chart",
     "whatif_grid_chart", "whatif_rows", "whatif_throughput_chart",
 ]
 
 #: Chart builders in page order (the sweeps follow the waste chart, see :func:`build_charts`).
-CHARTS = (pareto_chart, class_tail_chart, waste_chart, timeline_chart, lifeline_chart, cohort_chart,
+CHARTS = (pareto_chart, cost_chart, class_tail_chart, waste_chart, timeline_chart, lifeline_chart, cohort_chart,
           cohort_heatmap_chart, whatif_chart, whatif_grid_chart, whatif_throughput_chart)
 
 
