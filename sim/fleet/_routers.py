@@ -133,8 +133,8 @@ class _PrefixIndex:
     """A router-side approximate index of the prompt blocks it sent to one replica: block hash -> when last sent.
 
     The hashes are chained (one names its block and all before it), so the leading blocks found form the longest
-    cached prefix, as a radix tree's match would: an approximation of a tree over text (SGLang) or over token
-    blocks (llm-d, Dynamo) at the engine's block size.  Entries older than ``ttl_s`` do not match."""
+    cached prefix, as a radix tree's match would: an approximation of a tree over token blocks (llm-d, Dynamo) at
+    the engine's block size.  Entries older than ``ttl_s`` do not match."""
 
     __slots__ = ("seen",)
 
@@ -215,19 +215,36 @@ class LeastKVUsage(Router):
 
 @register_router
 class SGLangCacheAware(Router):
-    """Prefix-aware with a load-imbalance fallback: sglang-router 0.3.2's ``cache_aware`` policy
-    (sgl-router src/policies/cache_aware.rs; defaults from its CLI, sgl-router src/main.rs / py_src launch_router:
-    cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5).
+    """Prefix-aware with a load-imbalance fallback: the ``cache_aware`` policy of sglang-router 0.3.2, the PyPI wheel
+    built from sgl-model-gateway ("smg") at its release commit c7f9bf9 (2026-01-15; now github.com/lightseekorg/smg):
+    src/policies/cache_aware.rs (``select_worker``) and src/policies/tree.rs (``prefix_match_with_counts``,
+    ``insert``); defaults from the wheel's ``launch_router --help``: cache_threshold 0.3, balance_abs_threshold 64,
+    balance_rel_threshold 1.5 (eviction every 60 s down to max_tree_size 2**26 characters per worker).
 
-    Load is the router's in-flight count per worker.  Imbalanced ((max - min) > abs and max > rel * min): the least
-    loaded worker (the first of equals).  Else the worker whose approximate tree matches the longest prefix, if the
-    matched share of the prompt exceeds cache_threshold; else the worker with the smallest tree (0.3.2; newer
-    versions take the least loaded, sglang PR #14650).  The chosen worker's tree takes the prompt either way.
+    Load is the router's in-flight count per worker (0.3.2 counts a cache_aware request from its dispatch until its
+    response body, streamed or not, has been passed on: src/routers/http/router.rs, ``WorkerLoadGuard``).  Per
+    request, in this order:
 
-    Approximation: SGLang's tree is over text characters; here it is over the trace's block hashes at the engine's
-    block size (:class:`_PrefixIndex`), the match rate is matched tokens over prompt tokens, and a tree's size is
-    the prompt tokens it took that it did not already hold (a prompt without hashes is all new).  Its LRU eviction
-    (max_tree_size, default 2**26 characters) is not modelled."""
+    - imbalanced ((max - min) > balance_abs_threshold and max > balance_rel_threshold * min): the least-loaded
+      worker, the first of equals;
+    - else the prompt is matched against one tree shared by all workers: the longest prefix any worker's requests
+      have left in it.  If that prefix is more than cache_threshold of the prompt, the worker that owns the deepest
+      matched node: the one whose request first reached that node (the tree keeps its creator as the node's tenant
+      while it stays attached, even after other workers have passed through);
+    - else (a miss) the least-loaded worker, the first of equals.  (Older sgl-router releases took the worker with
+      the smallest tree here; sglang PR #14650, in 0.3.2, changed it to the least loaded.)
+
+    The chosen worker's path in the tree takes the whole prompt either way, at routing time (nothing is learnt from
+    responses).  The first of equals is the first worker in the router's worker list; here replica 0, the lowest
+    index (for identical replicas the labels carry no meaning).
+
+    Mapping: sglang's tree is over the prompt's text, matched character by character, and the match rate is matched
+    characters over prompt characters.  kvtune sees the trace's chained block hashes at the engine's block size, so
+    a node here is a block: the match is the leading blocks any worker has been sent, the rate matched blocks x block
+    size over prompt tokens (equal to the character rate when characters per token are even over the prompt; a
+    match inside a block, which sglang counts by the character, counts nothing here), and a block's owner is the
+    replica first sent it.  Not modelled: the LRU eviction (it starts only past 2**26 characters per worker, some
+    16 million tokens at 4 characters each) and a worker's removal (it takes its tenancy out of the tree)."""
 
     name = "sglang_cache_aware"
     reads_metrics = False
@@ -239,22 +256,35 @@ class SGLangCacheAware(Router):
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         super().__init__(num_replicas, seed, **params)
-        self.trees = [_PrefixIndex() for _ in range(num_replicas)]
-        self.tree_tokens = [0] * num_replicas
+        #: block hash -> the replica first sent it (the tree node's tenant)
+        self.owner: dict[int, int] = {}
+
+    def _matched_blocks(self, hashes: tuple[int, ...]) -> int:
+        """Leading ``hashes`` held by the shared tree (a binary search: a chained prefix is inserted whole)."""
+        owner = self.owner
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if hashes[mid] in owner:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         loads = [r.outstanding for r in replicas]
         hi, lo = max(loads), min(loads)
-        hashes, now = request.block_hashes, request.arrival_s
-        matched = [tree.match(hashes, now) for tree in self.trees]
+        least_loaded = loads.index(lo)  # the first of equals
+        hashes = request.block_hashes
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
-            chosen = loads.index(lo)
+            chosen = least_loaded
         else:
-            best = max(matched)
-            rate = best * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
-            chosen = matched.index(best) if rate > self.cache_threshold else self.tree_tokens.index(min(self.tree_tokens))
-        self.trees[chosen].insert(hashes, now)
-        self.tree_tokens[chosen] += max(0, request.prompt_tokens - matched[chosen] * request.block_size)
+            matched = self._matched_blocks(hashes)
+            rate = matched * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
+            chosen = self.owner[hashes[matched - 1]] if matched and rate > self.cache_threshold else least_loaded
+        owner = self.owner
+        for key in hashes:
+            owner.setdefault(key, chosen)
         return chosen
 
 

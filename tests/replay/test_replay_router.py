@@ -53,10 +53,11 @@ def test_round_robin_across_two_urls(two_twins, tmp_path, capsys):
 
 def _sessions_workload():
     """Two sessions of four requests, alternating; each prompt is its session's 512-token prefix (hash id 1 or 2)
-    and a 512-token block of its own."""
+    and a 512-token block of its own.  The two sessions' first requests arrive together, so the second finds the
+    first in flight (sglang_cache_aware's miss rule: the least-loaded replica)."""
     rows, hashes = [], []
     for k in range(8):
-        rows.append(("chat", 0.4 * k, 1024, 4))
+        rows.append(("chat", 0.4 * max(k, 1) - 0.4, 1024, 4))
         hashes.append([1 + k % 2, 100 + k])
     wl = make_workload(rows, {"chat": RequestClass("chat")})
     df = wl.requests.copy()

@@ -45,11 +45,28 @@ def test_ties_are_broken_at_random_but_reproducibly():
 def test_sglang_sends_a_shared_prefix_where_it_was_cached():
     router = make_router("sglang_cache_aware", {}, 3)
     prefix = [11, 12, 13, 14]
-    first = router.route(req(0, 0.0, 80, prefix + [99]), views(n=3))
-    # 4 of 5 blocks (64 of 80 tokens) match: 0.8 > cache_threshold 0.3.
-    assert router.route(req(1, 1.0, 80, prefix + [98]), views(outstanding=[0, 0, 0])) == first
-    # A miss goes to the smallest tree: not the one that took 80 tokens.
-    assert router.route(req(2, 2.0, 80, [1, 2, 3, 4, 5]), views(n=3)) != first
+    # A miss (nothing cached yet) goes to the least loaded, the first of equals.
+    assert router.route(req(0, 0.0, 80, prefix + [99]), views(n=3)) == 0
+    # 4 of 5 blocks (64 of 80 tokens) match: 0.8 > cache_threshold 0.3, so to the prefix's owner despite its load.
+    assert router.route(req(1, 1.0, 80, prefix + [98]), views(outstanding=[5, 0, 0])) == 0
+    # A miss goes to the least loaded (0.3.2, sglang PR #14650), not to the smallest tree.
+    assert router.route(req(2, 2.0, 80, [1, 2, 3, 4, 5]), views(outstanding=[0, 1, 0])) == 0
+    assert router.route(req(3, 3.0, 80, [6, 7, 8, 9, 10]), views(outstanding=[2, 1, 1])) == 1
+    # At most cache_threshold of the prompt matched is a miss: 1 of 5 blocks is 0.2.
+    assert router.route(req(4, 4.0, 80, [11, 50, 51, 52, 53]), views(outstanding=[1, 1, 0])) == 2
+
+
+def test_sglang_hit_goes_to_the_first_owner_of_the_deepest_matched_block():
+    """One tree for all workers: the match is the longest prefix any worker was sent, and its tenant the worker
+    whose request first reached the deepest matched block, even when another worker holds that prefix too."""
+    prefix = [1, 2, 3, 4]
+    tight = make_router("sglang_cache_aware", {"balance_abs_threshold": 0, "balance_rel_threshold": 1.0}, 2)
+    assert tight.route(req(0, 0.0, 64, prefix), views(n=2)) == 0
+    # Imbalanced: the same prefix (and block 5) goes to the least loaded, 1; both now hold blocks 1-4.
+    assert tight.route(req(1, 1.0, 80, prefix + [5]), views(outstanding=[1, 0])) == 1
+    # Balanced again: blocks 1-4 are 0's (it created them), block 5 is 1's.
+    assert tight.route(req(2, 2.0, 80, prefix + [6]), views(outstanding=[1, 1])) == 0
+    assert tight.route(req(3, 3.0, 96, prefix + [5, 7]), views(outstanding=[1, 1])) == 1
 
 
 def test_sglang_falls_back_to_the_least_loaded_when_imbalanced():
