@@ -35,6 +35,12 @@ for them, and ``benchmarks/tools/compiled_profile.py`` (callgrind) for where the
 before the clock starts, as a study worker does at its warm-up.
 
     python benchmarks/sim_speed.py [--cases 1x,4x,...] [--no-profile] [--repeats N] [--engine CHECKOUT]
+                                   [--decode-columns off]
+
+The two acceleration layers can be switched off for a comparison (benchmarks/speed/README.md, "The accelerated
+engine"): ``KVTUNE_PURE_PYTHON=1`` (mypyc's modules interpreted), ``KVTUNE_PURE_PYTHON=1 NUMBA_DISABLE_JIT=1``
+(numba's kernels too; ``NUMBA_DISABLE_JIT=1`` alone fails on the compiled engine, whose typed code refuses the
+numpy scalars the interpreted kernels return), ``--decode-columns off`` (the running batch as Request objects).
 """
 
 from __future__ import annotations
@@ -180,11 +186,13 @@ def _shares(profile) -> dict[str, float]:
     return buckets
 
 
-def _case(name: str, profile: bool, queue) -> None:
+def _case(name: str, profile: bool, queue, columns: bool = True) -> None:
     from sim.profiles import load_gpu, load_model
     from sim.runner import simulate
 
     workload, config, model, gpu, kwargs = _build(name)
+    if not columns:
+        kwargs["decode_columns"] = False
     model, gpu = load_model(model), load_gpu(gpu)
     from sim.engine.decode_columns import warm_up
 
@@ -234,11 +242,19 @@ def _case(name: str, profile: bool, queue) -> None:
     })
 
 
-def _run(ctx, name: str, profile: bool):
+def _run(ctx, name: str, profile: bool, columns: bool = True):
+    import queue as queues
+
     queue = ctx.Queue()
-    proc = ctx.Process(target=_case, args=(name, profile, queue))
+    proc = ctx.Process(target=_case, args=(name, profile, queue, columns))
     proc.start()
-    row = queue.get()
+    while True:  # a case process that died (its traceback is on stderr) ends the script instead of hanging it
+        try:
+            row = queue.get(timeout=1.0)
+            break
+        except queues.Empty:
+            if not proc.is_alive():
+                raise SystemExit(f"case {name}: its process exited with {proc.exitcode} before reporting") from None
     proc.join()
     return row
 
@@ -250,6 +266,9 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run that gives the shares")
     ap.add_argument("--engine", type=Path, help="run this script's cases on another checkout's engine (its sim/, "
                                                 "objectives/): before-and-after timings of a change")
+    ap.add_argument("--decode-columns", choices=("on", "off"), default="on",
+                    help="off: the running batch as Request objects only (no numba column kernels; the prefix "
+                         "pool's and CPU tier's kernels still run)")
     args = ap.parse_args()
     if args.engine is not None:
         if not (args.engine / "sim" / "runner.py").is_file():
@@ -264,15 +283,16 @@ def main() -> None:
         native = _compiled.state()  # the children decide the same way (same sources, build and environment)
     except ImportError:
         native = "interpreted (a checkout without sim/_compiled.py)"
+    numba = "off (NUMBA_DISABLE_JIT)" if os.environ.get("NUMBA_DISABLE_JIT", "") not in ("", "0") else "on"
     ctx = mp.get_context("spawn")
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second;"
-          f" engine {engine}, {native}")
+          f" engine {engine}, {native}, numba {numba}, decode columns {args.decode_columns}")
     print("| case | requests | wall s | CPU s | sim req/s (CPU) | sim req/s (wall) | engine steps/s (CPU) | "
           "peak RSS MB | iterations | step rows | preemptions | timed out | scheduler | latency | tables | "
           "kernel load s |")
     print("|" + "---|" * 16)
     for name in args.cases.split(","):
-        runs = [_run(ctx, name, False) for _ in range(max(1, args.repeats))]
+        runs = [_run(ctx, name, False, args.decode_columns == "on") for _ in range(max(1, args.repeats))]
         if runs[0]["engine"] != str(engine.resolve()):
             raise SystemExit(f"the case ran {runs[0]['engine']}'s engine, not {engine}")
         row = dict(runs[0])
@@ -283,7 +303,7 @@ def main() -> None:
         # cProfile sees no function of the compiled engine (its time lands in the interpreted caller), so the
         # shares are only given for the interpreted one (KVTUNE_PURE_PYTHON=1).
         if not args.no_profile and name != "1m" and not name.startswith("gen-") and native != "compiled":
-            shares = _run(ctx, name, True)
+            shares = _run(ctx, name, True, args.decode_columns == "on")
         print(f"| {name} | {row['requests']} | {row['wall']:.2f} | {row['cpu']:.2f} | "
               f"{row['requests'] / row['cpu']:.0f} | {row['requests'] / row['wall']:.0f} | "
               f"{row['iterations'] / row['cpu']:.0f} | {row['peak_mb']:.0f} | {row['iterations']} | {row['rows']} | "
