@@ -212,6 +212,14 @@ class StepTotals:
     def __init__(self) -> None:
         self._partial = _Partial()
 
+    @classmethod
+    def of(cls, steps: pd.DataFrame) -> "StepTotals":
+        """The totals of a whole step table at once: ``stats()`` is ``step_stats(steps)`` exactly (nothing is added
+        per chunk), so a caller can drop the table before the request metrics are computed (``kvtune simulate``)."""
+        totals = cls()
+        totals._partial = _Partial.of(steps)
+        return totals
+
     def add(self, steps: pd.DataFrame) -> None:
         self._partial.merge(_Partial.of(steps))
 

@@ -44,10 +44,11 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
-    from objectives import format_summary, summarize
+    from objectives import StepTotals, format_summary, summarize
     from sim.engine import EngineConfig, release_record
     from sim.profiles import load_gpu, load_model
     from sim.runner import Progress, simulate
+    from sim.tables import StepColumns
     from sim.workload import bundled_trace_path, load_trace
 
     knobs = parse_set(args.set)
@@ -76,17 +77,27 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     print(f"kvtune simulate: {len(workload)} requests from {trace.name}, {model.name} on {gpu.name}"
           f" (tp {config.tensor_parallel_size}), {config.flavor}", file=sys.stderr)
+    # Memory grows with the requests in the system and the table rows, not with Python objects per request or
+    # step (issue 34): each request's live state is dropped once its row is in the request table's arrays, the
+    # step rows are kept as columns, a chunk at a time (sim.tables.StepColumns), and the step table is written and
+    # dropped before the request metrics are computed (StepTotals.of: the same figures).  The tables are the same.
+    step_columns = StepColumns()
     result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress,
-                      coefficients=profile.coefficients if profile else None)
+                      coefficients=profile.coefficients if profile else None,
+                      keep_requests=False, record_steps=False, step_sink=step_columns.add)
     print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
+    steps = step_columns.table()
+    with atomic_write(out / "steps.parquet") as tmp:  # a full disk leaves no truncated file behind
+        steps.to_parquet(tmp, index=False)
+    step_totals = StepTotals.of(steps)
+    del steps
     # What a client sees: the profile's client-side latency (HTTP, API server) on every token, as the real-engine
     # benchmark predicts (sim.latency.add_client_latency, issue 32).
     client_s = profile.client_offset_s if profile else 0.0
-    requests = add_client_latency(result.requests, client_s)
-    summary = summarize(requests, result.steps, workload.classes)
-    for name, table in (("requests.parquet", requests), ("steps.parquet", result.steps)):
-        with atomic_write(out / name) as tmp:  # a full disk leaves no truncated file behind
-            table.to_parquet(tmp, index=False)
+    requests = result.requests = add_client_latency(result.requests, client_s)
+    summary = summarize(requests, step_totals, workload.classes)
+    with atomic_write(out / "requests.parquet") as tmp:
+        requests.to_parquet(tmp, index=False)
     document = {
         "trace": str(trace),
         "model": model.name,

@@ -96,7 +96,9 @@ class RequestStore:
         self.priorities = workload.priorities()
         self.predicted = predicted_output
         self.ids = df["request_id"].to_numpy()
-        self.classes = df["class"].astype(str).to_numpy()
+        # One str object per class, not per request (a million requests' own copies took ~60 MB; issue 34).
+        codes, names = pd.factorize(df["class"].astype(str))
+        self.classes = np.asarray(names, dtype=object)[codes]
         self.arrivals_s = df["arrival_s"].to_numpy(dtype=float)
         self.prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
         self.outputs = df["output_tokens"].to_numpy(dtype=np.int64)
