@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.workload._config import as_mapping, check_keys, number, string
+from sim.fields import check_keys, mapping, number, string
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "replay")
 
@@ -43,7 +43,7 @@ class ArrivalSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "arrival") -> "ArrivalSpec":
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         check_keys(d, ("process", "rate_rps", "cv"), where)
         process = string(d, "process", where, "poisson", ARRIVAL_PROCESSES)
         rate = number(d, "rate_rps", where, None, positive=True)

@@ -30,7 +30,7 @@ import pandas as pd
 
 from sim.errors import ConfigError
 from sim.workload._arrivals import ArrivalSpec, arrival_times
-from sim.workload._config import as_mapping, check_keys, number
+from sim.fields import check_keys, mapping, number
 from sim.workload._lengths import Empirical, LengthDist, empirical_from_dict, length_from_dict
 from sim.workload._loader import assemble
 from sim.workload._report import LoadReport
@@ -57,7 +57,7 @@ class ClassTraffic:
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any], where: str) -> "ClassTraffic":
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         check_keys(d, _TRAFFIC_KEYS, where)
         rate = number(d, "rate_rps", where, positive=True)
         cv = number(d, "cv", where, 1.0, positive=True)
@@ -104,7 +104,7 @@ class GeneratorSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "generator") -> "GeneratorSpec | ServeGenSpec":
         """Per-class traffic, or ``{servegen: {...}}``: production distributions (``sim.workload._servegen``)."""
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         if "servegen" in d:
             check_keys(d, ("servegen",), where)
             return ServeGenSpec.from_dict(d["servegen"], f"{where}.servegen")
@@ -115,7 +115,7 @@ class GeneratorSpec:
             raise ConfigError(f"{where}.duration_s", "give exactly one of duration_s and num_requests")
         if "classes" not in d:
             raise ConfigError(f"{where}.classes", "is required")
-        body = as_mapping(d["classes"], f"{where}.classes")
+        body = mapping(d["classes"], f"{where}.classes")
         if not body:
             raise ConfigError(f"{where}.classes", "needs at least one class")
         traffic = tuple(ClassTraffic.from_dict(str(n), v, f"{where}.classes.{n}") for n, v in body.items())

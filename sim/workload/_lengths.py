@@ -15,7 +15,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.workload._config import as_mapping, check_keys, number, string
+from sim.fields import check_keys, mapping, number, string
 
 #: Standard normal quantile at 0.99: the p99 of a lognormal is exp(mu + Z99 * sigma).
 Z99 = 2.3263478740408408
@@ -81,7 +81,7 @@ class Empirical:
 
 
 def length_from_dict(d: Mapping[str, Any], where: str) -> LengthDist:
-    d = as_mapping(d, where)
+    d = mapping(d, where)
     dist = string(d, "dist", where, None, ("lognormal", "constant"))
     if dist == "constant":
         check_keys(d, ("dist", "value"), where)
@@ -97,7 +97,7 @@ def length_from_dict(d: Mapping[str, Any], where: str) -> LengthDist:
 
 
 def empirical_from_dict(d: Mapping[str, Any], where: str) -> Empirical:
-    d = as_mapping(d, where)
+    d = mapping(d, where)
     check_keys(d, ("dist", "trace", "format", "class"), where)
     string(d, "dist", where, "empirical", ("empirical",))
     fmt = string(d, "format", where, None)

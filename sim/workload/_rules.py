@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError
-from sim.workload._config import as_mapping, check_keys, number
+from sim.fields import check_keys, mapping, number
 from sim.workload.classes import DEFAULT_CLASS, SLO, RequestClass
 
 _CLASS_KEYS = ("match", "slo", "timeout_s", "cancel_probability", "cancel_after_s", "priority")
@@ -134,7 +134,7 @@ def _parse_condition(column: str, value: Any, where: str) -> Condition:
 
 
 def _parse_match(value: Any, where: str) -> tuple[Condition, ...]:
-    value = as_mapping(value, where)
+    value = mapping(value, where)
     if not value:
         raise ConfigError(where, "an empty match would match every row; leave 'match' out or name a column")
     return tuple(_parse_condition(str(col), v, f"{where}.{col}") for col, v in value.items())
@@ -142,7 +142,7 @@ def _parse_match(value: Any, where: str) -> tuple[Condition, ...]:
 
 def request_class_from_dict(name: str, d: Mapping[str, Any], where: str) -> RequestClass:
     """A RequestClass from its YAML mapping (``match`` is ignored here)."""
-    slo_d = as_mapping(d.get("slo") or {}, f"{where}.slo")
+    slo_d = mapping(d.get("slo") or {}, f"{where}.slo")
     check_keys(slo_d, _SLO_KEYS, f"{where}.slo")
     slo = SLO(**{k: number(slo_d, k, f"{where}.slo", None, positive=True) for k in _SLO_KEYS})
     cancel_after = d.get("cancel_after_s", (1.0, 30.0))
@@ -192,12 +192,12 @@ class ClassRules:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "classes") -> "ClassRules":
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         rules: list[ClassRule] = []
         default = RequestClass(DEFAULT_CLASS)
         for name, body in d.items():
             here = f"{where}.{name}"
-            body = as_mapping(body if body is not None else {}, here)
+            body = mapping(body if body is not None else {}, here)
             check_keys(body, _CLASS_KEYS, here)
             if not isinstance(name, str) or not name:
                 raise ConfigError(here, "class names must be non-empty strings")

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError, TraceError
-from sim.workload._config import as_mapping, check_keys, number, string
+from sim.fields import check_keys, mapping, number, string
 
 #: ServeGen's window length (seconds).
 WINDOW_S = 600.0
@@ -195,7 +195,7 @@ class ServeGenSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "generator.servegen") -> "ServeGenSpec":
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         check_keys(d, ("path", "clients", "start_s", "duration_s"), where)
         clients = d.get("clients")
         if clients is not None:

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from sim.errors import ConfigError
 from sim.workload._arrivals import ArrivalSpec
-from sim.workload._config import as_mapping, boolean, check_keys, number, string
+from sim.fields import boolean, check_keys, mapping, number, string
 from sim.workload._detect import check_format
 from sim.workload._generator import GeneratorSpec, generate
 from sim.workload._loader import from_rows, read_rows
@@ -51,7 +51,7 @@ class TimeWindow:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "window") -> "TimeWindow":
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         check_keys(d, ("start_s", "end_s"), where)
         start = number(d, "start_s", where, 0.0, minimum=0.0)
         end = number(d, "end_s", where, None)
@@ -102,7 +102,7 @@ class WorkloadSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "workload", *, base_dir: Path | None = None) -> "WorkloadSpec":
         """Parse and check the mapping; every problem is a ConfigError naming its key under ``where``."""
-        d = as_mapping(d, where)
+        d = mapping(d, where)
         check_keys(d, _KEYS, where)
         trace = string(d, "trace", where, None)
         fmt = string(d, "format", where, None)

@@ -1,0 +1,214 @@
+"""One way to check a field: the getters and checks every kvtune YAML document and config class validates with.
+
+Study specs (``optimizer``), workload specs (``sim.workload``), engine configs (:class:`sim.EngineConfig`) and
+device / model files (``sim.profiles``) all check their fields here, so every bad value gives the same error:
+
+    <field path>: must be <what was expected>, got <what was there>[ (in <file>)]
+
+a :class:`~sim.errors.ConfigError` whose ``field`` is the full path (``budget.trials``,
+``workload.classes.chat.slo.e2e_p99_s``, ``search.gpu.choices[1]``; :func:`at` joins them) and whose message
+says what was expected; :func:`in_file` adds the file once, where a document is read.  The CLI prints that one
+line and exits 2 (``optimizer/cli.py``); nothing here prints or exits.
+
+Why a small module and not pydantic models: the documents are already parsed into frozen dataclasses that the
+rest of kvtune (the mypyc-compiled engine among them) takes as they are, and much of the checking is across
+fields or against other files (a knob that exists in one vLLM flavor only, a device YAML beside the spec, a
+search range within its router's range), which pydantic would take as hand-written validators anyway.  pydantic
+would add a second error form (``ValidationError``: several errors, ``loc`` tuples, "Input should be ...") to be
+translated into this one, and a second copy of each document's shape beside its dataclass; these getters change
+no message users and tests rely on, add no dependency (pydantic is only a transitive one here), and cost one
+function call per field, which matters for :class:`~sim.EngineConfig`, built once per trial.
+
+Two kinds of check: getters that read ``d[key]`` from a parsed mapping (:func:`integer`, :func:`number`,
+:func:`string`, :func:`boolean`, :func:`mapping`, :func:`check_keys`: an absent or null key gives ``default``, a
+required one has none) and value checks for a dataclass's ``__post_init__`` (:func:`int_in`, :func:`float_in`,
+:func:`one_of`), which never convert: a wrong type is an error, not a silent fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any, Iterable
+
+from sim.errors import ConfigError, short_repr
+
+__all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "float_in", "in_file", "int_in", "integer",
+           "mapping", "message_of", "number", "one_of", "reroot", "string"]
+
+#: Whole numbers beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
+MAX_INT = 2**53
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: The ``default`` of a key that must be given.
+REQUIRED: Any = _Required()
+
+
+def at(where: str, key: str | int) -> str:
+    """The path of ``key`` under ``where``: ``a.b``, ``a[3]`` for a list index, ``b`` at the top (``where`` "")."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else str(key)
+
+
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def fail(field: str, expected: str, value: Any) -> ConfigError:
+    """The one error form: ``<field>: must be <expected>, got <value>`` (the value cut to one line's worth)."""
+    return ConfigError(field, f"must be {expected}, got {short_repr(value)}")
+
+
+def message_of(exc: ConfigError) -> str:
+    """What ``exc`` says about its field (its text without the ``<field>: `` prefix)."""
+    return exc.message
+
+
+def reroot(exc: ConfigError, where: str, strip: str = "") -> ConfigError:
+    """``exc`` with its field put under ``where`` (``strip`` first removed from its front): an error raised by a
+    nested document or dataclass (``timeout_s``) named by its place in the enclosing one (``classes.x.timeout_s``)."""
+    field = exc.field[len(strip):] if strip and exc.field.startswith(strip) else exc.field
+    out = ConfigError(at(where, field) if field else where, exc.message)
+    if getattr(exc, "file", None) is not None:
+        out.file = exc.file  # type: ignore[attr-defined]
+    return out
+
+
+def in_file(exc: ConfigError, path: Any) -> ConfigError:
+    """``exc`` naming the file it was read from: ``<field>: <message> (in <path>)``.  An error that already names
+    its file (one raised while reading another file the document points at, such as a device YAML a spec names)
+    keeps that file: it is the one at fault."""
+    if getattr(exc, "file", None) is not None:
+        return exc
+    out = ConfigError(exc.field, f"{exc.message} (in {path})")
+    out.file = str(path)  # type: ignore[attr-defined]
+    return out
+
+
+# ---- getters: d[key] from a parsed document ----------------------------------------------------------------------
+def mapping(value: Any, where: str, *, optional: bool = False) -> Mapping[str, Any]:
+    """``value`` if it is a mapping (``{}`` for ``None`` when ``optional``)."""
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {short_repr(value)}")
+    return value
+
+
+def check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str, what: str = "key") -> None:
+    """Every key of ``d`` is one of ``allowed``; an unknown one is an error that suggests the closest."""
+    allowed = list(allowed)
+    for key in d:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(at(where, str(key)), f"unknown {what}{hint}; expected one of {allowed}")
+
+
+def _given(d: Mapping[str, Any], key: str, field: str, default: Any) -> Any:
+    value = d.get(key)
+    if value is None and default is REQUIRED:
+        raise ConfigError(field, "is required")
+    return value
+
+
+def integer(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, minimum: int | None = None,
+            maximum: int | None = None) -> Any:
+    """``d[key]`` as an int (a whole float such as ``64.0`` is taken as its int), within the bounds."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+        raise fail(field, "a whole number", value)
+    value = int(value)
+    if abs(value) > MAX_INT:
+        raise ConfigError(field, f"is out of range: must be at most {MAX_INT} in size, got {short_repr(value)}")
+    if minimum is not None and value < minimum:
+        raise fail(field, f">= {minimum}", value)
+    if maximum is not None and value > maximum:
+        raise fail(field, f"<= {maximum}", value)
+    return value
+
+
+def number(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, *, minimum: float | None = None,
+           positive: bool = False, integer: bool = False, maximum: float | None = None) -> Any:
+    """``d[key]`` as a finite float (an int with ``integer``), within the bounds (``positive``: > 0)."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(field, "a number", value)
+    if not math.isfinite(value):
+        raise fail(field, "a finite number", value)
+    if integer:
+        if float(value) != int(value):
+            raise fail(field, "a whole number", value)
+        value = int(value)
+    else:
+        value = float(value)
+    if positive and not value > 0:
+        raise fail(field, "> 0", value)
+    if minimum is not None and value < minimum:
+        raise fail(field, f">= {_bound(minimum)}", value)
+    if maximum is not None and value > maximum:
+        raise fail(field, f"<= {_bound(maximum)}", value)
+    return value
+
+
+def string(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED,
+           choices: Iterable[str] | None = None) -> Any:
+    """``d[key]``, a non-empty string (one of ``choices`` when given)."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise fail(field, "a non-empty string", value)
+    if choices is not None:
+        one_of(field, value, tuple(choices))
+    return value
+
+
+def boolean(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED) -> Any:
+    """``d[key]``, ``true`` or ``false`` (no ``"yes"``, no ``1``)."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise fail(field, "true or false", value)
+    return value
+
+
+# ---- value checks: a dataclass's own fields (cheap: EngineConfig runs them once per trial) -----------------------
+def int_in(field: str, value: Any, low: int, high: int) -> None:
+    """``value`` is an int (not a bool, not a float) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(field, "an integer", value)
+    if not low <= value <= high:
+        raise fail(field, f"in [{low}, {high}]", value)
+
+
+def float_in(field: str, value: Any, low: float, high: float) -> None:
+    """``value`` is a finite int or float (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise fail(field, "a number", value)
+    if not low <= value <= high:
+        raise fail(field, f"in [{low}, {high}]", value)
+
+
+def one_of(field: str, value: Any, choices: tuple) -> None:
+    """``value`` is one of ``choices``; ``true``/``false`` only where a choice is a bool (``True == 1``)."""
+    if value not in choices or ((value is True or value is False)
+                                and not any(c is True or c is False for c in choices)):
+        raise fail(field, f"one of {list(choices)}", value)
