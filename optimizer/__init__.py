@@ -6,7 +6,9 @@ resume a study), :func:`export_study` (Pareto front and recommended config), the
 :class:`InProcessExecutor` (:func:`choose_executor` picks one per study).
 The command line is :mod:`optimizer.cli`; packages that extend it (the replay package) register their trial
 backends (:func:`register_backend`) and subcommands (:func:`register_commands`) and share its argument types and
-its ``--model/--gpu/--set`` group (:func:`add_engine_arguments`, :func:`parse_pairs`).
+its shared arguments, each defined once in ``optimizer/_cli_args.py`` (:func:`add_engine_arguments` for
+``--model/--gpu/--set``, :func:`add_format_argument`, :func:`add_latency_arguments`, :func:`add_seed_argument`,
+:func:`add_rate_scale_argument`, :func:`add_vllm_arguments`, :func:`add_log_level_argument`, :func:`parse_pairs`).
 
 Names are imported lazily (Optuna, SQLAlchemy, pandas and Ray load on first use), so that ``kvtune --help``
 and ``kvtune simulate`` stay cheap.
@@ -18,6 +20,12 @@ from sim._lazy import lazy_getattr
 
 _EXPORTS = {
     "add_engine_arguments": "optimizer._cli_args",
+    "add_format_argument": "optimizer._cli_args",
+    "add_latency_arguments": "optimizer._cli_args",
+    "add_log_level_argument": "optimizer._cli_args",
+    "add_rate_scale_argument": "optimizer._cli_args",
+    "add_seed_argument": "optimizer._cli_args",
+    "add_vllm_arguments": "optimizer._cli_args",
     "Budget": "optimizer._spec",
     "choose": "optimizer._export",
     "default_search_space": "optimizer._space",

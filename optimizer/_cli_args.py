@@ -1,6 +1,20 @@
-"""Argument types and argument groups that several ``kvtune`` subcommands share (``optimizer/cli.py``,
-``optimizer/cli_simulate.py``, ``optimizer/report/cli.py`` and the replay package's ``twin`` / ``replay`` /
-``calibrate`` all import them, so none imports another; the public names are exported by ``optimizer``)."""
+"""Argument types and the arguments that several ``kvtune`` subcommands share, each defined once here
+(``optimizer/cli.py``, ``optimizer/cli_simulate.py``, ``optimizer/report/cli.py`` and the replay package's
+``twin`` / ``replay`` / ``calibrate`` all import them, so none imports another; the public names are exported by
+``optimizer``).  ``--format`` is defined by ``kvtune workload`` (``sim.workload.cli.add_format_argument``), the
+lowest layer that reads it, and re-exported here.
+
+Which subcommands take which:
+
+- ``--model --gpu --set``: :func:`add_engine_arguments` (simulate, twin, replay, calibrate);
+- ``--format``: :func:`add_format_argument` (simulate, replay, workload describe / fit);
+- ``--profile --coef``: :func:`add_latency_arguments` (simulate without --coef, twin, replay);
+- ``--seed``: :func:`add_seed_argument` (simulate; replay, repeatable);
+- ``--rate-scale``: :func:`add_rate_scale_argument` (simulate, replay);
+- ``--vllm-python --vllm-arg``: :func:`add_vllm_arguments` (replay, calibrate);
+- ``--log-level``: :func:`add_log_level_argument` (twin, replay);
+- ``SPEC --storage --study-out --out --favor``: :func:`add_study_arguments` (export, report).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,12 @@ import argparse
 import math
 from pathlib import Path
 
-__all__ = ["add_engine_arguments", "add_study_arguments", "finite_float", "non_negative_float", "non_negative_int",
-           "parse_pairs", "port", "positive_float", "positive_int", "seed_int"]
+from sim.workload.cli import add_format_argument
+
+__all__ = ["add_engine_arguments", "add_format_argument", "add_latency_arguments", "add_log_level_argument",
+           "add_rate_scale_argument", "add_seed_argument", "add_study_arguments", "add_vllm_arguments",
+           "finite_float", "non_negative_float", "non_negative_int", "parse_pairs", "port", "positive_float",
+           "positive_int", "seed_int"]
 
 #: Seeds go to numpy's generators, which take 0 <= seed < 2**32.
 SEED_LIMIT = 2**32
@@ -95,6 +113,54 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, model_help: str, gpu_hel
     p.add_argument("--model", required=required, default=None, help=model_help)
     p.add_argument("--gpu", required=required, default=None, help=gpu_help)
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=set_help)
+
+
+#: ``--profile``'s help where the subcommand says nothing more.
+LATENCY_PROFILE_HELP = "latency profile YAML written by kvtune calibrate"
+
+
+def add_latency_arguments(p: argparse.ArgumentParser, *, profile_help: str = LATENCY_PROFILE_HELP,
+                          coef: bool = True) -> None:
+    """The latency model's coefficients: ``--profile`` (a profile YAML written by ``kvtune calibrate``) and, with
+    ``coef``, ``--coef NAME=VALUE`` overrides (repeatable; read with :func:`parse_pairs`)."""
+    p.add_argument("--profile", default=None, help=profile_help)
+    if coef:
+        p.add_argument("--coef", action="append", metavar="NAME=VALUE",
+                       help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
+
+
+def add_seed_argument(p: argparse.ArgumentParser, *, help: str, repeatable: bool = False) -> None:
+    """``--seed`` (0 <= S < 2**32): one seed, default 0; or, ``repeatable``, a list (default None: the caller's
+    default)."""
+    if repeatable:
+        p.add_argument("--seed", type=seed_int, action="append", default=None, help=help)
+    else:
+        p.add_argument("--seed", type=seed_int, default=0, help=help)
+
+
+def add_rate_scale_argument(p: argparse.ArgumentParser) -> None:
+    """``--rate-scale X`` (> 0, default 1): the trace's arrivals compressed X-fold."""
+    p.add_argument("--rate-scale", type=positive_float, default=1.0,
+                   help="compress arrival times X-fold (2 doubles the request rate)")
+
+
+def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
+    """The vLLM a subcommand launches: ``--vllm-python`` (its environment) and ``--vllm-arg`` (repeatable)."""
+    p.add_argument("--vllm-python", default=None,
+                   help="python of the environment where vLLM is installed (or the venv folder); default "
+                        "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
+                        "with the flags of the release installed there")
+    p.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
+
+
+#: ``--log-level``'s values (Python logging's level names).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def add_log_level_argument(p: argparse.ArgumentParser) -> None:
+    """``--log-level`` of a long-running subcommand's Python logging (default warning)."""
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="warning",
+                   help="Python logging level (default warning)")
 
 
 def parse_pairs(items: list[str] | None, what: str = "--set") -> dict[str, str]:

@@ -8,7 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from optimizer._cli_args import add_engine_arguments, parse_pairs, positive_float, positive_int, seed_int
+from optimizer._cli_args import (add_engine_arguments, add_format_argument, add_latency_arguments,
+                                 add_rate_scale_argument, add_seed_argument, parse_pairs, positive_int)
 from sim.errors import ConfigError
 from sim.outputs import atomic_write, atomic_write_text, probe_out_dir
 
@@ -25,19 +26,19 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Simulate a trace on one engine config; writes requests.parquet, steps.parquet, summary.json.",
     )
     p.add_argument("--trace", help="trace file (default: the bundled Azure 2023 conversation trace)")
-    p.add_argument("--format", dest="fmt", help="trace format (default: detected)")
+    add_format_argument(p)
     add_engine_arguments(p, model_help="model profile name or HF folder (default: the --profile's model, else "
                                        "Llama-3-8B)",
                          gpu_help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)",
                          set_help="engine knob, repeatable")
-    p.add_argument("--profile", default=None,
-                   help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model and device; "
-                        "its measured client-side latency is added to every predicted token")
+    add_latency_arguments(p, coef=False,
+                          profile_help="latency profile YAML (kvtune calibrate): the fitted coefficients for its model "
+                                       "and device; its measured client-side latency is added to every predicted token")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--flavor", default="vllm-v1", choices=["vllm-v1", "vllm-v0"])
-    p.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrival times X-fold")
+    add_rate_scale_argument(p)
     p.add_argument("--max-requests", type=positive_int, default=None, help="simulate only the first N requests")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed for client timeouts/cancellations (0 <= S < 2**32)")
+    add_seed_argument(p, help="seed for client timeouts/cancellations (0 <= S < 2**32)")
     p.add_argument("--out", default="runs/simulate", help="output folder (default runs/simulate)")
     p.set_defaults(handler=run_simulate)
 

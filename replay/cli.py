@@ -14,8 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from optimizer import (add_engine_arguments, non_negative_float, non_negative_int, parse_pairs as _pairs, port,
-                       positive_float, positive_int)
+from optimizer import (add_engine_arguments, add_format_argument, add_latency_arguments, add_log_level_argument,
+                       add_rate_scale_argument, add_seed_argument, add_vllm_arguments, non_negative_float,
+                       non_negative_int, parse_pairs as _pairs, port, positive_float, positive_int)
 from replay.calibration.cli import add_calibrate_parser, cmd_calibrate  # noqa: F401 (kvtune calibrate)
 from replay.engine_options import coefficients as _coefficients, engine_config as _engine_config
 from sim.errors import ConfigError
@@ -210,7 +211,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from optimizer import TrialError
 
     try:
-        trial = backend.run_trial(knobs, [int(s) for s in (args.seed or ["0"])])
+        trial = backend.run_trial(knobs, list(args.seed or [0]))
     except TrialError as exc:  # the engine did not start, or the server cannot be reached: one line, exit 2
         lines = str(exc).splitlines()
         print(f"kvtune: error: {lines[0] if lines else exc}", file=sys.stderr)
@@ -249,9 +250,7 @@ def add_replay_parsers(subparsers) -> None:
     twin.add_argument("--host", default=DEFAULT_HOST)
     twin.add_argument("--port", type=port, default=8000, help="0 picks a free port (printed on the ready line)")
     twin.add_argument("--speed", type=positive_float, default=1.0, help="simulated seconds per wall second")
-    twin.add_argument("--profile", help="latency profile YAML written by kvtune calibrate")
-    twin.add_argument("--coef", action="append", metavar="NAME=VALUE",
-                      help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
+    add_latency_arguments(twin)
     twin.add_argument("--predicted", action="append", metavar="CLASS=TOKENS",
                       help="predicted output length per class, for admission_policy=predicted")
     twin.add_argument("--served-model-name", help="model id in the API (default: the profile's name)")
@@ -263,7 +262,7 @@ def add_replay_parsers(subparsers) -> None:
                            "(default: the VLLM_API_KEY environment variable, else none)")
     twin.add_argument("--max-body-bytes", type=positive_int, default=None,
                       help="largest request body accepted (default 8 MiB); larger ones get 413")
-    twin.add_argument("--log-level", default="warning")
+    add_log_level_argument(twin)
     twin.set_defaults(func=cmd_twin)
 
     rep = subparsers.add_parser(
@@ -283,34 +282,27 @@ def add_replay_parsers(subparsers) -> None:
     rep.add_argument("--router-param", action="append", metavar="NAME=VALUE",
                      help="router parameter, e.g. cache_threshold=0.5 (repeatable)")
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
-    rep.add_argument("--format", dest="fmt", default=None,
-                     help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: "
-                          "detected)")
+    add_format_argument(rep)
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
     rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")
     rep.add_argument("--head", type=non_negative_int, default=0, help="replay only this many requests (0: all)")
-    rep.add_argument("--rate-scale", type=positive_float, default=1.0, help="compress arrivals (x2 doubles the rate)")
+    add_rate_scale_argument(rep)
     rep.add_argument("--timeout", action="append", metavar="CLASS=SECONDS", help="client timeout of a class")
     add_engine_arguments(rep, model_help="model to serve (vllm: HF id or path; twin: profile name)",
                          gpu_help="GPU profile (needed for --launch twin and for calibration)")
     rep.add_argument("--sim-model", help="kvtune model profile of --model (default: guessed from its name)")
     rep.add_argument("--speed", type=positive_float, default=1.0, help="replay this many times faster (twin only)")
-    rep.add_argument("--seed", action="append", default=None, help="seed (repeatable; default 0)")
+    add_seed_argument(rep, repeatable=True, help="seed (repeatable; default 0)")
     rep.add_argument("--out", required=True, help="folder for the results")
     rep.add_argument("--vllm-version", default=None,
                      help="target vLLM release for the flags (default: the newest in optimizer/data/vllm_flags.yaml)")
-    rep.add_argument("--vllm-python", default=None,
-                     help="python of the environment where vLLM is installed (or the venv folder); default "
-                          "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
-                          "with the flags of the release installed there")
-    rep.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
-    rep.add_argument("--profile", help="twin: latency profile YAML")
-    rep.add_argument("--coef", action="append", metavar="NAME=VALUE", help="twin: latency coefficient override")
+    add_vllm_arguments(rep)
+    add_latency_arguments(rep, profile_help="twin: latency profile YAML written by kvtune calibrate")
     rep.add_argument("--sample-interval", type=positive_float, default=0.25, help="wall seconds between /metrics samples")
     rep.add_argument("--drain-timeout", type=positive_float, default=None,
                      help="give up on requests open this long after the last arrival (trace seconds)")
-    rep.add_argument("--log-level", default="warning")
+    add_log_level_argument(rep)
     rep.set_defaults(func=cmd_replay)
 
     add_calibrate_parser(subparsers)

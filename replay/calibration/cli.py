@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from optimizer import add_engine_arguments
+from optimizer import add_engine_arguments, add_vllm_arguments
 from replay.engine_options import coefficients as _coefficients, engine_config as _engine_config
 from sim.errors import ConfigError
 
@@ -115,8 +115,7 @@ def add_calibrate_parser(subparsers) -> None:
     cal.add_argument("--save-runs", help="folder for the probe's replay results (to refit later)")
     cal.add_argument("--engine-pgid", type=int, default=None,
                      help="with --url: the engine's process group, to record its CPU share (CPU engines)")
-    cal.add_argument("--vllm-python", default=None, help="python of the vLLM environment (or $KVTUNE_VLLM_PYTHON)")
-    cal.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for the server (repeatable)")
+    add_vllm_arguments(cal)
     cal.add_argument("--target", choices=("auto", "engine", "client"), default="auto",
                      help="fit engine-side timings (vLLM's histograms), client-side ones, or auto (engine if present)")
     cal.add_argument("--out", required=True, help="profile YAML to write")

@@ -19,13 +19,22 @@ from sim.outputs import atomic_write_text, probe_out_dir
 if TYPE_CHECKING:
     from sim.workload._spec import WorkloadSpec
 
+__all__ = ["add_format_argument", "add_workload_parser"]
+
 # The readers (pandas, numpy, YAML) are imported by the handlers, so that building the CLI stays cheap.
+
+
+def add_format_argument(p: argparse.ArgumentParser) -> None:
+    """``--format`` (dest ``fmt``, default None: detected) of every subcommand that reads a trace (this one's,
+    ``kvtune simulate`` and ``kvtune replay``, through ``optimizer.add_format_argument``); the readers check it
+    (``sim.workload._detect.check_format``)."""
+    p.add_argument("--format", dest="fmt", default=None,
+                   help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: detected)")
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", type=Path, help="trace file (CSV, CSV.GZ, parquet or JSONL)")
-    p.add_argument("--format", dest="fmt", default=None,
-                   help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: detected)")
+    add_format_argument(p)
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows (counted) instead of failing")
 
 

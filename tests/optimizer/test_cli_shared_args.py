@@ -1,0 +1,84 @@
+"""The arguments several kvtune subcommands share are defined once (optimizer/_cli_args.py): every subcommand
+that takes one parses it with the same type, default, choices and help, and rejects the same bad values."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from optimizer.cli import build_parser, main
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out[prefix + name] = sub
+                out.update(_subcommands(sub, prefix + name + " "))
+    return out
+
+
+def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | None:
+    return next((a for a in parser._actions if flag in a.option_strings), None)
+
+
+#: flag -> the subcommands that take it, each parsing it the same way (help included).
+SHARED = {
+    "--format": ["simulate", "replay", "workload describe", "workload fit"],
+    "--rate-scale": ["simulate", "replay"],
+    "--coef": ["twin", "replay"],
+    "--vllm-python": ["replay", "calibrate"],
+    "--vllm-arg": ["replay", "calibrate"],
+    "--log-level": ["twin", "replay"],
+}
+#: flag -> subcommands whose help may differ (it says what the flag is for there), all else the same.
+SHARED_BUT_HELP = {
+    "--model": ["simulate", "twin", "replay", "calibrate"],
+    "--gpu": ["simulate", "twin", "replay", "calibrate"],
+    "--set": ["simulate", "twin", "replay", "calibrate"],
+    "--profile": ["simulate", "twin", "replay"],
+}
+
+
+def _signature(action: argparse.Action, with_help: bool) -> tuple:
+    return (type(action).__name__, action.dest, action.type, action.default, action.choices, action.metavar,
+            action.nargs, action.help if with_help else None)
+
+
+@pytest.mark.parametrize("flag", sorted({**SHARED, **SHARED_BUT_HELP}))
+def test_a_shared_argument_parses_the_same_everywhere(flag):
+    subs = _subcommands(build_parser())
+    names = SHARED.get(flag) or SHARED_BUT_HELP[flag]
+    actions = {name: _option(subs[name], flag) for name in names}
+    assert all(actions.values()), {n: a for n, a in actions.items() if a is None}
+    signatures = {_signature(a, flag in SHARED) for a in actions.values()}
+    assert len(signatures) == 1, signatures
+
+
+def test_seed_is_checked_the_same_in_simulate_and_replay():
+    subs = _subcommands(build_parser())
+    simulate, replay = _option(subs["simulate"], "--seed"), _option(subs["replay"], "--seed")
+    assert simulate.type is replay.type  # seed_int: 0 <= S < 2**32
+    assert simulate.default == 0 and isinstance(replay, argparse._AppendAction) and replay.default is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["replay", "--url", "http://127.0.0.1:1", "--model", "m", "--out", "o", "--seed", "x"], "--seed"),
+    (["replay", "--url", "http://127.0.0.1:1", "--model", "m", "--out", "o", "--seed", "-1"], "--seed"),
+    (["twin", "--model", "Llama-3-8B", "--gpu", "H100", "--log-level", "loud"], "--log-level"),
+    (["simulate", "--rate-scale", "0"], "--rate-scale"),
+    (["replay", "--url", "http://127.0.0.1:1", "--model", "m", "--out", "o", "--rate-scale", "nan"], "--rate-scale"),
+])
+def test_a_bad_shared_argument_is_one_line_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and err.startswith("kvtune: error:")
+
+
+def test_log_level_takes_any_case():
+    args = build_parser().parse_args(["twin", "--model", "m", "--gpu", "g", "--log-level", "DEBUG"])
+    assert args.log_level == "debug"
