@@ -30,7 +30,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from sim.errors import ConfigError, short_repr
 
@@ -102,14 +102,15 @@ def mapping(value: Any, where: str, *, optional: bool = False) -> Mapping[str, A
     return value
 
 
-def check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str, what: str = "key") -> None:
-    """Every key of ``d`` is one of ``allowed``; an unknown one is an error that suggests the closest."""
-    allowed = list(allowed)
+def check_keys(d: Mapping[str, Any], allowed: Collection[str], where: str, what: str = "key") -> None:
+    """Every key of ``d`` is in ``allowed`` (a collection: tuple, list, set or dict); an unknown one is an error that
+    suggests the closest."""
     for key in d:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
+            names = [str(name) for name in allowed]
+            close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(at(where, str(key)), f"unknown {what}{hint}; expected one of {allowed}")
+            raise ConfigError(at(where, str(key)), f"unknown {what}{hint}; expected one of {names}")
 
 
 def _given(d: Mapping[str, Any], key: str, field: str, default: Any) -> Any:

@@ -8,12 +8,11 @@ Mirrors vLLM's own config classes (vllm/config.py, SchedulerConfig/CacheConfig, 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from sim.errors import ConfigError
+from sim.fields import check_keys, fail, float_in, int_in, one_of
 
 Flavor = Literal["vllm-v1", "vllm-v0"]
 FLAVORS = ("vllm-v1", "vllm-v0")
@@ -94,12 +93,7 @@ class EngineConfig:
     @classmethod
     def from_dict(cls, knobs: dict[str, Any], where: str = "engine") -> "EngineConfig":
         """Build from a mapping of knob name -> value; unknown names are errors that suggest the closest."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key in knobs:
-            if key not in names:
-                close = difflib.get_close_matches(key, sorted(names), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"{where}.{key}", f"unknown engine knob{hint}")
+        check_keys(knobs, _FIELD_TYPES, where, what="engine knob")
         coerced = {key: _coerce(key, value, where) for key, value in knobs.items()}
         return cls(**coerced)
 
@@ -182,38 +176,36 @@ class EngineConfig:
 
     # ------------------------------------------------------------------------------------------------
     def _check(self) -> None:
-        if self.flavor not in FLAVORS:
-            raise ConfigError("flavor", f"must be one of {FLAVORS}, got {self.flavor!r}")
+        one_of("flavor", self.flavor, FLAVORS)
         if self.max_num_seqs is not None:
-            _int_range("max_num_seqs", self.max_num_seqs, 1, 4096)
+            int_in("max_num_seqs", self.max_num_seqs, 1, 4096)
         if self.max_num_batched_tokens is not None:
-            _int_range("max_num_batched_tokens", self.max_num_batched_tokens, 16, 1_048_576)
+            int_in("max_num_batched_tokens", self.max_num_batched_tokens, 16, 1_048_576)
         if self.gpu_memory_utilization is not None:
-            _float_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.05, 1.0)
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ConfigError("block_size", f"must be one of 8, 16, 32, 64, 128, got {self.block_size!r}")
-        _choice("kv_cache_dtype", self.kv_cache_dtype, ("auto", "fp8"))
-        _choice("quantization", self.quantization, ("none", "fp8"))
-        _choice("tensor_parallel_size", self.tensor_parallel_size, (1, 2, 4, 8))
+            float_in("gpu_memory_utilization", self.gpu_memory_utilization, 0.05, 1.0)
+        one_of("block_size", self.block_size, (8, 16, 32, 64, 128))
+        one_of("kv_cache_dtype", self.kv_cache_dtype, ("auto", "fp8"))
+        one_of("quantization", self.quantization, ("none", "fp8"))
+        one_of("tensor_parallel_size", self.tensor_parallel_size, (1, 2, 4, 8))
         if self.max_model_len is not None:
-            _int_range("max_model_len", self.max_model_len, 16, 10_000_000)
-        _choice("scheduling_policy", self.scheduling_policy, ("fcfs", "priority"))
+            int_in("max_model_len", self.max_model_len, 16, 10_000_000)
+        one_of("scheduling_policy", self.scheduling_policy, ("fcfs", "priority"))
         if self.watermark is not None:
-            _float_range("watermark", self.watermark, 0.0, 0.5)
+            float_in("watermark", self.watermark, 0.0, 0.5)
         if self.long_prefill_token_threshold is not None:
-            _int_range("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, 1_048_576)
+            int_in("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, 1_048_576)
         if self.kv_offloading_size_gb is not None:
-            _float_range("kv_offloading_size_gb", self.kv_offloading_size_gb, 0.0, 4096.0)
+            float_in("kv_offloading_size_gb", self.kv_offloading_size_gb, 0.0, 4096.0)
         if self.preemption_mode is not None:
-            _choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+            one_of("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         if self.swap_space_gb is not None:
-            _float_range("swap_space_gb", self.swap_space_gb, 0.0, 4096.0)
-        _float_range("reserved_kv_fraction", self.reserved_kv_fraction, 0.0, 0.9)
-        _choice("admission_policy", self.admission_policy, ("greedy", "predicted"))
-        _float_range("admission_quantile", self.admission_quantile, 0.5, 0.999)
-        _float_range("admission_headroom", self.admission_headroom, 0.0, 0.5)
+            float_in("swap_space_gb", self.swap_space_gb, 0.0, 4096.0)
+        float_in("reserved_kv_fraction", self.reserved_kv_fraction, 0.0, 0.9)
+        one_of("admission_policy", self.admission_policy, ("greedy", "predicted"))
+        float_in("admission_quantile", self.admission_quantile, 0.5, 0.999)
+        float_in("admission_headroom", self.admission_headroom, 0.0, 0.5)
         if self.num_gpu_blocks_override is not None:
-            _int_range("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
+            int_in("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
         if self.engine_version is not None:
             from sim.engine.defaults import release_defaults
 
@@ -227,25 +219,6 @@ class EngineConfig:
             raise ConfigError("scheduling_policy", "kvtune's vllm-v0 flavor simulates fcfs only")
         if not self.is_v1 and self.enable_prefix_caching:
             raise ConfigError("enable_prefix_caching", "prefix caching is simulated for vllm-v1 only")
-
-
-def _int_range(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(name, f"must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(name, f"must be in [{low}, {high}], got {value}")
-
-
-def _float_range(name: str, value: Any, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(name, f"must be a number, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(name, f"must be in [{low}, {high}], got {value}")
-
-
-def _choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(name, f"must be one of {list(choices)}, got {value!r}")
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
@@ -273,5 +246,5 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if kind.startswith("float"):
             return float(text)
     except ValueError:
-        raise ConfigError(f"{where}.{key}", f"cannot read {value!r} as {kind}") from None
+        raise fail(f"{where}.{key}", f"readable as {kind}", value) from None
     return text
