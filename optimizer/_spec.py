@@ -65,10 +65,18 @@ _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "s
                  "vllm_python", "vllm_args", "port")
 
 
-def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any) -> None:
+def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any,
+                      gpu_list: list[str] | None = None) -> None:
     """Refuse a study none of whose trials could start: size the KV cache with the most memory the search can
-    give it (gpu_memory_utilization, weight and KV dtypes at their most generous); if even that cannot hold the
-    weights and one max-length request, every trial would fail."""
+    give it (gpu_memory_utilization, weight and KV dtypes and tensor parallelism at their most generous); if even
+    that cannot hold the weights and one max-length request on any device searched, every trial would fail.
+
+    The error names the field to change, and the line names every field involved (model, device, tensor
+    parallelism): the tensor parallelism (``tensor_parallel_size`` or ``search.tensor_parallel_size``) when a
+    larger one of one node's (1, 2, 4, 8) holds the weights on some device, saying which; else the device
+    (``gpu``, or ``search.gpu``); a cache that holds the weights but not one max-length request,
+    ``engine.max_model_len`` (or the ``num_gpu_blocks_override`` that the spec fixed or searched)."""
+    from optimizer._knobs import TP_SIZES
     from sim.engine import resolve_engine
 
     best: dict[str, Any] = {}
@@ -79,15 +87,55 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
             best[domain.name] = "fp8"
         elif domain.name == "tensor_parallel_size":
             best["tensor_parallel_size"] = max(domain.choices)
-    devices = [load_gpu(ref) for ref in search["gpu"].choices] if "gpu" in search.names else [gpu]
-    problems = []
+    searched = search.names
+    devices = [load_gpu(ref) for ref in search["gpu"].choices] if "gpu" in searched else [gpu]
+    config = fixed.replace(**best)
+    problems: list[tuple[Any, ConfigError]] = []
     for device in devices:  # the capacity levers: one device that can start some trial is enough
         try:
-            resolve_engine(fixed.replace(**best), model, device)
+            resolve_engine(config, model, device)
             return
         except ConfigError as exc:
-            problems.append(f"{device.name} x{best.get('tensor_parallel_size', fixed.tensor_parallel_size)}: {exc}")
-    raise ConfigError("gpu", "no configuration in this study can start on " + "; ".join(problems))
+            problems.append((device, exc))
+    tp = config.tensor_parallel_size
+    tp_field = "search.tensor_parallel_size" if "tensor_parallel_size" in searched else "tensor_parallel_size"
+    gpu_field = "search.gpu" if "gpu" in searched and gpu_list is None else "gpu"
+    details = []
+    for device, exc in problems:
+        reason = str(exc)[len(exc.field) + 2:].split("; raise ")[0].split("; lower ")[0]
+        details.append(f"on {device.name} at TP {tp}: {reason}")
+    weights = [device for device, exc in problems if exc.field == "gpu_memory_utilization"]
+    if len(weights) < len(problems):  # the weights fit somewhere, one max-length request does not
+        kind = next(exc.field for _, exc in problems if exc.field != "gpu_memory_utilization")
+        field_name = (f"search.{kind}" if kind in searched else f"engine.{kind}")
+        hint = (f"lower {field_name} (now {config.max_model_len}) or give the cache more memory (a larger "
+                f"{tp_field} or {gpu_field})" if kind == "max_model_len" else
+                f"give {field_name} enough blocks for one max-length request ({config.max_model_len} tokens)")
+        raise ConfigError(field_name, f"{model.name}'s KV cache cannot hold one max-length request on any device "
+                                      f"of this study ({field_name}, {gpu_field}, {tp_field}): "
+                          + "; ".join(details) + f"; {hint}")
+    fits_at = []
+    for device in weights:
+        for size in (s for s in TP_SIZES if s > tp):
+            try:
+                resolve_engine(config.replace(tensor_parallel_size=size), model, device)
+            except ConfigError:
+                continue
+            fits_at.append(f"TP {size} on {device.name}")
+            break
+    more = "" if config.quantization == "fp8" else " or FP8 weights (quantization)"
+    if fixed.gpu_memory_utilization is not None and "gpu_memory_utilization" not in searched:
+        more = f", a higher engine.gpu_memory_utilization (now {fixed.gpu_memory_utilization:g})" + more
+    if fits_at:
+        field_name = tp_field
+        hint = (", ".join(fits_at) + " would hold them: " + ("add it to " if tp_field.startswith("search.") else
+                "set ") + f"{tp_field}; else a larger {gpu_field}, a smaller model{more}")
+    else:
+        field_name = gpu_field
+        hint = f"not even TP {TP_SIZES[-1]} (one node) holds them: a larger {gpu_field}, a smaller model{more}"
+    raise ConfigError(field_name, f"{model.name}'s weights do not fit any device of this study at the tensor "
+                                  f"parallelism it allows (model, {gpu_field}, {tp_field}): "
+                      + "; ".join(details) + f"; {hint}")
 
 
 def _with_device_lever(search: SearchSpace, gpu_list: list[str] | None, base_dir: Path | None) -> SearchSpace:
@@ -561,7 +609,7 @@ class StudySpec:
             _check_full_precision(engine, search)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, device)
+        _check_model_fits(fixed, search, model, device, gpu_list)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]

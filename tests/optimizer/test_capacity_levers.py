@@ -112,6 +112,45 @@ def test_bad_capacity_levers_via_kvtune_tune_are_one_line_exit_2(tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("changes, field, words", [
+    # A larger TP of one node holds the weights: the TP field the spec wrote (or would write) is named.
+    (dict(model="Llama-3-70B"), "tensor_parallel_size", ["(model, gpu, tensor_parallel_size)", "TP 4 on L40S"]),
+    (dict(model="Llama-3-70B", gpu="A100-40GB", search={"base": "none", "tensor_parallel_size": [1, 2]}),
+     "search.tensor_parallel_size", ["(model, gpu, search.tensor_parallel_size)", "on A100-40GB at TP 2",
+                                     "TP 8 on A100-40GB would hold them: add it to search.tensor_parallel_size"]),
+    (dict(model="Llama-3-70B", gpu=["L40S", "A100-40GB"]), "tensor_parallel_size",
+     ["on L40S at TP 1", "on A100-40GB at TP 1", "TP 4 on L40S, TP 4 on A100-40GB"]),
+    (dict(model="Llama-3-70B", search={"base": "none", "gpu": ["L40S", "A100-40GB"]}), "tensor_parallel_size",
+     ["(model, search.gpu, tensor_parallel_size)", "a larger search.gpu"]),
+    # No TP of one node holds them: the device is named.
+    (dict(model="Llama-3-70B", gpu="vllm-cpu-1core", search={"base": "none", "max_num_seqs": [8, 16]}), "gpu",
+     ["not even TP 8 (one node) holds them: a larger gpu, a smaller model or FP8 weights (quantization)"]),
+    (dict(model="Llama-3-70B", gpu="H100-SXM", engine={"max_model_len": 4096, "gpu_memory_utilization": 0.3},
+          search={"base": "none", "max_num_seqs": [8, 16]}), "tensor_parallel_size",
+     ["a higher engine.gpu_memory_utilization (now 0.3)"]),
+    # The weights fit, one max-length request does not: max_model_len.
+    (dict(gpu="A100-40GB", engine={"max_model_len": 4096, "gpu_memory_utilization": 0.37},
+          search={"base": "none", "max_num_seqs": [8, 16]}), "engine.max_model_len",
+     ["cannot hold one max-length request", "needs 4096", "lower engine.max_model_len (now 4096)"]),
+])
+def test_a_model_that_fits_no_device_names_the_fields_to_change(changes, field, words):
+    # issue 30: a study none of whose deployments can start was reported under `gpu` whatever the cause.
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(**changes))
+    assert err.value.field == field
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_a_model_that_fits_no_device_via_kvtune_tune_is_one_line_exit_2(tmp_path, capsys):
+    path = write_spec(tmp_path, spec_dict(model="Llama-3-70B", gpu=["L40S", "A100-40GB"]))
+    assert main(["tune", str(path), "--in-process", "--out", str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtune: error: tensor_parallel_size: Llama-3-70B's weights do "
+                                                   "not fit any device of this study"), lines
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_deployment_says_what_it_is_and_costs():
     dep = deployment_of({"gpu": "H100-SXM", "tensor_parallel_size": 2, "kv_cache_dtype": "fp8"}, "L40S")
     assert dep.gpus == 2 and dep.price_per_hour_usd == pytest.approx(2 * load_gpu("H100-SXM").price_per_hour_usd)

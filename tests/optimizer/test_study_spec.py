@@ -145,8 +145,10 @@ def test_storage_defaults_to_sqlite_in_out_dir(tmp_path):
 
 def test_study_whose_model_never_fits_is_refused():
     # 70B bf16 weights (141 GB) cannot fit one L40S even at the most generous utilisation the search allows.
+    # The field to change is the tensor parallelism (TP 4 holds them), and the line names model, gpu and TP.
     error = _error(spec_dict(model="Llama-3-70B", gpu="L40S"))
-    assert error.field == "gpu" and "L40S" in str(error) and "weights" in str(error)
+    assert error.field == "tensor_parallel_size" and "L40S" in str(error) and "weights" in str(error)
+    assert "(model, gpu, tensor_parallel_size)" in str(error) and "TP 4 on L40S would hold them" in str(error)
     # On two H100s (TP 2) it fits, so the same spec is accepted.
     StudySpec.from_dict(spec_dict(model="Llama-3-70B", gpu="H100-SXM", tensor_parallel_size=2))
 
