@@ -46,6 +46,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
     from objectives import StepTotals, format_summary, summarize
+    from optimizer._progress import CountProgress
     from sim.engine import EngineConfig, release_record
     from sim.profiles import load_gpu, load_model
     from sim.runner import Progress, simulate
@@ -72,9 +73,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.rate_scale != 1.0:
         workload = workload.scale_rate(args.rate_scale)
 
+    # tqdm's bar on a terminal, erased at the end; a plain line every 10 s in a log (optimizer/_progress.py)
+    bar = CountProgress(len(workload), "req", every_s=10.0, desc="  simulating")
+
     def progress(p: Progress) -> None:
-        print(f"\r  simulated {p.sim_time_s:9.1f} s  requests ended {p.requests_done}/{p.requests_total}  "
-              f"wall {p.wall_s:5.1f} s", end="", file=sys.stderr, flush=True)
+        bar.show(p.requests_done, f"simulated {p.sim_time_s:.1f} s",
+                 f"  simulated {p.sim_time_s:9.1f} s  requests ended {p.requests_done}/{p.requests_total}  "
+                 f"wall {p.wall_s:5.1f} s")
 
     print(f"kvtune simulate: {len(workload)} requests from {trace.name}, {model.name} on {gpu.name}"
           f" (tp {config.tensor_parallel_size}), {config.flavor}", file=sys.stderr)
@@ -83,10 +88,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     # step rows are kept as columns, a chunk at a time (sim.tables.StepColumns), and the step table is written and
     # dropped before the request metrics are computed (StepTotals.of: the same figures).  The tables are the same.
     step_columns = StepColumns()
-    result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress,
-                      coefficients=profile.coefficients if profile else None,
-                      keep_requests=False, record_steps=False, step_sink=step_columns.add)
-    print("\r" + " " * 90 + "\r", end="", file=sys.stderr)
+    try:
+        result = simulate(workload, config, model, gpu, seed=args.seed, progress=progress,
+                          coefficients=profile.coefficients if profile else None,
+                          keep_requests=False, record_steps=False, step_sink=step_columns.add)
+    finally:
+        bar.close(clear=True)
     steps = step_columns.table()
     with atomic_write(out / "steps.parquet") as tmp:  # a full disk leaves no truncated file behind
         steps.to_parquet(tmp, index=False)
