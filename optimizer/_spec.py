@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError, short_repr
+from sim.fields import at, boolean, check_keys, fail, in_file, integer, mapping, number, one_of, string
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
@@ -102,7 +102,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
     gpu_field = "search.gpu" if "gpu" in searched and gpu_list is None else "gpu"
     details = []
     for device, exc in problems:
-        reason = str(exc)[len(exc.field) + 2:].split("; raise ")[0].split("; lower ")[0]
+        reason = exc.message.split("; raise ")[0].split("; lower ")[0]
         details.append(f"on {device.name} at TP {tp}: {reason}")
     weights = [device for device, exc in problems if exc.field == "gpu_memory_utilization"]
     if len(weights) < len(problems):  # the weights fit somewhere, one max-length request does not
@@ -194,7 +194,7 @@ def _check_router_params(search: SearchSpace) -> None:
                 try:
                     router_class(router).params[param].check(router, param, value)
                 except ConfigError as exc:
-                    raise ConfigError(where, str(exc)[len(exc.field) + 2:]) from None
+                    raise ConfigError(where, exc.message) from None
 
 
 def _check_priced(objectives: Any, search: SearchSpace, gpu: str, gpu_list: list[str] | None) -> None:
@@ -214,7 +214,7 @@ def _check_priced(objectives: Any, search: SearchSpace, gpu: str, gpu_list: list
         try:
             deployment_price(load_gpu(ref), 1)
         except ConfigError as exc:
-            raise ConfigError(field_name, f"{str(exc)[len(exc.field) + 2:]}; the cost objectives need a "
+            raise ConfigError(field_name, f"{exc.message}; the cost objectives need a "
                                           f"price_per_hour_usd for every device searched") from None
 
 
@@ -222,55 +222,12 @@ def _check_priced(objectives: Any, search: SearchSpace, gpu: str, gpu_list: list
 COST_OBJECTIVES = ("cost_per_hour_usd", "usd_per_million_output_tokens")
 
 
-#: Whole numbers in a spec beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
-MAX_INT = 2**53
 #: Seeds go to numpy's generators: 0 <= seed < 2**32.
 SEED_LIMIT = 2**32
 #: A trial timeout longer than this (a year) is a typo; datetime arithmetic on 1e308 s overflows.
 MAX_TIMEOUT_S = 365 * 86400.0
 #: Study names become folder and storage names: letters, digits and ``._-``, not starting with a dot.
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-
-
-def _check_keys(d: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    import difflib
-
-    for key in d:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}.{key}" if where else str(key), f"unknown key{hint}; expected one of {list(allowed)}")
-
-
-def _int(d: Mapping[str, Any], key: str, where: str, default: Any, minimum: int | None = None,
-         maximum: int | None = None) -> Any:
-    here = f"{where}.{key}" if where else key
-    value = d.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
-        raise ConfigError(here, f"must be a whole number, got {short_repr(value)}")
-    value = int(value)
-    if abs(value) > MAX_INT:
-        raise ConfigError(here, f"is out of range (at most {MAX_INT}), got {short_repr(value)}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(here, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(here, f"must be <= {maximum}, got {value}")
-    return value
-
-
-def _str(d: Mapping[str, Any], key: str, where: str, default: Any, choices: tuple[str, ...] | None = None) -> Any:
-    here = f"{where}.{key}" if where else key
-    value = d.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(here, f"must be a non-empty string, got {short_repr(value)}")
-    if choices is not None and value not in choices:
-        raise ConfigError(here, f"must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
@@ -286,14 +243,6 @@ def _profile_ref(value: str, base_dir: Path | None, builtin: list[str]) -> str:
     return str(path.resolve())
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(value).__name__} {short_repr(value)}")
-    return value
-
-
 @dataclass(frozen=True)
 class Budget:
     """How many trials (finished ones, across resumes), on how many workers, each for at most how long."""
@@ -304,14 +253,13 @@ class Budget:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "budget") -> "Budget":
-        d = _mapping(d, where)
-        _check_keys(d, _BUDGET_KEYS, where)
+        d = mapping(d, where, optional=True)
+        check_keys(d, _BUDGET_KEYS, where)
         timeout = d.get("trial_timeout_s", 600.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-            raise ConfigError(f"{where}.trial_timeout_s", f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
-                                                          f"got {short_repr(timeout)}")
-        return cls(trials=_int(d, "trials", where, 50, minimum=1),
-                   workers=_int(d, "workers", where, None, minimum=1),
+            raise fail(at(where, "trial_timeout_s"), f"a positive number of seconds, at most {MAX_TIMEOUT_S:g}", timeout)
+        return cls(trials=integer(d, "trials", where, 50, minimum=1),
+                   workers=integer(d, "workers", where, None, minimum=1),
                    trial_timeout_s=float(timeout))
 
     def to_dict(self) -> dict[str, Any]:
@@ -331,12 +279,12 @@ class SamplerSpec:
     def from_dict(cls, d: Any, where: str = "sampler") -> "SamplerSpec":
         if isinstance(d, str):
             d = {"name": d}
-        d = _mapping(d, where)
-        _check_keys(d, _SAMPLER_KEYS, where)
-        name = _str(d, "name", where, "tpe", SAMPLERS)
-        spec = cls(name=name, seed=_int(d, "seed", where, 0, minimum=0, maximum=SEED_LIMIT - 1),
-                   n_startup_trials=_int(d, "n_startup_trials", where, None, minimum=0),
-                   population_size=_int(d, "population_size", where, None, minimum=2))
+        d = mapping(d, where, optional=True)
+        check_keys(d, _SAMPLER_KEYS, where)
+        name = string(d, "name", where, "tpe", SAMPLERS)
+        spec = cls(name=name, seed=integer(d, "seed", where, 0, minimum=0, maximum=SEED_LIMIT - 1),
+                   n_startup_trials=integer(d, "n_startup_trials", where, None, minimum=0),
+                   population_size=integer(d, "population_size", where, None, minimum=2))
         if spec.n_startup_trials is not None and name not in ("tpe", "gp"):
             raise ConfigError(f"{where}.n_startup_trials", f"applies to tpe and gp, not {name}")
         if spec.population_size is not None and name != "nsga2":
@@ -350,20 +298,6 @@ class SamplerSpec:
         if self.population_size is not None:
             out["population_size"] = self.population_size
         return out
-
-
-def _number(d: Mapping[str, Any], key: str, where: str, default: Any, *, positive: bool = False) -> Any:
-    here = f"{where}.{key}" if where else key
-    value = d.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(here, f"must be a finite number, got {short_repr(value)}")
-    if positive and not value > 0:
-        raise ConfigError(here, f"must be > 0, got {value!r}")
-    if not positive and value < 0:
-        raise ConfigError(here, f"must be >= 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -408,52 +342,51 @@ class BackendSpec:
     def from_dict(cls, d: Any, where: str = "backend", *, tensor_parallel_size: int = 1) -> "BackendSpec":
         if isinstance(d, str):
             d = {"kind": d}
-        d = _mapping(d, where)
-        _check_keys(d, _BACKEND_KEYS, where)
-        kind = _str(d, "kind", where, "sim", BACKEND_KINDS)
+        d = mapping(d, where, optional=True)
+        check_keys(d, _BACKEND_KEYS, where)
+        kind = string(d, "kind", where, "sim", BACKEND_KINDS)
         if kind == "sim":
             extra = [k for k in _BACKEND_KEYS if k != "kind" and d.get(k) is not None]
             if extra:
                 raise ConfigError(f"{where}.{extra[0]}", "applies to kind replay only (this backend is kind sim)")
             return cls()
-        url = _str(d, "url", where, None)
-        engine = _str(d, "engine", where, None, REPLAY_ENGINES)
+        url = string(d, "url", where, None)
+        engine = string(d, "engine", where, None, REPLAY_ENGINES)
         if url is not None and engine is not None:
             raise ConfigError(f"{where}.url", "give engine (an engine launched per trial) or url (a server already "
                                               "running), not both")
         if url is not None and not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{where}.url", f"must be an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
+            raise fail(at(where, "url"), "an http(s) URL such as http://127.0.0.1:8000", url)
         if url is None and engine is None:
             engine = "vllm"
-        model = _str(d, "model", where, None)
+        model = string(d, "model", where, None)
         if model is not None and engine == "twin":
             raise ConfigError(f"{where}.model", "the twin simulates the spec's model (model:); give backend.model "
                                                 "for engine vllm or url only")
-        speed = _number(d, "speed", where, 1.0, positive=True)
+        speed = number(d, "speed", where, 1.0, positive=True)
         if engine == "vllm" and speed != 1.0:
             raise ConfigError(f"{where}.speed", f"a real engine runs in real time: must be 1 for engine vllm, got "
                                                 f"{d['speed']!r} (speed is for the twin)")
         default_gpus = float(tensor_parallel_size) if engine == "vllm" else 0.0
-        gpus = _number(d, "gpus_per_trial", where, default_gpus)
+        gpus = number(d, "gpus_per_trial", where, default_gpus, minimum=0.0)
         if engine == "vllm" and gpus < tensor_parallel_size:
             raise ConfigError(f"{where}.gpus_per_trial", f"vLLM with tensor_parallel_size {tensor_parallel_size} "
                                                          f"needs at least {tensor_parallel_size} GPUs per trial, "
                                                          f"got {d['gpus_per_trial']!r}")
-        startup = _number(d, "startup_timeout_s", where, None, positive=True)
+        startup = number(d, "startup_timeout_s", where, None, positive=True)
         if startup is not None and url is not None:
             raise ConfigError(f"{where}.startup_timeout_s", "applies to an engine launched per trial, not to url")
-        slack = _number(d, "twin_slack_ms", where, None)
+        slack = number(d, "twin_slack_ms", where, None, minimum=0.0)
         if slack is not None and engine != "twin":
             raise ConfigError(f"{where}.twin_slack_ms", "applies to engine twin only")
-        vllm_python = _str(d, "vllm_python", where, None)
+        vllm_python = string(d, "vllm_python", where, None)
         args = d.get("vllm_args")
         if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) and a for a in args)):
-            raise ConfigError(f"{where}.vllm_args", f"must be a list of strings such as [\"--enforce-eager\"], got "
-                                                    f"{args!r}")
+            raise fail(at(where, "vllm_args"), 'a list of strings such as ["--enforce-eager"]', args)
         for key, value in (("vllm_python", vllm_python), ("vllm_args", args)):
             if value is not None and engine != "vllm":
                 raise ConfigError(f"{where}.{key}", "applies to engine vllm only (launched per trial)")
-        port = _int(d, "port", where, None, 1, 65535)
+        port = integer(d, "port", where, None, 1, 65535)
         if port is not None and url is not None:
             raise ConfigError(f"{where}.port", "applies to an engine launched per trial, not to url")
         return cls(kind=kind, engine=engine, url=url, model=model, speed=speed, gpus_per_trial=gpus,
@@ -522,9 +455,9 @@ class StudySpec:
     # ------------------------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Any, *, name: str | None = None, base_dir: Path | None = None) -> "StudySpec":
-        d = _mapping(d, "study")
-        _check_keys(d, _TOP_KEYS, "")
-        name = _str(d, "name", "", name)
+        d = mapping(d, "study", optional=True)
+        check_keys(d, _TOP_KEYS, "")
+        name = string(d, "name", "", name)
         if name is None:
             raise ConfigError("name", "is required (or load the spec from a file: its stem is the default name)")
         if not _NAME.match(name):
@@ -535,7 +468,7 @@ class StudySpec:
             if d.get(key) is None:
                 raise ConfigError(key, "is required")
         workload = WorkloadSpec.from_dict(d["workload"], "workload", base_dir=base_dir)
-        model_name = _profile_ref(_str(d, "model", "", None), base_dir, model_names())
+        model_name = _profile_ref(string(d, "model", "", None), base_dir, model_names())
         gpu_list = d["gpu"] if isinstance(d["gpu"], list) else None  # capacity lever: the devices to search
         if gpu_list is not None:
             if not gpu_list:
@@ -543,7 +476,7 @@ class StudySpec:
             refs = []
             for i, g in enumerate(gpu_list):
                 if not isinstance(g, str) or not g.strip():
-                    raise ConfigError(f"gpu[{i}]", f"must be a device name or a device YAML path, got {short_repr(g)}")
+                    raise fail(at("gpu", i), "a device name or a device YAML path", g)
                 refs.append(_profile_ref(g, base_dir, gpu_names()))
                 load_gpu(refs[-1], f"gpu[{i}]")
             gpu_list = refs
@@ -551,8 +484,8 @@ class StudySpec:
                 raise ConfigError("gpu", f"lists a device twice: {gpu_list}")
             gpu_name = gpu_list[0]  # the baseline: where the default config runs
         else:
-            gpu_name = _profile_ref(_str(d, "gpu", "", None), base_dir, gpu_names())
-        profile = _str(d, "latency_profile", "", None)
+            gpu_name = _profile_ref(string(d, "gpu", "", None), base_dir, gpu_names())
+        profile = string(d, "latency_profile", "", None)
         if profile is not None:
             from sim.latency import read_profile
 
@@ -568,10 +501,9 @@ class StudySpec:
         device = load_gpu(gpu_name, "gpu")
         if not Path(model_name).is_absolute():
             model_name = model.name  # a built-in profile (or one of its aliases): its canonical name
-        flavor = _str(d, "flavor", "", "vllm-v1", FLAVORS)
-        tp = _int(d, "tensor_parallel_size", "", 1)
-        if tp not in (1, 2, 4, 8):
-            raise ConfigError("tensor_parallel_size", f"must be one of [1, 2, 4, 8], got {tp}")
+        flavor = string(d, "flavor", "", "vllm-v1", FLAVORS)
+        tp = integer(d, "tensor_parallel_size", "", 1)
+        one_of("tensor_parallel_size", tp, (1, 2, 4, 8))
         target = VllmTarget.parse(d["vllm_version"]) if d.get("vllm_version") is not None else default_target(flavor)
         engine_name = "v0" if flavor == "vllm-v0" else "v1"
         if engine_name not in target.engines:
@@ -580,7 +512,7 @@ class StudySpec:
                               f"vLLM {target} ships no {engine_name.upper()} engine (it has {have}); "
                               + ("the V0 engine was removed in 0.11: target 0.10.2 or older for vllm-v0"
                                  if engine_name == "v0" else "choose flavor vllm-v0"))
-        engine = dict(_mapping(d.get("engine"), "engine"))
+        engine = dict(mapping(d.get("engine"), "engine", optional=True))
         for key in engine:
             check_knob(str(key), flavor, target, f"engine.{key}")
         try:
@@ -589,7 +521,7 @@ class StudySpec:
             resolved = fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
-            raise ConfigError(field_name, str(exc)[len(exc.field) + 2:]) from None
+            raise ConfigError(field_name, exc.message) from None
         engine = {k: getattr(fixed, k) for k in engine}
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
@@ -602,9 +534,7 @@ class StudySpec:
                                     priorities_differ=priorities_differ)
         search = _with_device_lever(search, gpu_list, base_dir)
         _check_router_params(search)
-        lower_precision = d.get("lower_precision", True)
-        if not isinstance(lower_precision, bool):
-            raise ConfigError("lower_precision", f"must be true or false, got {short_repr(lower_precision)}")
+        lower_precision = boolean(d, "lower_precision", "", True)
         if not lower_precision:
             _check_full_precision(engine, search)
         if not len(search):
@@ -614,14 +544,14 @@ class StudySpec:
         if isinstance(objectives, str):
             objectives = [objectives]
         if not isinstance(objectives, list) or not objectives:
-            raise ConfigError("objectives", f"must be a non-empty list of objective names, got {objectives!r}")
+            raise fail("objectives", "a non-empty list of objective names", objectives)
         for i, obj in enumerate(objectives):
             if not isinstance(obj, str):
-                raise ConfigError(f"objectives[{i}]", f"must be an objective name, got {obj!r}")
+                raise fail(at("objectives", i), "an objective name", obj)
             try:
                 get_objective(obj)
             except ConfigError as exc:
-                raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
+                raise ConfigError(f"objectives[{i}]", exc.message) from None
         if len(set(objectives)) != len(objectives):
             raise ConfigError("objectives", f"lists an objective twice: {objectives}")
         _check_priced(objectives, search, gpu_name, gpu_list)
@@ -634,11 +564,11 @@ class StudySpec:
                     try:
                         parse_bound(item)
                     except ConfigError as exc:
-                        raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
+                        raise ConfigError(f"constraints[{i}]", exc.message) from None
             constraints = tuple(constraints)
         elif constraints not in ("slo", "none"):
-            raise ConfigError("constraints", f"must be 'slo', 'none' or a list of class names, got {constraints!r}")
-        replicates = _int(d, "replicates", "", 1, minimum=1, maximum=100)
+            raise fail("constraints", "'slo', 'none' or a list of class names", constraints)
+        replicates = integer(d, "replicates", "", 1, minimum=1, maximum=100)
         sampler = SamplerSpec.from_dict(d.get("sampler"), "sampler")
         if sampler.name == "grid":
             conditional = [dom.name for dom in search.domains if dom.when]
@@ -647,7 +577,7 @@ class StudySpec:
                 raise ConfigError("sampler.name", f"grid needs a space without conditions; drop or fix {conditional}")
         return cls(
             name=name,
-            description=_str(d, "description", "", ""),
+            description=string(d, "description", "", ""),
             workload=workload,
             model=model_name,
             gpu=gpu_name,
@@ -661,10 +591,10 @@ class StudySpec:
             replicates=replicates,
             budget=Budget.from_dict(d.get("budget"), "budget"),
             sampler=sampler,
-            storage=_str(d, "storage", "", None),
-            ray_address=_str(d, "ray_address", "", None),
-            executor=_str(d, "executor", "", "auto", EXECUTORS),
-            out=_str(d, "out", "", None),
+            storage=string(d, "storage", "", None),
+            ray_address=string(d, "ray_address", "", None),
+            executor=string(d, "executor", "", "auto", EXECUTORS),
+            out=string(d, "out", "", None),
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
             latency_profile=profile,
             lower_precision=lower_precision,
@@ -761,4 +691,4 @@ def load_study_spec(path: str | Path) -> StudySpec:
     try:
         return StudySpec.from_dict(data, name=path.stem, base_dir=path.resolve().parent)
     except ConfigError as exc:
-        raise ConfigError(exc.field, f"{str(exc)[len(exc.field) + 2:]} (in {path})") from None
+        raise in_file(exc, path) from None
