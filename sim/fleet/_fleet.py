@@ -138,8 +138,11 @@ class FleetSimulation:
         df = workload.requests
         column = next((c for c in SESSION_COLUMNS if c in df.columns), None)
         self._sessions = df[column].tolist() if column is not None else None
-        self._classes = self.store.classes
-        self._prompts = self.store.prompts
+        # As plain Python values, made once (a request's view is made at each arrival).
+        self._arrival_list = self.arrivals_s.tolist()
+        self._classes = [str(c) for c in self.store.classes]
+        self._prompts = self.store.prompts.tolist()
+        self._sessions = None if self._sessions is None else [_session(v) for v in self._sessions]
         state = self.router.needs_state
         if state:
             # Decided at each arrival: every replica may receive any arrival (a shared feed); a replica's run of
@@ -158,6 +161,10 @@ class FleetSimulation:
         self._dirty: list[int] = list(range(replicas))
         self._view_list = [ReplicaView(index=r, routed=0, outstanding=0) for r in range(replicas)]
         self._reads_metrics = state and self.router.reads_metrics
+        # A router that keeps its own index of the loads is told of each change instead of scanning the views.
+        self._follow = state and not self._reads_metrics and self.router.follows_loads
+        if self._follow:
+            self.router.follow_loads(self._view_list)
         if state:
             for rep in self.replicas:
                 rep.dirty = self._dirty
@@ -168,11 +175,8 @@ class FleetSimulation:
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def _request_view(self, i: int) -> RequestView:
-        return RequestView(
-            index=i, arrival_s=float(self.arrivals_s[i]), class_name=str(self._classes[i]),
-            prompt_tokens=int(self._prompts[i]), block_hashes=self.store.keys[i], block_size=self.config.block_size,
-            session_id=None if self._sessions is None else _session(self._sessions[i]),
-        )
+        return RequestView(i, self._arrival_list[i], self._classes[i], self._prompts[i], self.store.keys[i],
+                           self.config.block_size, None if self._sessions is None else self._sessions[i])
 
     def _preroute(self) -> None:
         # One view per replica, only the chosen one's replaced after each decision (views are read-only).
@@ -184,6 +188,8 @@ class FleetSimulation:
             views[chosen] = ReplicaView(index=chosen, routed=views[chosen].routed + 1)
 
     def _check(self, chosen: object, i: int) -> int:
+        if type(chosen) is int and 0 <= chosen < self.router.num_replicas:
+            return chosen
         if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)) or not 0 <= chosen < self.router.num_replicas:
             raise ValueError(f"router {self.router.name!r} returned {chosen!r} for request {i}; "
                              f"expected a replica index in [0, {self.router.num_replicas})")
@@ -209,9 +215,13 @@ class FleetSimulation:
             return views
         dirty = self._dirty
         if dirty:
+            follow = self.router.load_changed if self._follow else None
             for r in dirty:
                 rep = replicas[r]
-                views[r] = ReplicaView(index=r, routed=rep.assigned, outstanding=rep.assigned - rep.ended_pub)
+                outstanding = rep.assigned - rep.ended_pub
+                views[r] = ReplicaView(index=r, routed=rep.assigned, outstanding=outstanding)
+                if follow is not None:
+                    follow(r, outstanding)
             dirty.clear()
         return views
 

@@ -65,12 +65,35 @@ class Router(abc.ABC):
     needs_state: ClassVar[bool] = True
     reads_metrics: ClassVar[bool] = True
     tracks_requests: ClassVar[bool] = False
+    #: True for a router that decides from the replicas' ``outstanding`` counts alone and keeps them in a
+    #: :class:`_Loads` when told of each change (:meth:`follow_loads`, :meth:`load_changed`).
+    follows_loads: ClassVar[bool] = False
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         self.num_replicas = num_replicas
         self.rng = np.random.default_rng(seed)
         for key, value in params.items():
             setattr(self, key, value)
+        #: The views list the fleet keeps (:meth:`follow_loads`), and the loads in it, kept up to date.
+        self._followed: object = None
+        self._loads: _Loads | None = None
+
+    def follow_loads(self, views: Sequence[ReplicaView]) -> None:
+        """The fleet keeps ``views`` (one list, replaced in place) and calls :meth:`load_changed` whenever a
+        replica's ``outstanding`` there changes: ``route`` called with that very list then reads the loads from an
+        index kept on those changes instead of scanning every replica (the same decision: the same least loaded,
+        the same ties in the same order).  Called with any other sequence, it scans as before."""
+        self._followed = views
+        self._loads = _Loads([r.outstanding or 0 for r in views])
+
+    def load_changed(self, replica: int, outstanding: int) -> None:
+        """Replica ``replica``'s outstanding count in the followed views is now ``outstanding``."""
+        loads = self._loads
+        if loads is not None:
+            loads.set(replica, outstanding)
+
+    def _followed_loads(self, replicas: Sequence[ReplicaView]) -> _Loads | None:
+        return self._loads if replicas is self._followed else None
 
     @property
     def metrics_lag(self) -> float:
@@ -92,6 +115,66 @@ class Router(abc.ABC):
         best = min(values)
         ties = [i for i, v in enumerate(values) if v == best]
         return ties[0] if len(ties) == 1 else int(ties[self.rng.integers(len(ties))])
+
+    def _pick_least_loaded(self, loads: _Loads) -> int:
+        """:meth:`_pick_min` over the followed loads: the replicas at the least count in index order, one drawn
+        when several (the same draw as the scan's)."""
+        ties = loads.at[loads.lo]
+        if len(ties) == 1:
+            for only in ties:
+                return only
+        ordered = sorted(ties)
+        return int(ordered[self.rng.integers(len(ordered))])
+
+
+class _Loads:
+    """Outstanding requests per replica, and the replicas at each count: the least and the most loaded are read
+    without a scan of the replicas (O(1) per change, as a router's load index updated on its own events)."""
+
+    __slots__ = ("counts", "at", "lo", "hi")
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = list(counts)
+        self.at: dict[int, set[int]] = {}
+        for r, c in enumerate(self.counts):
+            self.at.setdefault(c, set()).add(r)
+        self.lo = min(self.counts)
+        self.hi = max(self.counts)
+
+    def set(self, replica: int, value: int) -> None:
+        counts = self.counts
+        old = counts[replica]
+        if old == value:
+            return
+        counts[replica] = value
+        at = self.at
+        bucket = at[old]
+        bucket.discard(replica)
+        if not bucket:
+            del at[old]
+        others = at.get(value)
+        if others is None:
+            at[value] = {replica}
+        else:
+            others.add(replica)
+        if value < self.lo:
+            self.lo = value
+        elif old == self.lo and not bucket:
+            lo = old + 1  # the least moved up, to at most ``value``
+            while lo not in at:
+                lo += 1
+            self.lo = lo
+        if value > self.hi:
+            self.hi = value
+        elif old == self.hi and not bucket:
+            hi = old - 1
+            while hi not in at:
+                hi -= 1
+            self.hi = hi
+
+    def first_least(self) -> int:
+        """The lowest-indexed replica at the least count (``counts.index(min(counts))``)."""
+        return min(self.at[self.lo])
 
 
 _REGISTRY: dict[str, type[Router]] = {}
@@ -193,8 +276,12 @@ class LeastOutstanding(Router):
 
     name = "least_outstanding"
     reads_metrics = False
+    follows_loads = True
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        loads = self._followed_loads(replicas)
+        if loads is not None:
+            return self._pick_least_loaded(loads)
         return self._pick_min([r.outstanding for r in replicas])
 
 
@@ -248,6 +335,7 @@ class SGLangCacheAware(Router):
 
     name = "sglang_cache_aware"
     reads_metrics = False
+    follows_loads = True
     params = {
         "cache_threshold": Param(0.3, 0.0, 1.0),
         "balance_abs_threshold": Param(64, 0, math.inf, integer=True),
@@ -272,16 +360,21 @@ class SGLangCacheAware(Router):
         return lo
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
-        loads = [r.outstanding for r in replicas]
-        hi, lo = max(loads), min(loads)
-        least_loaded = loads.index(lo)  # the first of equals
+        followed = self._followed_loads(replicas)
+        if followed is not None:
+            hi, lo = followed.hi, followed.lo
+        else:
+            loads = [r.outstanding for r in replicas]
+            hi, lo = max(loads), min(loads)
         hashes = request.block_hashes
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
-            chosen = least_loaded
+            chosen = -1
         else:
-            matched = self._matched_blocks(hashes)
+            matched = self._matched_blocks(hashes) if hashes else 0
             rate = matched * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
-            chosen = self.owner[hashes[matched - 1]] if matched and rate > self.cache_threshold else least_loaded
+            chosen = self.owner[hashes[matched - 1]] if matched and rate > self.cache_threshold else -1
+        if chosen < 0:  # the least loaded, the first of equals
+            chosen = followed.first_least() if followed is not None else loads.index(lo)
         owner = self.owner
         for key in hashes:
             owner.setdefault(key, chosen)

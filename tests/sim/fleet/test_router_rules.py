@@ -241,3 +241,45 @@ def test_a_batched_run_shows_what_stepping_would_have_published(router, lag, con
     pd.testing.assert_frame_equal(batched.requests[cols], stepped.requests[cols], rtol=1e-9)
     assert batched.num_iterations == stepped.num_iterations
     assert len(batched.steps) < len(stepped.steps)  # the batched fleet did batch runs
+
+
+def test_the_load_index_keeps_the_least_and_most_loaded():
+    """The routers' load index (kept on each change) against a scan, over random changes."""
+    import random
+
+    from sim.fleet._routers import _Loads
+
+    rng = random.Random(0)
+    counts = [0] * 7
+    loads = _Loads(counts)
+    for _ in range(3000):
+        r = rng.randrange(7)
+        counts[r] = max(0, counts[r] + rng.choice((-3, -1, 1, 1, 2)))
+        loads.set(r, counts[r])
+        assert (loads.lo, loads.hi) == (min(counts), max(counts))
+        assert loads.first_least() == counts.index(min(counts))
+        assert sorted(loads.at[loads.lo]) == [i for i, c in enumerate(counts) if c == min(counts)]
+
+
+@pytest.mark.parametrize("router, params", [("least_outstanding", {}), ("sglang_cache_aware", {}),
+                                            ("sglang_cache_aware", {"balance_abs_threshold": 2,
+                                                                    "balance_rel_threshold": 1.2})])
+def test_a_router_told_of_each_load_change_decides_as_one_that_scans(router, params):
+    """The fleet keeps the least-outstanding and cache-aware routers told of each load change (no scan of the
+    replicas per arrival); the decisions, the tie draws included, are those of the scan."""
+    rows = [(0.004 * i, 150 + 41 * (i % 9), 10 + 17 * (i % 6)) for i in range(300)]
+    workload = make_workload(rows)
+    workload.requests["hash_ids"] = [[i % 4, 10 + i % 8, 100 + i] for i in range(300)]
+    config = EngineConfig(enable_prefix_caching=True, max_num_seqs=16)
+
+    def run(follow):
+        chosen = make_router(router, params, 5, seed=2)
+        if not follow:
+            chosen.follows_loads = False
+        fleet = FleetSimulation(workload, config, MODEL, GPU, replicas=5, router=chosen, hash_block_tokens=64)
+        assert (chosen._loads is not None) == follow
+        return fleet.run().requests
+
+    followed, scanned = run(True), run(False)
+    assert followed["replica"].nunique() == 5
+    pd.testing.assert_frame_equal(followed, scanned)
