@@ -548,7 +548,9 @@ def describe_change(change: Mapping[str, Any]) -> str:
         more = dep["price_per_hour_usd"] - base["price_per_hour_usd"]
         return (f"capacity: no config searched meets every SLO; the smallest change that does (the default config, "
                 f"simulated): {dep['description']} ({'+' if more >= 0 else '-'}${abs(more):.2f}/h against "
-                f"{base['description']})" + (" - lowers precision, see 'quality'" if change.get("quality") else ""))
+                f"{base['description']})" + (" - lowers precision: its published accuracy deltas are "
+                                             "capacity_change.quality in recommended.json"
+                                             if change.get("quality") else ""))
     return (f"capacity: none of the {len(change['tried'])} cheapest deployments of kvtune's bundled range "
             f"(devices {', '.join(change['levers']['gpu'])}, TP {change['levers']['tensor_parallel_size']}, KV "
             f"{change['levers']['kv_cache_dtype']}) meets every SLO with the default config")
@@ -638,6 +640,10 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     if quality:
         header.append("LOWER PRECISION: this recommendation lowers precision; published accuracy deltas:")
         header.extend(format_quality_notes(quality).splitlines())
+    if change is not None and change.get("quality"):
+        header.append("LOWER PRECISION: the capacity change above lowers precision (not this config); published "
+                      "accuracy deltas:")
+        header.extend(format_quality_notes(change["quality"]).splitlines())
     atomic_write_text(out / "recommended.yaml", render_recommended_yaml(flags, policies, notes, header))
     files.append(out / "recommended.yaml")
 

@@ -27,6 +27,7 @@ import plotly.io as pio
 from optimizer._export import describe_comparison, side_by_side
 from optimizer._storage import trial_metrics
 from optimizer.report._data import ConfigRun, ReportData
+from optimizer.quality import format_quality_notes, quality_notes
 from optimizer.report._figures import Chart, whatif_rows
 
 _CSS = """
@@ -44,6 +45,7 @@ th{background:#f0f0f0}td.l,th.l{text-align:left}
 table{max-width:100%}
 .caption{font-size:13px;color:#555;margin:4px 2px 20px}
 .note{background:#fff8e1;border:1px solid #f0d58a;padding:8px 12px;margin:8px 0;font-size:13px}
+.note pre{white-space:pre-wrap;margin:6px 0 0;font-size:12px}
 .facts td{text-align:left}.facts th{text-align:left;width:220px}
 code{background:#f0f0f0;padding:1px 4px;border-radius:3px}
 """
@@ -164,6 +166,7 @@ def _answer(data: ReportData) -> str:
         what = ("the engine's default config" if data.pick.keep_default else "")
         parts.append(f"<p>Recommended: <b>trial {data.pick.trial.number}</b>"
                      + (f" ({what}: keep the default)" if what else "") + f", picked by: {_e(data.pick.rule)}.</p>")
+        parts.append(_quality_note(_picked_knobs(data)))
         if not data.pick.feasible:
             falls = "; ".join(str(s) for s in data.pick.shortfalls)
             parts.append(f'<div class="note">No trial meets every SLO. The recommendation misses: {_e(falls)}</div>')
@@ -230,6 +233,24 @@ def _answer(data: ReportData) -> str:
                  "<code>kvtune export</code> writes the recommended config as a <code>vllm serve --config</code> "
                  "file.</p>")
     return "".join(parts)
+
+
+def _picked_knobs(data: ReportData) -> dict[str, Any]:
+    """The knobs of the recommended trial ({} without a pick)."""
+    return dict(data.pick.trial.user_attrs.get("knobs") or {}) if data.pick is not None else {}
+
+
+def _quality_note(knobs: dict[str, Any]) -> str:
+    """What the recommendation's lower precision (FP8 KV cache or weights) is published to do to answer quality,
+    with the sources (optimizer/quality.py, as recommended.json's ``quality`` and recommended.yaml's header say
+    it); "" at full precision."""
+    notes = quality_notes(knobs)
+    if not notes:
+        return ""
+    return ('<div class="note"><b>Lower precision.</b> The recommended config lowers numeric precision ('
+            + _e(", ".join(f"{n['knob']}={n['value']}" for n in notes)) + "). kvtune simulates speed and memory, "
+            "not answer quality; the published accuracy deltas and their sources:"
+            f"<pre>{_e(format_quality_notes(notes))}</pre></div>")
 
 
 def _knob_changes(default: dict[str, Any], recommended: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -450,7 +471,8 @@ def metrics_document(data: ReportData, images: Sequence[str], image_error: str |
         "pick": None if data.pick is None else {"trial": data.pick.trial.number, "rule": data.pick.rule,
                                                 "keep_default": data.pick.keep_default,
                                                 "feasible": data.pick.feasible,
-                                                "shortfalls": [str(s) for s in data.pick.shortfalls]},
+                                                "shortfalls": [str(s) for s in data.pick.shortfalls],
+                                                "quality": quality_notes(_picked_knobs(data))},
         "pareto_trials": data.front_numbers,
         "default": run_doc(data.default),
         "recommended": run_doc(data.recommended),

@@ -92,6 +92,15 @@ def test_nothing_beats_the_default_keep_it(tmp_path, base):
         assert "capacity: no config searched meets every SLO; the smallest change" in exported.summary()
     else:
         assert all(t["misses"] for t in change["tried"])
+    # The change found is FP8 KV on the same L40S: its lower precision is said where the change is named, with
+    # the published deltas in recommended.json (capacity_change.quality) and recommended.yaml, not in 'quality'
+    # (the recommended config is the default's full precision).
+    assert change["found"] and change["deployment"]["kv_cache_dtype"] == "fp8"
+    assert change["quality"] and change["quality"][0]["sources"] and doc["quality"] == []
+    assert "lowers precision: its published accuracy deltas are capacity_change.quality" in exported.summary()
+    yaml_text = (tmp_path / "export" / "recommended.yaml").read_text()
+    assert "LOWER PRECISION: the capacity change above lowers precision (not this config)" in yaml_text
+    assert change["quality"][0]["sources"][0]["url"] in yaml_text
     text = exported.summary()
     assert text.splitlines()[0] == "kvtune: no trial meets every SLO; keep the default"
     assert "closest trial" in text and "misses by 100.0%" in text
