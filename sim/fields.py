@@ -7,7 +7,8 @@ device / model files (``sim.profiles``) all check their fields here, so every ba
 
 a :class:`~sim.errors.ConfigError` whose ``field`` is the full path (``budget.trials``,
 ``workload.classes.chat.slo.e2e_p99_s``, ``search.gpu.choices[1]``; :func:`at` joins them) and whose message
-says what was expected; :func:`in_file` adds the file once, where a document is read.  The CLI prints that one
+says what was expected; :func:`in_file` adds the file once, where a document is read.  An error of the whole file
+(unreadable, not valid YAML) has no field path: ``<file>[:<line>]: <problem>`` (:func:`file_error`).  The CLI prints that one
 line and exits 2 (``optimizer/cli.py``); nothing here prints or exits.
 
 Why a small module and not pydantic models: the documents are already parsed into frozen dataclasses that the
@@ -34,8 +35,8 @@ from typing import Any, Collection, Iterable
 
 from sim.errors import ConfigError, short_repr
 
-__all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "float_in", "in_file", "int_in", "integer",
-           "mapping", "message_of", "number", "one_of", "reroot", "string"]
+__all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "file_error", "float_in", "in_file", "int_in",
+           "integer", "mapping", "message_of", "number", "one_of", "reroot", "string"]
 
 #: Whole numbers beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
 MAX_INT = 2**53
@@ -88,6 +89,14 @@ def in_file(exc: ConfigError, path: Any) -> ConfigError:
     if getattr(exc, "file", None) is not None:
         return exc
     out = ConfigError(exc.field, f"{exc.message} (in {path})")
+    out.file = str(path)  # type: ignore[attr-defined]
+    return out
+
+
+def file_error(path: Any, message: str, line: int | None = None) -> ConfigError:
+    """An error of a whole file (unreadable, not valid YAML or JSON, not a mapping): ``<file>[:<line>]: <message>``.
+    It names its file, so :func:`in_file` leaves it as it is."""
+    out = ConfigError(f"{path}:{line}" if line is not None else str(path), message)
     out.file = str(path)  # type: ignore[attr-defined]
     return out
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ConfigError
+from sim.fields import at, fail, file_error, in_file
 from sim.profiles._types import ModelProfile
 
 #: Accepted spellings of each field, first match wins (transformers' config classes).
@@ -57,40 +58,46 @@ def _get(cfg: dict, field: str, where: str, *, required: bool = True, default: A
         if key in cfg and cfg[key] is not None:
             value = cfg[key]
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{where}: {key}", f"must be a whole number, got {value!r}")
+                raise fail(at(where, key), "a whole number", value)
             if value < minimum:
-                raise ConfigError(f"{where}: {key}", f"must be >= {minimum}, got {value}")
+                raise fail(at(where, key), f">= {minimum}", value)
             return value
     if required:
-        raise ConfigError(f"{where}: {_KEYS[field][0]}", f"missing (looked for {', '.join(_KEYS[field])})")
+        raise ConfigError(at(where, _KEYS[field][0]), f"is required (looked for {', '.join(_KEYS[field])})")
     return default
 
 
 @functools.cache
 def _load(path: str):
-    where = path
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(where, f"cannot read it ({exc.strerror})") from None
+        raise file_error(path, f"cannot read it ({exc.strerror})") from None
     except ValueError as exc:
-        raise ConfigError(where, f"not valid JSON ({exc})") from None
+        raise file_error(path, f"not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
-        raise ConfigError(where, "must hold a JSON object (a Hugging Face config.json)")
-    cfg = raw
+        raise file_error(path, "must hold a JSON object (a Hugging Face config.json)")
+    try:
+        return _profile(raw, path)
+    except ConfigError as exc:
+        raise in_file(exc, path) from None
+
+
+def _profile(raw: dict, path: str):
+    cfg, where = raw, ""
     if "text_config" in raw and isinstance(raw["text_config"], dict) and not any(k in raw for k in _KEYS["num_layers"]):
-        cfg, where = raw["text_config"], f"{path}: text_config"
+        cfg, where = raw["text_config"], "text_config"
     layers = _get(cfg, "num_layers", where)
     hidden = _get(cfg, "hidden_size", where)
     heads = _get(cfg, "num_attention_heads", where)
     kv_heads = _get(cfg, "num_kv_heads", where, required=False, default=heads)
     if heads % kv_heads:
-        raise ConfigError(f"{where}: num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads}")
+        raise ConfigError(at(where, "num_key_value_heads"), f"{kv_heads} does not divide num_attention_heads {heads}")
     head_dim = _get(cfg, "head_dim", where, required=False, default=None)
     if head_dim is None:
         if hidden % heads:
-            raise ConfigError(f"{where}: head_dim", f"missing, and hidden_size {hidden} is not a multiple of "
-                                                    f"num_attention_heads {heads}")
+            raise ConfigError(at(where, "head_dim"), f"is required: hidden_size {hidden} is not a multiple of "
+                                                     f"num_attention_heads {heads}")
         head_dim = hidden // heads
     intermediate = _get(cfg, "intermediate_size", where, required=False, default=4 * hidden)
     vocab = _get(cfg, "vocab_size", where)
@@ -98,15 +105,15 @@ def _load(path: str):
     experts = _get(cfg, "num_experts", where, required=False, default=1)
     per_token = _get(cfg, "experts_per_token", where, required=False, default=1) if experts > 1 else 1
     if per_token > experts:
-        raise ConfigError(f"{where}: num_experts_per_tok", f"{per_token} exceeds the {experts} experts")
+        raise ConfigError(at(where, "num_experts_per_tok"), f"{per_token} exceeds the {experts} experts")
     expert_size = _get(cfg, "moe_intermediate_size", where, required=False, default=intermediate) \
         if experts > 1 else intermediate
     tied = raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
     if not isinstance(tied, bool):
-        raise ConfigError(f"{where}: tie_word_embeddings", f"must be true or false, got {tied!r}")
+        raise fail("tie_word_embeddings", "true or false", tied)
     dtype = raw.get("torch_dtype") or raw.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     if dtype not in _DTYPES:
-        raise ConfigError(f"{where}: torch_dtype", f"unknown dtype {dtype!r}; known: {sorted(_DTYPES)}")
+        raise fail("torch_dtype", f"one of {sorted(_DTYPES)}", dtype)
 
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp_per_expert = 3 * hidden * expert_size
@@ -129,7 +136,7 @@ def model_from_hf_config(value: str | Path):
     """The ModelProfile of a Hugging Face ``config.json`` (the file or its folder); ConfigError if unreadable."""
     path = config_path(value)
     if path is None:
-        raise ConfigError(str(value), "no config.json there (give a Hugging Face model folder or its config.json)")
+        raise file_error(value, "no config.json there (give a Hugging Face model folder or its config.json)")
     return _load(str(path.resolve()))
 
 

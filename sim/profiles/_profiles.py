@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import math
 import re
 from dataclasses import fields
 from importlib import resources
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from sim.errors import ConfigError
+from sim.fields import check_keys, fail, file_error, in_file, number, string
 from sim.profiles._types import GpuProfile, ModelProfile
 
 
@@ -108,68 +108,52 @@ _DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "pr
 _PRICE_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
 
 
-def _price_strings(data: dict, where: str) -> dict:
+def _price_strings(data: dict) -> dict:
     """``price_source`` and ``price_date`` of a device YAML: strings, the date ``YYYY-MM`` or ``YYYY-MM-DD`` (an
     unquoted YAML date, which the parser reads as a date, is taken as its ISO text)."""
-    values: dict = {}
-    for key in ("price_source", "price_date"):
-        value = data.get(key)
-        if value is None:
-            values[key] = None
-            continue
-        if key == "price_date" and isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-            value = value.isoformat()
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{where}: {key}", f"must be a non-empty string, got {value!r}")
-        if key == "price_date" and not _PRICE_DATE.match(value):
-            raise ConfigError(f"{where}: {key}", f"must be a date YYYY-MM or YYYY-MM-DD, got {value!r}")
-        values[key] = value
-    return values
+    date = data.get("price_date")
+    if isinstance(date, datetime.date) and not isinstance(date, datetime.datetime):
+        date = date.isoformat()
+    date = string({"price_date": date}, "price_date", "", None)
+    if date is not None and not _PRICE_DATE.match(date):
+        raise fail("price_date", "a date YYYY-MM or YYYY-MM-DD", date)
+    return {"price_source": string(data, "price_source", "", None), "price_date": date}
 
 
 @functools.cache
 def _device(path: str) -> GpuProfile:
-    where = path
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(where, f"cannot read it ({exc.strerror})") from None
+        raise file_error(path, f"cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{where}{line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise file_error(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
+                         mark.line + 1 if mark is not None else None) from None
     if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) == 1:
         data = data["gpus"][0]  # hardware.yaml's layout with one entry
     if not isinstance(data, dict):
-        raise ConfigError(where, "must be a mapping of device fields (mem_gb, hbm_bw_gbps, bf16_tflops, "
-                                 "host_link_gbps, ...)")
-    known = (*_DEVICE_REQUIRED, *_DEVICE_OPTIONAL, "aliases")
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{where}: {key}", f"unknown field; expected {', '.join(known)}")
-    values: dict = {}
+        raise file_error(path, "must be a mapping of device fields (mem_gb, hbm_bw_gbps, bf16_tflops, "
+                               "host_link_gbps, ...)")
+    try:
+        return _device_fields(data, path)
+    except ConfigError as exc:
+        raise in_file(exc, path) from None
+
+
+def _device_fields(data: dict, path: str) -> GpuProfile:
+    check_keys(data, (*_DEVICE_REQUIRED, *_DEVICE_OPTIONAL, "aliases"), "", what="field")
     for key in _DEVICE_REQUIRED:
         if data.get(key) is None:
-            raise ConfigError(f"{where}: {key}", "missing (a device needs mem_gb, hbm_bw_gbps, bf16_tflops and "
-                                                 "host_link_gbps)")
-    for key in (*_DEVICE_REQUIRED, "fp8_tflops", "gpu_link_gbps", "price_per_hour_usd"):
-        value = data.get(key, _DEVICE_OPTIONAL.get(key))
-        if value is None:
-            values[key] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{where}: {key}", f"must be a number, got {value!r}")
-        if value < 0 or (value == 0 and key in _DEVICE_REQUIRED):
-            raise ConfigError(f"{where}: {key}", f"must be {'>= 0' if key == 'price_per_hour_usd' else '> 0'}, "
-                                                 f"got {value!r}")
-        values[key] = float(value)
+            raise ConfigError(key, "is required (a device needs mem_gb, hbm_bw_gbps, bf16_tflops and host_link_gbps)")
+    values: dict = {key: number(data, key, "", positive=True) for key in _DEVICE_REQUIRED}
+    for key in ("fp8_tflops", "gpu_link_gbps", "price_per_hour_usd"):
+        values[key] = number(data, key, "", _DEVICE_OPTIONAL[key], minimum=0.0)
     if values["gpu_link_gbps"] is None:
         values["gpu_link_gbps"] = values["host_link_gbps"]  # no peer link: tensor parallelism goes over the host
-    name = data.get("name") or Path(path).stem
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}: name", f"must be a string, got {name!r}")
+    name = string(data, "name", "", Path(path).stem)
     source = data.get("source") or path
-    return GpuProfile(name=name, source=str(source), **values, **_price_strings(data, where))
+    return GpuProfile(name=name, source=str(source), **values, **_price_strings(data))
 
 
 def load_device_yaml(path: str | Path) -> GpuProfile:
@@ -181,5 +165,5 @@ def load_device_yaml(path: str | Path) -> GpuProfile:
     one."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(str(path), "no such device YAML")
+        raise file_error(path, "no such device YAML")
     return _device(str(p.resolve()))

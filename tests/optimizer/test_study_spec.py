@@ -128,6 +128,20 @@ def test_load_from_file_names_key_and_file(tmp_path):
         load_study_spec(tmp_path / "missing.yaml")
 
 
+def test_a_file_error_names_the_file_at_fault_once(tmp_path):
+    """The one form (sim.fields): field path, expected, got, file; a device YAML the spec points at is the file named."""
+    path = write_spec(tmp_path, spec_dict(budget={"trials": 0}), "mine.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_study_spec(path)
+    assert str(info.value) == f"budget.trials: must be >= 1, got 0 (in {path})"
+    device = tmp_path / "dev.yaml"
+    device.write_text("mem_gb: 48\nhbm_bw_gbps: fast\nbf16_tflops: 180\nhost_link_gbps: 25\n")
+    path = write_spec(tmp_path, spec_dict(gpu=str(device)), "dev-study.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_study_spec(path)
+    assert str(info.value) == f"hbm_bw_gbps: must be a number, got 'fast' (in {device.resolve()})"
+
+
 def test_identity_ignores_budget_but_not_the_space():
     a = StudySpec.from_dict(spec_dict())
     b = StudySpec.from_dict(spec_dict(budget={"trials": 99, "workers": 4}, sampler={"name": "random", "seed": 3}))

@@ -153,6 +153,9 @@ def test_reroot_and_in_file():
     assert str(fields.in_file(fields.reroot(spec, "workload"), "outer.yaml")) == \
         "workload.classes.x.timeout_s: must be > 0, got 0 (in study.yaml)"
     assert pickle.loads(pickle.dumps(spec)).field == spec.field  # crosses a process (Ray) intact
+    whole = fields.file_error("dev.yaml", "not valid YAML (found ':')", line=3)
+    assert str(whole) == "dev.yaml:3: not valid YAML (found ':')"
+    assert fields.in_file(whole, "study.yaml") is whole  # names its file already
 
 
 # ---- the property: every error names its field path and what was expected ----------------------------------------

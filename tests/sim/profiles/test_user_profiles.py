@@ -64,11 +64,11 @@ def test_a_multimodal_config_reads_its_text_model(tmp_path):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"num_hidden_layers": None}, "num_hidden_layers: missing"),
+    ({"num_hidden_layers": None}, "num_hidden_layers: is required"),
     ({"num_hidden_layers": "32"}, "num_hidden_layers: must be a whole number"),
     ({"num_key_value_heads": 0}, "num_key_value_heads: must be >= 1"),
     ({"num_key_value_heads": 5}, "does not divide num_attention_heads"),
-    ({"torch_dtype": "int3"}, "torch_dtype: unknown dtype"),
+    ({"torch_dtype": "int3"}, r"torch_dtype: must be one of \[.*\], got .int3."),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings: must be true or false"),
 ])
 def test_bad_config_fields_name_the_file_and_key(tmp_path, change, match):
@@ -96,7 +96,7 @@ def test_the_shipped_cpu_device_is_a_name():
 
 
 @pytest.mark.parametrize("text, match", [
-    ("mem_gb: 48\nhbm_bw_gbps: 960\nbf16_tflops: 180\n", "host_link_gbps: missing"),
+    ("mem_gb: 48\nhbm_bw_gbps: 960\nbf16_tflops: 180\n", "host_link_gbps: is required"),
     (DEVICE + "hbm_bandwidth: 3\n", "hbm_bandwidth: unknown field"),
     (DEVICE.replace("960", "fast"), "hbm_bw_gbps: must be a number"),
     (DEVICE.replace("48", "0"), "mem_gb: must be > 0"),
@@ -141,3 +141,17 @@ def test_a_study_spec_keeps_a_model_path_relative_to_its_file(tmp_path):
     builtin = StudySpec.from_dict({"name": "b", "workload": {"trace": "bundled", "max_requests": 10},
                                    "model": "meta-llama-3-8b", "gpu": "H100", "objectives": ["output_tokens_per_s"]})
     assert builtin.model == "Llama-3-8B"  # an alias still becomes the profile's name
+
+
+def test_a_device_or_model_field_error_is_the_one_form(tmp_path):
+    """sim.fields' form: the field path, what was expected, what was there, the file."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(DEVICE.replace("48", "0"))
+    with pytest.raises(ConfigError) as err:
+        load_gpu(str(path))
+    assert str(err.value) == f"mem_gb: must be > 0, got 0.0 (in {path.resolve()})"
+    folder = write(tmp_path, {"architectures": ["X"], "text_config": {**LLAMA3_8B, "num_hidden_layers": "32"}}, "mm")
+    with pytest.raises(ConfigError) as err:
+        load_model(str(folder))
+    assert str(err.value) == ("text_config.num_hidden_layers: must be a whole number, got '32' "
+                              f"(in {(folder / 'config.json').resolve()})")
