@@ -60,6 +60,39 @@ def test_the_cheapest_config_that_meets_every_slo(tmp_path):
         assert doc["quality"] == []
 
 
+def test_a_device_yaml_in_the_gpu_list_is_searched_and_priced(tmp_path):
+    # issue 30: "gpu can be a list: device names or device YAMLs". A YAML beside the spec, by relative path: a
+    # 96 GB device at $3.10/h; its trials run on its memory and carry its price.
+    import yaml
+
+    from optimizer import load_study_spec
+
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump({
+        "name": "Big-96", "mem_gb": 96.0, "hbm_bw_gbps": 864, "bf16_tflops": 362, "host_link_gbps": 25.0,
+        "price_per_hour_usd": 3.10, "price_source": "a test", "price_date": "2026-12-06"}))
+    d = spec_dict(gpu=["L40S", "big.yaml"], objectives=["cost_per_hour_usd"],
+                  search={"base": "none", "max_num_seqs": [128]}, sampler={"name": "grid", "seed": 0},
+                  budget={"trials": 5})
+    d["workload"]["max_requests"] = 60
+    spec = load_study_spec(write_spec(tmp_path, d))
+    big = str(tmp_path / "big.yaml")
+    assert spec.gpu == "L40S" and spec.search["gpu"].choices == ("L40S", big)
+    tuner = Tuner(spec, storage=f"sqlite:///{tmp_path}/s.db", executor=InProcessExecutor(), progress=io.StringIO())
+    tuner.run()
+    complete = {t.params.get("gpu"): t for t in tuner.study.get_trials()
+                if t.state == TrialState.COMPLETE and not is_default(t)}
+    assert set(complete) == {"L40S", big}
+    assert trial_metrics(complete[big])[PRICE_KEY] == 3.10 == complete[big].values[0]
+    assert complete[big].user_attrs["sim.num_gpu_blocks"] > 2 * complete["L40S"].user_attrs["sim.num_gpu_blocks"]
+    # Without a price, a cost objective refuses it by its place in the list.
+    (tmp_path / "unpriced.yaml").write_text(yaml.safe_dump({
+        "name": "Big-96", "mem_gb": 96.0, "hbm_bw_gbps": 864, "bf16_tflops": 362, "host_link_gbps": 25.0}))
+    d["gpu"] = ["L40S", "unpriced.yaml"]
+    with pytest.raises(ConfigError) as err:
+        load_study_spec(write_spec(tmp_path, d))
+    assert "gpu[1]" in str(err.value) and "has no price" in str(err.value)
+
+
 def test_a_deployment_that_cannot_start_is_pruned_with_its_reason(tmp_path):
     # Llama-3-70B's 141 GB of BF16 weights need more than one L40S (48 GB); four hold them.
     d = spec_dict(model="Llama-3-70B", search={"base": "none", "tensor_parallel_size": [1, 4]},
