@@ -33,6 +33,7 @@ from optimizer._knobs import (MAX_REPLICAS, ROUTER_PARAM, TP_SIZES, VIRTUAL_PREE
                               field_type)
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError, short_repr
+from sim.fields import boolean, check_keys, fail, one_of, to_bool, to_float, to_int
 
 _KNOB_KEYS = ("low", "high", "log", "step", "choices", "when", "grid_points", "grid")
 DEFAULT_GRID_POINTS = 4
@@ -174,14 +175,13 @@ def _check_value(name: str, value: Any, flavor: str, where: str) -> Any:
     the ``gpu`` lever a device reference (checked against the profiles by the study spec)."""
     if name == "gpu":
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(where, f"must be a device name or a device YAML path, got {short_repr(value)}")
+            raise fail(where, "a device name or a device YAML path", value)
         return value
-    if name == "tensor_parallel_size" and value not in TP_SIZES:
-        raise ConfigError(where, f"must be one of {list(TP_SIZES)}, got {short_repr(value)}")
+    if name == "tensor_parallel_size":
+        one_of(where, value, TP_SIZES)
     if name == "replicas":
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
-            raise ConfigError(where, f"must be a whole number of replicas in [1, {MAX_REPLICAS}], got "
-                                     f"{short_repr(value)}")
+            raise fail(where, f"a whole number of replicas in [1, {MAX_REPLICAS}]", value)
         return value
     if name == "router" or name.startswith(ROUTER_PARAM):
         from sim.fleet import router_class, router_names
@@ -193,27 +193,19 @@ def _check_value(name: str, value: Any, flavor: str, where: str) -> Any:
         param = name[len(ROUTER_PARAM):]
         if not any(param in router_class(r).params for r in router_names()):
             raise ConfigError(where, f"no router has a parameter {param!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(where, f"must be a finite number, got {short_repr(value)}")
+        to_float(where, value)
         return value
     kind = field_type(name)
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
-            raise ConfigError(where, f"must be a whole number, got {short_repr(value)}")
-        value = int(value)
-        if abs(value) > 2**53:
-            raise ConfigError(where, f"is out of range, got {short_repr(value)}")
+        value = to_int(where, value)
     elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(where, f"must be a finite number, got {short_repr(value)}")
-        value = float(value)
-    elif kind == "bool" and not isinstance(value, bool):
-        raise ConfigError(where, f"must be true or false, got {value!r}")
+        value = to_float(where, value)
+    elif kind == "bool":
+        to_bool(where, value)
     try:
         EngineConfig(flavor=flavor, **{name: value})
     except ConfigError as exc:
-        raise ConfigError(where, str(exc)[len(exc.field) + 2:]) from None
+        raise ConfigError(where, exc.message) from None
     return value
 
 
@@ -222,10 +214,8 @@ def parse_domain(name: str, body: Any, flavor: str, where: str) -> Domain:
     if isinstance(body, (list, tuple)):
         body = {"choices": list(body)}
     if not isinstance(body, Mapping):
-        raise ConfigError(where, f"must be a list of choices or a mapping with low/high or choices, got {short_repr(body)}")
-    for key in body:
-        if key not in _KNOB_KEYS:
-            raise ConfigError(f"{where}.{key}", f"unknown key; expected one of {list(_KNOB_KEYS)}")
+        raise fail(where, "a list of choices or a mapping with low/high or choices", body)
+    check_keys(body, _KNOB_KEYS, where)
     when = _parse_when(body.get("when"), f"{where}.when")
     virtual = flavor == "vllm-v1" and name == VIRTUAL_PREEMPTION
     if "choices" in body:
@@ -234,7 +224,7 @@ def parse_domain(name: str, body: Any, flavor: str, where: str) -> Domain:
                 raise ConfigError(f"{where}.{key}", "a knob has either choices or a range (low/high), not both")
         choices = body["choices"]
         if not isinstance(choices, (list, tuple)) or not choices:
-            raise ConfigError(f"{where}.choices", f"must be a non-empty list, got {choices!r}")
+            raise fail(f"{where}.choices", "a non-empty list", choices)
         if len(set(map(repr, choices))) != len(choices):
             raise ConfigError(f"{where}.choices", f"has duplicates: {list(choices)}")
         if virtual:
@@ -258,30 +248,28 @@ def parse_domain(name: str, body: Any, flavor: str, where: str) -> Domain:
     high = _check_value(name, body["high"], flavor, f"{where}.high")
     if not low < high:
         raise ConfigError(f"{where}.high", f"must be > low ({low}), got {high}")
-    log = body.get("log", False)
-    if not isinstance(log, bool):
-        raise ConfigError(f"{where}.log", f"must be true or false, got {log!r}")
+    log = boolean(body, "log", where, False)
     if log and not low > 0:
         raise ConfigError(f"{where}.low", f"a log-scale range needs low > 0, got {low}")
     step = body.get("step")
     if step is not None:
         if isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0:
-            raise ConfigError(f"{where}.step", f"must be a positive number, got {step!r}")
+            raise fail(f"{where}.step", "a positive number", step)
         if log:
             raise ConfigError(f"{where}.step", "cannot be combined with log: true (Optuna allows one of them)")
         if kind == "int" and float(step) != int(step):
-            raise ConfigError(f"{where}.step", f"must be a whole number for {name}, got {step!r}")
+            raise fail(f"{where}.step", f"a whole number for {name}", step)
     grid = body.get("grid")
     if grid is not None:
         if not isinstance(grid, (list, tuple)) or not grid:
-            raise ConfigError(f"{where}.grid", f"must be a non-empty list, got {grid!r}")
+            raise fail(f"{where}.grid", "a non-empty list", grid)
         grid = tuple(_check_value(name, g, flavor, f"{where}.grid[{i}]") for i, g in enumerate(grid))
         out = [g for g in grid if not low <= g <= high]
         if out:
             raise ConfigError(f"{where}.grid", f"{out} outside [low, high] = [{low}, {high}]")
     points = body.get("grid_points", DEFAULT_GRID_POINTS)
     if isinstance(points, bool) or not isinstance(points, int) or points < 2:
-        raise ConfigError(f"{where}.grid_points", f"must be an integer >= 2, got {points!r}")
+        raise fail(f"{where}.grid_points", "an integer >= 2", points)
     return Domain(name, kind, low=low, high=high, log=log, step=step, when=when,
                   grid=grid, grid_points=points)
 
@@ -290,7 +278,7 @@ def _parse_when(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]
     if raw is None:
         return ()
     if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError(where, f"must be a mapping knob -> value (or list of values), got {raw!r}")
+        raise fail(where, "a mapping knob -> value (or list of values)", raw)
     out = []
     for parent, values in raw.items():
         values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
@@ -349,11 +337,11 @@ def parse_search_space(raw: Any, flavor: str, target: Any, *, fixed: Mapping[str
     if raw is None:
         return base
     if not isinstance(raw, Mapping):
-        raise ConfigError(where, f"must be a mapping knob -> range/choices, got {raw!r}")
+        raise fail(where, "a mapping knob -> range/choices", raw)
     raw = dict(raw)
     start = raw.pop("base", "default")
     if start not in ("default", "none"):
-        raise ConfigError(f"{where}.base", f"must be 'default' or 'none', got {start!r}")
+        raise fail(f"{where}.base", "'default' or 'none'", start)
     domains: dict[str, Domain] = {} if start == "none" else {d.name: d for d in base.domains}
     for name, body in raw.items():
         here = f"{where}.{name}"

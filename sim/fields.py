@@ -20,10 +20,12 @@ translated into this one, and a second copy of each document's shape beside its 
 no message users and tests rely on, add no dependency (pydantic is only a transitive one here), and cost one
 function call per field, which matters for :class:`~sim.EngineConfig`, built once per trial.
 
-Two kinds of check: getters that read ``d[key]`` from a parsed mapping (:func:`integer`, :func:`number`,
+Three kinds of check: getters that read ``d[key]`` from a parsed mapping (:func:`integer`, :func:`number`,
 :func:`string`, :func:`boolean`, :func:`mapping`, :func:`check_keys`: an absent or null key gives ``default``, a
-required one has none) and value checks for a dataclass's ``__post_init__`` (:func:`int_in`, :func:`float_in`,
-:func:`one_of`), which never convert: a wrong type is an error, not a silent fix.
+required one has none); converters of one value whose path the caller knows (:func:`to_int`, :func:`to_float`,
+:func:`to_string`, :func:`to_bool`: a list item, a search range's bound), which the getters use; and value checks
+for a dataclass's ``__post_init__`` (:func:`int_in`, :func:`float_in`, :func:`one_of`), which never convert: a
+wrong type is an error, not a silent fix.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from typing import Any, Collection, Iterable
 from sim.errors import ConfigError, short_repr
 
 __all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "file_error", "float_in", "in_file", "int_in",
-           "integer", "mapping", "message_of", "number", "one_of", "reroot", "string"]
+           "integer", "mapping", "message_of", "number", "one_of", "reroot", "string", "to_bool", "to_float", "to_int",
+           "to_string"]
 
 #: Whole numbers beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
 MAX_INT = 2**53
@@ -131,11 +134,41 @@ def _given(d: Mapping[str, Any], key: str, field: str, default: Any) -> Any:
 
 def integer(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, minimum: int | None = None,
             maximum: int | None = None) -> Any:
-    """``d[key]`` as an int (a whole float such as ``64.0`` is taken as its int), within the bounds."""
+    """``d[key]`` as an int (:func:`to_int`), ``default`` when absent or null."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    return default if value is None else to_int(field, value, minimum, maximum)
+
+
+def number(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, *, minimum: float | None = None,
+           positive: bool = False, integer: bool = False, maximum: float | None = None) -> Any:
+    """``d[key]`` as a finite float (:func:`to_float`), ``default`` when absent or null."""
     field = at(where, key)
     value = _given(d, key, field, default)
     if value is None:
         return default
+    return to_float(field, value, minimum=minimum, maximum=maximum, positive=positive, integer=integer)
+
+
+def string(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED,
+           choices: Iterable[str] | None = None) -> Any:
+    """``d[key]``, a non-empty string (:func:`to_string`), ``default`` when absent or null."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    return default if value is None else to_string(field, value, choices)
+
+
+def boolean(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED) -> Any:
+    """``d[key]``, ``true`` or ``false`` (:func:`to_bool`), ``default`` when absent or null."""
+    field = at(where, key)
+    value = _given(d, key, field, default)
+    return default if value is None else to_bool(field, value)
+
+
+# ---- converters: one value whose field path the caller knows (a list item, a search range's low) -----------------
+def to_int(field: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int (a whole float such as ``64.0`` is taken as its int), at most :data:`MAX_INT` in size,
+    within the bounds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
         raise fail(field, "a whole number", value)
@@ -149,23 +182,23 @@ def integer(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED,
     return value
 
 
-def number(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, *, minimum: float | None = None,
-           positive: bool = False, integer: bool = False, maximum: float | None = None) -> Any:
-    """``d[key]`` as a finite float (an int with ``integer``), within the bounds (``positive``: > 0)."""
-    field = at(where, key)
-    value = _given(d, key, field, default)
-    if value is None:
-        return default
+def to_float(field: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
+             positive: bool = False, integer: bool = False) -> Any:
+    """``value`` as a finite float (an int with ``integer``), within the bounds (``positive``: > 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(field, "a number", value)
-    if not math.isfinite(value):
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int beyond any float
+        raise fail(field, "a finite number", value) from None
+    if not math.isfinite(as_float):
         raise fail(field, "a finite number", value)
     if integer:
-        if float(value) != int(value):
+        if not as_float.is_integer():
             raise fail(field, "a whole number", value)
         value = int(value)
     else:
-        value = float(value)
+        value = as_float
     if positive and not value > 0:
         raise fail(field, "> 0", value)
     if minimum is not None and value < minimum:
@@ -175,13 +208,8 @@ def number(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED, 
     return value
 
 
-def string(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED,
-           choices: Iterable[str] | None = None) -> Any:
-    """``d[key]``, a non-empty string (one of ``choices`` when given)."""
-    field = at(where, key)
-    value = _given(d, key, field, default)
-    if value is None:
-        return default
+def to_string(field: str, value: Any, choices: Iterable[str] | None = None) -> str:
+    """``value``, a non-empty string (one of ``choices`` when given)."""
     if not isinstance(value, str) or not value.strip():
         raise fail(field, "a non-empty string", value)
     if choices is not None:
@@ -189,12 +217,8 @@ def string(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED,
     return value
 
 
-def boolean(d: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED) -> Any:
-    """``d[key]``, ``true`` or ``false`` (no ``"yes"``, no ``1``)."""
-    field = at(where, key)
-    value = _given(d, key, field, default)
-    if value is None:
-        return default
+def to_bool(field: str, value: Any) -> bool:
+    """``value``, ``true`` or ``false`` (no ``"yes"``, no ``1``)."""
     if not isinstance(value, bool):
         raise fail(field, "true or false", value)
     return value

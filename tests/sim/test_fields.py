@@ -71,6 +71,13 @@ def test_number_refuses(value, kwargs, text):
     assert str(err.value) == text
 
 
+def test_a_number_beyond_any_float_is_one_error():
+    with pytest.raises(ConfigError, match=r"^r\.v: must be a finite number, got 1000"):
+        fields.number({"v": 10**400}, "v", "r")
+    with pytest.raises(ConfigError, match=r"^r\.v: is out of range"):
+        fields.integer({"v": 10**400}, "v", "r")
+
+
 def test_number_types():
     assert fields.number({"v": 3}, "v", "r") == 3.0 and type(fields.number({"v": 3}, "v", "r")) is float
     assert type(fields.number({"v": 3.0}, "v", "r", integer=True)) is int
