@@ -22,7 +22,7 @@ from optimizer._backend import SimBackend, TrialError
 from optimizer._export import Pick, choose, pareto_front, shortfalls
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
-from optimizer._storage import StudyContext, trial_metrics
+from optimizer._storage import PRUNE_REASON, StudyContext, is_default, trial_metrics
 from optimizer.report._lifelines import Lifeline, LifelineRecorder, lifelines
 from sim.engine.config import V0_ONLY, V1_ONLY, EngineConfig
 from sim.errors import ConfigError, KvtuneError
@@ -68,9 +68,19 @@ def trial_frame(trials: Sequence[FrozenTrial], objective_names: Sequence[str], f
 
 
 def failed_frame(trials: Sequence[FrozenTrial]) -> pd.DataFrame:
-    rows = [{"number": t.number, "kind": t.user_attrs.get("fail_kind", "?"), "reason": t.user_attrs.get("fail_reason", ""),
-             "params": ", ".join(f"{k}={_short(v)}" for k, v in t.params.items())}
-            for t in trials if t.state == TrialState.FAIL]
+    """The trials that did not complete: failed (kind and reason as stored), and pruned because their deployment
+    cannot start (kind ``pruned``, the stored reason: the capacity levers, optimizer/_capacity.py)."""
+    rows = []
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            kind, reason = t.user_attrs.get("fail_kind", "?"), t.user_attrs.get("fail_reason", "")
+        elif t.state == TrialState.PRUNED and PRUNE_REASON in t.user_attrs:
+            kind, reason = "pruned", t.user_attrs[PRUNE_REASON]
+        else:
+            continue
+        params = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items())
+        rows.append({"number": t.number, "kind": kind, "reason": reason,
+                     "params": params or ("(the engine's default config)" if is_default(t) else "")})
     return pd.DataFrame(rows, columns=["number", "kind", "reason", "params"])
 
 

@@ -362,7 +362,8 @@ def _failed_table(data: ReportData) -> str:
     if not len(data.failed):
         return ""
     rows = [(str(int(r["number"])), _e(r["kind"]), _e(r["reason"]), _e(r["params"])) for _, r in data.failed.iterrows()]
-    return "<h2>Failed trials</h2>" + _table(["trial", "kind", "reason", "params"], rows, left=4)
+    title = "Failed and pruned trials" if (data.failed["kind"] == "pruned").any() else "Failed trials"
+    return f"<h2>{title}</h2>" + _table(["trial", "kind", "reason", "params"], rows, left=4)
 
 
 def render_page(data: ReportData, charts: Sequence[Chart], *, command: str | None = None,

@@ -107,6 +107,19 @@ def test_a_deployment_that_cannot_start_is_pruned_with_its_reason(tmp_path):
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert [t.params for t in complete] == [{"tensor_parallel_size": 4}]
     assert trial_metrics(complete[0])[PRICE_KEY] == pytest.approx(4 * load_gpu("L40S").price_per_hour_usd)
+    # The report lists the pruned trials with their reasons (the default config by name).
+    from optimizer.report import gather
+    from optimizer.report._page import render_page
+
+    data = gather(spec, tuner.ctx, trials, f"sqlite:///{tmp_path}/s.db", simulate=False)
+    rows = data.failed.set_index("number")
+    assert sorted(rows.index) == sorted(t.number for t in pruned) and set(rows["kind"]) == {"pruned"}
+    for t in pruned:
+        assert rows.loc[t.number, "reason"] == t.user_attrs[PRUNE_REASON]
+        assert rows.loc[t.number, "params"] == ("(the engine's default config)" if is_default(t)
+                                                else "tensor_parallel_size=1")
+    page = render_page(data, [])
+    assert "<h2>Failed and pruned trials</h2>" in page and "cannot start: Llama-3-70B on one L40S" in page
 
 
 @pytest.mark.parametrize("changes, field", [
