@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ConfigError
+from sim.fields import at, check_keys, fail, file_error, in_file, one_of
 from sim.latency._roofline import LatencyCoefficients
 from sim.safe_yaml import read_yaml
 
@@ -67,25 +68,24 @@ def _client_offset(data: dict, path: Path) -> float:
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= float(value) < math.inf):
-        raise ConfigError(f"{path}:fit.client_latency.offset_s", f"must be a number of seconds >= 0, got {value!r}")
+        raise fail("fit.client_latency.offset_s", "a number of seconds >= 0", value)
     return float(value)
 
 
 def coefficients_from_mapping(values: dict, where: str = "coefficients") -> LatencyCoefficients:
-    """LatencyCoefficients from a mapping; unknown names and non-positive values are errors naming the field."""
-    unknown = sorted(set(values) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(where, f"unknown latency coefficients {unknown}; known: {list(_FIELDS)}")
+    """LatencyCoefficients from a mapping (values numbers, or their text from ``--coef NAME=VALUE``); unknown names
+    and non-positive values are errors naming the field."""
+    check_keys(values, _FIELDS, where, what="latency coefficient")
     out = {}
     for key, value in values.items():
         if isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}", f"must be a number, got {value!r}")
+            raise fail(at(where, key), "a number", value)
         try:
             value = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}.{key}", f"must be a number, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise fail(at(where, key), "a number", value) from None
         if not (value > 0 and (math.isfinite(value) or key == "roofline_norm")):
-            raise ConfigError(f"{where}.{key}", f"must be a positive number, got {value!r}")
+            raise fail(at(where, key), "a positive number", value)
         out[key] = value
     return LatencyCoefficients(**out)
 
@@ -188,23 +188,28 @@ def read_profile(path: str | Path) -> LatencyProfile:
     path = Path(path).expanduser()
     data = read_yaml(path, "profile")
     if not isinstance(data, dict):
-        raise ConfigError("profile", f"{path}: expected a mapping")
+        raise file_error(path, f"must be a mapping (kind:, coefficients:, ...), got {type(data).__name__}")
+    try:
+        return _profile(data, path)
+    except ConfigError as exc:
+        raise in_file(exc, path) from None
+
+
+def _profile(data: dict, path: Path) -> LatencyProfile:
     if "coefficients" in data or data.get("kind") == PROFILE_KIND:
-        kind = data.get("kind", PROFILE_KIND)
-        if kind != PROFILE_KIND:
-            raise ConfigError(f"{path}:kind", f"expected {PROFILE_KIND!r}, got {kind!r}")
+        one_of("kind", data.get("kind", PROFILE_KIND), (PROFILE_KIND,))
         values = data.get("coefficients")
         model, gpu = data.get("model"), data.get("gpu")
         for key, value in (("model", model), ("gpu", gpu)):
             if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{path}:{key}", f"must be a string, got {value!r}")
+                raise fail(key, "a string", value)
         check_device(data.get("device"), where=str(path))
         client_offset_s = _client_offset(data, path)
     else:
         values, model, gpu, client_offset_s = data, None, None, 0.0
     if not isinstance(values, dict):
-        raise ConfigError(f"{path}:coefficients", "must be a mapping")
-    return LatencyProfile(coefficients_from_mapping(values, where=f"{path}:coefficients"), model or None,
+        raise fail("coefficients", "a mapping", values)
+    return LatencyProfile(coefficients_from_mapping(values, where="coefficients"), model or None,
                           gpu or None, str(path), client_offset_s)
 
 

@@ -115,11 +115,11 @@ def test_engine_target_needs_engine_timings():
     ("text", "words"),
     [
         ("coefficients: [1, 2", "not valid YAML"),
-        ("- 1\n- 2\n", "expected a mapping"),
+        ("- 1\n- 2\n", "must be a mapping (kind:, coefficients:, ...), got list"),
         ("kind: kvtune-latency-profile\ncoefficients: {mfu: -0.3}\n", "coefficients.mfu: must be a positive number"),
-        ("kind: kvtune-latency-profile\ncoefficients: {mfu: 0.3, speed: 2}\n", "unknown latency coefficients ['speed']"),
-        ("kind: something-else\ncoefficients: {mfu: 0.3}\n", "kind: expected 'kvtune-latency-profile'"),
-        ("kind: kvtune-latency-profile\nmodel: 3\ncoefficients: {mfu: 0.3}\n", "model: must be a string"),
+        ("kind: kvtune-latency-profile\ncoefficients: {mfu: 0.3, speed: 2}\n", "coefficients.speed: unknown latency coefficient; expected one of"),
+        ("kind: something-else\ncoefficients: {mfu: 0.3}\n", "kind: must be one of ['kvtune-latency-profile'], got 'something-else'"),
+        ("kind: kvtune-latency-profile\nmodel: 3\ncoefficients: {mfu: 0.3}\n", "model: must be a string, got 3"),
     ],
 )
 def test_bad_profile_files_are_one_clear_error(tmp_path, text, words):
