@@ -106,13 +106,44 @@ def _param_names(data: ReportData) -> list[str]:
     return [c[len("param."):] for c in data.trials.columns if c.startswith("param.")]
 
 
-def _hover(data: ReportData) -> list[str]:
+@dataclass(frozen=True)
+class TrialHover:
+    """Each trial's hover as ``customdata`` rows (number, state, then one value per search parameter, "default"
+    where the trial has none) and the ``template`` that lays them out: a parameter's name is written once per
+    trace instead of once per trial and trace, which was most of what a per-trial chart weighs (issue 33: the
+    page <= 1 MB)."""
+
+    rows: list[list[Any]]
+    template: str
+
+    def take(self, index: Sequence[int]) -> list[list[Any]]:
+        """The rows of these positions of ``data.trials``."""
+        return [self.rows[i] for i in index]
+
+
+def _hover_value(value: Any) -> Any:
+    if not _present(value):
+        return "default"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(f"{value:.4g}")
+    return str(value)
+
+
+def _hover(data: ReportData) -> TrialHover:
+    """The hover of every row of ``data.trials``: ``hovertemplate=hover.template + ...`` with
+    ``customdata=hover.rows`` (or ``hover.take(positions)``)."""
     names = _param_names(data)
-    out = []
+    rows = []
     for _, row in data.trials.iterrows():
         flag = "Pareto" if row["pareto"] else ("feasible" if row["feasible"] else "misses an SLO")
-        out.append(f"trial {int(row['number'])} ({flag})<br>{_params_text(row, names)}")
-    return out
+        rows.append([int(row["number"]), flag, *(_hover_value(row.get(f"param.{n}")) for n in names)])
+    template = "trial %{customdata[0]} (%{customdata[1]})" + "".join(
+        f"<br>{name}=%{{customdata[{i + 2}]}}" for i, name in enumerate(names))
+    return TrialHover(rows, template)
 
 
 def _objective_value(data: ReportData, index: int, metrics: dict[str, float]) -> float:

@@ -75,6 +75,17 @@ def timeline_frame(steps: pd.DataFrame, bins: int = TIMELINE_BINS) -> pd.DataFra
     })
 
 
+def _time_axis(t_s: pd.Series) -> dict:
+    """A trace's x for the bin centres ``t_s``: ``x0`` and ``dx`` when they are evenly spaced (as
+    :func:`timeline_frame` makes them), else the values rounded to 4 digits."""
+    t = np.asarray(t_s, dtype=float)
+    if len(t) >= 2:
+        dx = float(t[1] - t[0])
+        if dx > 0 and np.allclose(np.diff(t), dx, rtol=1e-6, atol=0.0):
+            return {"x0": float(t[0]), "dx": dx}
+    return {"x": _rounded(t_s)}
+
+
 def timeline_chart(data: ReportData) -> Chart | None:
     runs = [r for r in data.runs if r.ok and r.steps is not None and len(r.steps)]
     if not runs:
@@ -86,30 +97,32 @@ def timeline_chart(data: ReportData) -> Chart | None:
     for col, run in enumerate(runs, start=1):
         tl = timeline_frame(run.steps)
         first = col == 1
-        t = _rounded(tl["t_s"])
-        fig.add_trace(go.Scatter(x=t, y=_rounded(tl["kv_used_pct"]), name="KV used %", legendgroup="kv",
+        # The bins are evenly spaced: every trace gives its x as the first centre and the step (x0, dx) rather
+        # than 400 times again (issue 33: the page <= 1 MB).
+        t = _time_axis(tl["t_s"])
+        fig.add_trace(go.Scatter(**t, y=_rounded(tl["kv_used_pct"]), name="KV used %", legendgroup="kv",
                                  showlegend=first, line=dict(color="#9467bd", width=1.5),
                                  hovertemplate="t=%{x:.1f} s<br>KV used %{y:.1f}%<extra></extra>"), row=1, col=col)
         for part, label, color in PART_COLORS:
             values = tl[f"{part}_pct"]
             if values.isna().all() or not (values > 0).any():
                 continue
-            fig.add_trace(go.Scatter(x=t, y=_rounded(values), name=label, legendgroup=part, showlegend=first,
+            fig.add_trace(go.Scatter(**t, y=_rounded(values), name=label, legendgroup=part, showlegend=first,
                                      stackgroup=f"busy{col}", line=dict(color=color, width=0.5), fillcolor=color,
                                      hovertemplate=f"t=%{{x:.1f}} s<br>{label} %{{y:.1f}}% of the time<extra></extra>"),
                           row=2, col=col)
-        fig.add_trace(go.Scatter(x=t, y=_rounded(tl["busy_pct"]), name="GPU busy", legendgroup="busy",
+        fig.add_trace(go.Scatter(**t, y=_rounded(tl["busy_pct"]), name="GPU busy", legendgroup="busy",
                                  showlegend=first, line=dict(color="#222", width=1, dash="dot"),
                                  hovertemplate="t=%{x:.1f} s<br>busy %{y:.1f}%<extra></extra>"), row=2, col=col)
-        fig.add_trace(go.Scatter(x=t, y=tl["num_running"], name="running", legendgroup="run",
+        fig.add_trace(go.Scatter(**t, y=tl["num_running"], name="running", legendgroup="run",
                                  showlegend=first, line=dict(color="#2ca02c", width=1.5)), row=3, col=col)
-        fig.add_trace(go.Scatter(x=t, y=tl["num_waiting"], name="waiting", legendgroup="wait",
+        fig.add_trace(go.Scatter(**t, y=tl["num_waiting"], name="waiting", legendgroup="wait",
                                  showlegend=first, line=dict(color="#ff7f0e", width=1.5)), row=3, col=col)
         if tl["num_swapped"].max() > 0:
-            fig.add_trace(go.Scatter(x=t, y=tl["num_swapped"], name="swapped / offloaded",
+            fig.add_trace(go.Scatter(**t, y=tl["num_swapped"], name="swapped / offloaded",
                                      legendgroup="swap", showlegend=True, line=dict(color="#8c564b", width=1.5)),
                           row=3, col=col)
-        fig.add_trace(go.Bar(x=t, y=tl["preemptions"], name="preemptions", legendgroup="pre",
+        fig.add_trace(go.Bar(**t, y=tl["preemptions"], name="preemptions", legendgroup="pre",
                              showlegend=first, marker_color=FRONT_COLOR,
                              hovertemplate="t=%{x:.1f} s<br>%{y:.0f} preemptions<extra></extra>"), row=4, col=col)
         fig.update_xaxes(title_text="simulated time (s)", row=len(rows), col=col)

@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from optimizer.report._chart_base import (
     DEFAULT_COLOR, FRONT_COLOR, INFEASIBLE_COLOR, PALETTE, RECOMMENDED_COLOR, TRIAL_COLOR, Chart, _class_names,
-    _finite, _hover, _layout, _objective_value, _param_names, _slo_line,
+    _finite, _hover, _layout, _objective_value, _param_names, _rounded, _slo_line,
 )
 from optimizer.report._data import ReportData
 
@@ -36,16 +36,18 @@ def pareto_chart(data: ReportData) -> Chart | None:
               ("trials missing an SLO", ~df["feasible"] & ~df["pareto"], INFEASIBLE_COLOR, "x", 0.8)]
     for label, mask, color, symbol, opacity in groups:
         if mask.any():
-            fig.add_trace(go.Scatter(x=df.loc[mask, xcol], y=df.loc[mask, ycol], mode="markers", name=label,
+            fig.add_trace(go.Scatter(x=_compact(df.loc[mask, xcol]), y=_compact(df.loc[mask, ycol]), mode="markers",
+                                     name=label,
                                      marker=dict(color=color, symbol=symbol, size=8, opacity=opacity),
-                                     text=[hover[i] for i in np.flatnonzero(mask.to_numpy())],
-                                     hovertemplate="%{text}<br>x=%{x:.4g}<br>y=%{y:.4g}<extra></extra>"))
+                                     customdata=hover.take(np.flatnonzero(mask.to_numpy())),
+                                     hovertemplate=hover.template + "<br>x=%{x:.4g}<br>y=%{y:.4g}<extra></extra>"))
     front = df[df["pareto"]].sort_values(xcol)
     if len(front):
-        fig.add_trace(go.Scatter(x=front[xcol], y=front[ycol], mode="lines+markers", name="Pareto front",
+        fig.add_trace(go.Scatter(x=_compact(front[xcol]), y=_compact(front[ycol]), mode="lines+markers",
+                                 name="Pareto front",
                                  line=dict(color=FRONT_COLOR, width=2), marker=dict(color=FRONT_COLOR, size=10),
-                                 text=[hover[i] for i in front.index],
-                                 hovertemplate="%{text}<br>x=%{x:.4g}<br>y=%{y:.4g}<extra></extra>"))
+                                 customdata=hover.take(front.index),
+                                 hovertemplate=hover.template + "<br>x=%{x:.4g}<br>y=%{y:.4g}<extra></extra>"))
     if data.pick is not None:
         row = df[df["number"] == data.pick.trial.number]
         if len(row):
@@ -90,6 +92,15 @@ def pareto_chart(data: ReportData) -> Chart | None:
     return Chart("pareto", "Pareto front", caption, _layout(go.Figure(fig), 560))
 
 
+def _compact(values: pd.Series, digits: int = 4) -> pd.Series | list[float]:
+    """A trace's per-trial values for the page: floats rounded to ``digits`` significant digits (at least what
+    the hover shows: ``.4g``, or ``.3f`` of a percentage with 6), whole numbers and labels as they are; the
+    per-trial charts are what grows with a study's trials (issue 33: the page <= 1 MB)."""
+    if not pd.api.types.is_float_dtype(values):
+        return values
+    return _rounded(values, digits)
+
+
 def _axis_label(data: ReportData, index: int) -> str:
     name = data.objective_names[index]
     direction = data.ctx.objectives[index].direction
@@ -111,21 +122,23 @@ def class_tail_chart(data: ReportData) -> Chart | None:
             key = f"class.{name}.{metric}.p99"
             if key not in df:
                 continue
-            y = df[key].map(_finite)
-            fig.add_trace(go.Scatter(x=df["output_tokens_per_s"], y=y, mode="markers", name=f"{name}: all trials",
+            y = _compact(df[key].map(_finite))
+            fig.add_trace(go.Scatter(x=_compact(df["output_tokens_per_s"]), y=y, mode="markers",
+                                     name=f"{name}: all trials",
                                      legendgroup=name, showlegend=mi == 0,
                                      marker=dict(color=color, size=6, opacity=0.35),
-                                     text=hover, hovertemplate=f"class {name}<br>%{{text}}<br>"
-                                                               "out tok/s=%{x:.4g}<br>p99=%{y:.4g} s<extra></extra>"),
+                                     customdata=hover.rows,
+                                     hovertemplate=f"class {name}<br>" + hover.template
+                                                   + "<br>out tok/s=%{x:.4g}<br>p99=%{y:.4g} s<extra></extra>"),
                           row=1, col=mi + 1)
             if len(front):
-                fig.add_trace(go.Scatter(x=front["output_tokens_per_s"], y=front[key].map(_finite),
+                fig.add_trace(go.Scatter(x=_compact(front["output_tokens_per_s"]), y=_compact(front[key].map(_finite)),
                                          mode="lines+markers", name=f"{name}: Pareto front", legendgroup=name,
                                          showlegend=mi == 0, line=dict(color=color, width=2),
                                          marker=dict(color=color, size=9),
-                                         text=[hover[i] for i in front.index],
-                                         hovertemplate=f"class {name} (Pareto)<br>%{{text}}<br>out tok/s=%{{x:.4g}}"
-                                                       "<br>p99=%{y:.4g} s<extra></extra>"),
+                                         customdata=hover.take(front.index),
+                                         hovertemplate=f"class {name} (Pareto)<br>" + hover.template
+                                                       + "<br>out tok/s=%{x:.4g}<br>p99=%{y:.4g} s<extra></extra>"),
                               row=1, col=mi + 1)
             target = data.ctx.classes[name].slo.targets().get(metric)
             if target is not None:
@@ -173,11 +186,12 @@ def waste_chart(data: ReportData) -> Chart | None:
             order = df.sort_values(xcol) if xcol != "number" else df
             colors = [FRONT_COLOR if p else (color if f else INFEASIBLE_COLOR)
                       for p, f in zip(order["pareto"], order["feasible"])] if xcol != "number" else color
-            fig.add_trace(go.Scatter(x=order[xcol], y=100 * order[key].map(_finite), name=label, legendgroup=key,
+            fig.add_trace(go.Scatter(x=_compact(order[xcol]), y=_compact(100 * order[key].map(_finite), 6),
+                                     name=label, legendgroup=key,
                                      showlegend=col == 1, mode="markers" if xcol != "number" else "lines+markers",
                                      line=dict(color=color, width=1), marker=dict(color=colors, size=8),
-                                     text=[hover[i] for i in order.index],
-                                     hovertemplate="%{text}<br>" + key + "=%{y:.3f}%<extra></extra>"),
+                                     customdata=hover.take(order.index),
+                                     hovertemplate=hover.template + "<br>" + key + "=%{y:.3f}%<extra></extra>"),
                           row=row, col=col)
         for run, dash in ((data.default, "dot"), (data.recommended, "dash")):
             if run is None or not run.ok:

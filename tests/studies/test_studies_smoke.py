@@ -86,3 +86,42 @@ def test_study_runs_on_a_slice(path, tmp_path):
     assert doc["default"]["output_tokens_per_s"] and doc["recommended"]["output_tokens_per_s"]
     for whatif in doc["whatifs"]:
         assert all("error" not in run for run in whatif["runs"]), whatif
+
+    # The page stays <= 1 MB at the study's full trial count (issue 33).  What grows with trials is the per-trial
+    # charts (and, with --whatif-trials all, the what-if grid); the re-simulated configs' charts are binned or
+    # capped.  So the two-trial report's data, its trial table grown to the budget, gives the full page's size.
+    budget = load_study_spec(path).budget.trials
+    size = page_bytes(report.data, budget)
+    twice = page_bytes(report.data, 2 * budget)
+    assert twice > size, "the projection grows with the trials"
+    per_trial = (twice - size) / budget
+    assert size <= PAGE_LIMIT_BYTES, (f"{path.stem}: report page {size:,} bytes at its {budget} trials "
+                                      f"(+{per_trial:,.0f} bytes a trial) > {PAGE_LIMIT_BYTES:,}")
+
+
+#: The report page's limit for every bundled study at its full trial count (issue 33).
+PAGE_LIMIT_BYTES = 1_000_000
+
+
+def page_bytes(data, trials: int) -> int:
+    """Bytes of the report page of ``data`` with its trial table grown to ``trials`` rows (copies of its rows,
+    numbered on) and each per-trial what-if run (``--whatif-trials all``) copied along with its trial."""
+    import dataclasses
+
+    import pandas as pd
+
+    from optimizer.report import build_charts, render_page
+
+    df = data.trials
+    grown = pd.concat([df] * -(-trials // len(df)), ignore_index=True).head(trials)
+    origin = grown["number"].astype(int).tolist()
+    grown["number"] = range(len(grown))
+    whatifs = []
+    for whatif, runs in data.whatifs:
+        per_trial = {int(r.label.split()[1]): r for r in runs if r.label.startswith("trial ")}
+        if per_trial:
+            runs = [r for r in runs if not r.label.startswith("trial ")] + [
+                dataclasses.replace(per_trial[m], label=f"trial {n}") for n, m in enumerate(origin) if m in per_trial]
+        whatifs.append((whatif, runs))
+    bigger = dataclasses.replace(data, trials=grown, whatifs=whatifs)
+    return len(render_page(bigger, build_charts(bigger)).encode())
