@@ -8,8 +8,9 @@ the device's ``price_per_hour_usd`` (sim/data/hardware.yaml, with its source and
 and goes into the trial's metrics under ``objectives.PRICE_KEY`` for the cost objectives.
 
 A combination that cannot start (the weights and one max-length request do not fit the device's memory at that
-tensor parallelism and precision) is *pruned* with its reason -- not failed, not clipped to something else.
-Tensor parallelism is limited to one node (1, 2, 4, 8 GPUs: ``optimizer._knobs.TP_SIZES``).  FP8 weights on a
+tensor parallelism and precision, or the tensor parallelism spans more GPUs than one node of the device holds:
+its ``gpus_per_node``, 8 unless its price list sells it otherwise, GH200 1) is *pruned* with its reason -- not
+failed, not clipped to something else.  Tensor parallelism is 1, 2, 4 or 8 GPUs (``optimizer._knobs.TP_SIZES``).  FP8 weights on a
 device without FP8 tensor cores (A100) are not pruned: vLLM runs them weight-only (FP8 Marlin, vLLM docs
 "FP8 W8A8", features/quantization/fp8.md), and the roofline computes at BF16 there.
 """
@@ -117,13 +118,19 @@ def fleet_problem(knobs: Mapping[str, Any]) -> str | None:
 
 
 def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> str | None:
-    """Why the deployment of ``knobs`` cannot start (the weights and one max-length request do not fit at its
-    tensor parallelism and precision), or None.  Other invalid configs are not this function's business."""
+    """Why the deployment of ``knobs`` cannot start (its tensor parallelism spans more than one node of the
+    device, or the weights and one max-length request do not fit at its tensor parallelism and precision), or
+    None.  Other invalid configs are not this function's business."""
     from sim.engine import resolve_engine
 
     engine, gpu = split_deployment(knobs)
     profile = load_model(model)
     device = _device(gpu or default_gpu)
+    tp = int(engine.get("tensor_parallel_size") or 1)
+    if tp > device.gpus_per_node:
+        return (f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: TP {tp} spans "
+                f"more GPUs than one {device.name} node holds ({device.gpus_per_node}: its gpus_per_node); tensor "
+                f"parallelism runs within one node")
     try:
         resolve_engine(engine, profile, device)
     except ConfigError as exc:

@@ -68,14 +68,16 @@ _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "s
 def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any,
                       gpu_list: list[str] | None = None) -> None:
     """Refuse a study none of whose trials could start: size the KV cache with the most memory the search can
-    give it (gpu_memory_utilization, weight and KV dtypes and tensor parallelism at their most generous); if even
-    that cannot hold the weights and one max-length request on any device searched, every trial would fail.
+    give it (gpu_memory_utilization, weight and KV dtypes and tensor parallelism at their most generous, the
+    tensor parallelism within one node of each device: its ``gpus_per_node``); if even that cannot hold the
+    weights and one max-length request on any device searched, every trial would fail.
 
     The error names the field to change, and the line names every field involved (model, device, tensor
-    parallelism): the tensor parallelism (``tensor_parallel_size`` or ``search.tensor_parallel_size``) when a
-    larger one of one node's (1, 2, 4, 8) holds the weights on some device, saying which; else the device
-    (``gpu``, or ``search.gpu``); a cache that holds the weights but not one max-length request,
-    ``engine.max_model_len`` (or the ``num_gpu_blocks_override`` that the spec fixed or searched)."""
+    parallelism): the tensor parallelism (``tensor_parallel_size`` or ``search.tensor_parallel_size``) when
+    another one of one node's (1, 2, 4, 8, up to the device's ``gpus_per_node``) holds the weights on some
+    device, saying which; else the device (``gpu``, or ``search.gpu``); a cache that holds the weights but not
+    one max-length request, ``engine.max_model_len`` (or the ``num_gpu_blocks_override`` that the spec fixed or
+    searched)."""
     from optimizer._knobs import TP_SIZES
     from sim.engine import resolve_engine
 
@@ -85,38 +87,39 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
             best["gpu_memory_utilization"] = float(domain.high if domain.high is not None else max(domain.choices))
         elif domain.name in ("quantization", "kv_cache_dtype") and "fp8" in domain.choices:
             best[domain.name] = "fp8"
-        elif domain.name == "tensor_parallel_size":
-            best["tensor_parallel_size"] = max(domain.choices)
     searched = search.names
+    tps = (sorted(int(c) for c in search["tensor_parallel_size"].choices) if "tensor_parallel_size" in searched
+           else [fixed.tensor_parallel_size])
     devices = [load_gpu(ref) for ref in search["gpu"].choices] if "gpu" in searched else [gpu]
     config = fixed.replace(**best)
-    problems: list[tuple[Any, ConfigError]] = []
-    for device in devices:  # the capacity levers: one device that can start some trial is enough
-        try:
-            resolve_engine(config, model, device)
-            return
-        except ConfigError as exc:
-            problems.append((device, exc))
-    tp = config.tensor_parallel_size
     tp_field = "search.tensor_parallel_size" if "tensor_parallel_size" in searched else "tensor_parallel_size"
     gpu_field = "search.gpu" if "gpu" in searched and gpu_list is None else "gpu"
-    details = []
-    for device, exc in problems:
-        reason = exc.message.split("; raise ")[0].split("; lower ")[0]
-        details.append(f"on {device.name} at TP {tp}: {reason}")
-    weights = [device for device, exc in problems if exc.field == "gpu_memory_utilization"]
-    if len(weights) < len(problems):  # the weights fit somewhere, one max-length request does not
-        kind = next(exc.field for _, exc in problems if exc.field != "gpu_memory_utilization")
-        field_name = (f"search.{kind}" if kind in searched else f"engine.{kind}")
+    problems: list[tuple[Any, int, str, str]] = []  # (device, TP tried or 0, kind, why)
+    for device in devices:  # the capacity levers: one device that can start some trial is enough
+        usable = [t for t in tps if t <= device.gpus_per_node]
+        if not usable:
+            problems.append((device, 0, "node", f"TP {tps[0]} spans more GPUs than one {device.name} node holds "
+                                                f"({device.gpus_per_node}: its gpus_per_node)"))
+            continue
+        try:
+            resolve_engine(config.replace(tensor_parallel_size=usable[-1]), model, device)
+            return
+        except ConfigError as exc:
+            why = str(exc)[len(exc.field) + 2:].split("; raise ")[0].split("; lower ")[0]
+            kind = "weights" if exc.field == "gpu_memory_utilization" else exc.field
+            problems.append((device, usable[-1], kind, f"at TP {usable[-1]}: {why}"))
+    details = "; ".join(f"on {device.name} {why}" for device, _, _, why in problems)
+    cache = [kind for _, _, kind, _ in problems if kind not in ("weights", "node")]
+    if cache:  # the weights fit somewhere, one max-length request does not
+        field_name = f"search.{cache[0]}" if cache[0] in searched else f"engine.{cache[0]}"
         hint = (f"lower {field_name} (now {config.max_model_len}) or give the cache more memory (a larger "
-                f"{tp_field} or {gpu_field})" if kind == "max_model_len" else
+                f"{tp_field} or {gpu_field})" if cache[0] == "max_model_len" else
                 f"give {field_name} enough blocks for one max-length request ({config.max_model_len} tokens)")
         raise ConfigError(field_name, f"{model.name}'s KV cache cannot hold one max-length request on any device "
-                                      f"of this study ({field_name}, {gpu_field}, {tp_field}): "
-                          + "; ".join(details) + f"; {hint}")
+                                      f"of this study ({field_name}, {gpu_field}, {tp_field}): {details}; {hint}")
     fits_at = []
-    for device in weights:
-        for size in (s for s in TP_SIZES if s > tp):
+    for device, tried, _, _ in problems:
+        for size in (s for s in TP_SIZES if tried < s <= device.gpus_per_node):
             try:
                 resolve_engine(config.replace(tensor_parallel_size=size), model, device)
             except ConfigError:
@@ -132,10 +135,9 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
                 "set ") + f"{tp_field}; else a larger {gpu_field}, a smaller model{more}")
     else:
         field_name = gpu_field
-        hint = f"not even TP {TP_SIZES[-1]} (one node) holds them: a larger {gpu_field}, a smaller model{more}"
-    raise ConfigError(field_name, f"{model.name}'s weights do not fit any device of this study at the tensor "
-                                  f"parallelism it allows (model, {gpu_field}, {tp_field}): "
-                      + "; ".join(details) + f"; {hint}")
+        hint = f"no tensor parallelism within one node holds them: a larger {gpu_field}, a smaller model{more}"
+    raise ConfigError(field_name, f"{model.name} cannot start on any device of this study at the tensor "
+                                  f"parallelism it allows (model, {gpu_field}, {tp_field}): {details}; {hint}")
 
 
 def _with_device_lever(search: SearchSpace, gpu_list: list[str] | None, base_dir: Path | None) -> SearchSpace:

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from sim.errors import ConfigError
-from sim.fields import check_keys, fail, file_error, in_file, number, string
+from sim.fields import check_keys, fail, file_error, in_file, integer, number, string
 from sim.profiles._types import GpuProfile, ModelProfile
 
 
@@ -104,7 +104,7 @@ def load_model(name: str, field: str = "model") -> ModelProfile:
 #: Device YAML keys: required (peak compute, memory bandwidth, memory, host link) and optional with defaults.
 _DEVICE_REQUIRED = ("mem_gb", "hbm_bw_gbps", "bf16_tflops", "host_link_gbps")
 _DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "price_per_hour_usd": 0.0,
-                    "source": None, "price_source": None, "price_date": None}
+                    "source": None, "price_source": None, "price_date": None, "gpus_per_node": 8}
 _PRICE_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
 
 
@@ -151,6 +151,8 @@ def _device_fields(data: dict, path: str) -> GpuProfile:
         values[key] = number(data, key, "", _DEVICE_OPTIONAL[key], minimum=0.0)
     if values["gpu_link_gbps"] is None:
         values["gpu_link_gbps"] = values["host_link_gbps"]  # no peer link: tensor parallelism goes over the host
+    values["gpus_per_node"] = integer(data, "gpus_per_node", "", _DEVICE_OPTIONAL["gpus_per_node"], minimum=1,
+                                      maximum=1024)
     name = string(data, "name", "", Path(path).stem)
     source = data.get("source") or path
     return GpuProfile(name=name, source=str(source), **values, **_price_strings(data))
@@ -161,7 +163,8 @@ def load_device_yaml(path: str | Path) -> GpuProfile:
     bandwidth, GB/s), ``bf16_tflops`` (peak dense compute, TFLOP/s) and ``host_link_gbps`` (host<->device, GB/s),
     required; ``name``, ``fp8_tflops``, ``gpu_link_gbps`` (default host_link_gbps), ``price_per_hour_usd`` (USD per
     GPU-hour; 0.0, the default, means unknown), ``price_source`` and ``price_date`` (strings: where and when the
-    price was read, ``YYYY-MM[-DD]``), ``source``, optional.  ConfigError naming the file and field for a bad
+    price was read, ``YYYY-MM[-DD]``), ``gpus_per_node`` (the most tensor parallelism spans; default 8),
+    ``source``, optional.  ConfigError naming the file and field for a bad
     one."""
     p = Path(path).expanduser()
     if not p.is_file():

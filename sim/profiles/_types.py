@@ -27,6 +27,10 @@ class GpuProfile:
     #: (``YYYY-MM`` or ``YYYY-MM-DD``); ``None`` where the device has no price.
     price_source: str | None = None
     price_date: str | None = None
+    #: The most of these GPUs one node holds (one server, or one instance of the price list): tensor parallelism
+    #: spans at most this many (vLLM runs TP within a node; across nodes is pipeline parallelism, which kvtune does
+    #: not model).  8, an HGX/PCIe server's count, unless the device's price list sells it otherwise (GH200: one).
+    gpus_per_node: int = 8
 
     @property
     def mem_bytes(self) -> float:

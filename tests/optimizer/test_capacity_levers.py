@@ -122,6 +122,42 @@ def test_a_deployment_that_cannot_start_is_pruned_with_its_reason(tmp_path):
     assert "<h2>Failed and pruned trials</h2>" in page and "cannot start: Llama-3-70B on one L40S" in page
 
 
+def test_tensor_parallelism_over_one_node_is_pruned_with_its_reason(tmp_path):
+    # issue 30: "TP over the devices of a node" cannot start. CoreWeave sells GH200 one per node (gpus_per_node 1
+    # in sim/data/hardware.yaml): its TP-2 trial is pruned with that reason; the L40S's (8 per node) runs.
+    from optimizer._capacity import capacity_candidates
+
+    d = spec_dict(gpu=["L40S", "GH200"], search={"base": "none", "tensor_parallel_size": [1, 2]},
+                  sampler={"name": "grid", "seed": 0}, budget={"trials": 10})
+    d["workload"]["max_requests"] = 30
+    spec, tuner = _run(tmp_path, d)
+    trials = tuner.study.get_trials()
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert [t.params for t in pruned] == [{"gpu": "GH200", "tensor_parallel_size": 2}]
+    assert pruned[0].user_attrs[PRUNE_REASON] == (
+        f"cannot start: Llama-2-7B on 2 x GH200 (TP 2), ${2 * load_gpu('GH200').price_per_hour_usd:.2f}/h: TP 2 "
+        f"spans more GPUs than one GH200 node holds (1: its gpus_per_node); tensor parallelism runs within one node")
+    complete = {tuple(sorted(t.params.items())) for t in trials if t.state == TrialState.COMPLETE}
+    assert (("gpu", "L40S"), ("tensor_parallel_size", 2)) in complete and len(complete) == 4  # with the default's ()
+    # The export's capacity search never proposes TP over one GH200 node.
+    gh200 = [k for k in capacity_candidates(spec.fixed_knobs(), spec.model, spec.gpu) if k["gpu"] == "GH200"]
+    assert gh200 and {k["tensor_parallel_size"] for k in gh200} == {1}
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "eight"])
+def test_a_bad_gpus_per_node_in_a_device_yaml_names_the_field(tmp_path, value):
+    import yaml
+
+    from sim.profiles import load_gpu as load
+
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump({"mem_gb": 48.0, "hbm_bw_gbps": 864, "bf16_tflops": 362, "host_link_gbps": 25.0,
+                                    "gpus_per_node": value}))
+    with pytest.raises(ConfigError) as err:
+        load(str(path))
+    assert "gpus_per_node" in str(err.value) and str(path) in str(err.value)
+
+
 @pytest.mark.parametrize("changes, field", [
     (dict(gpu=["L40S", "B300"]), "gpu[1]"),
     (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["usd_per_million_output_tokens"]), "gpu[1]"),
@@ -170,7 +206,13 @@ def test_bad_capacity_levers_via_kvtune_tune_are_one_line_exit_2(tmp_path, capsy
      ["(model, search.gpu, tensor_parallel_size)", "a larger search.gpu"]),
     # No TP of one node holds them: the device is named.
     (dict(model="Llama-3-70B", gpu="vllm-cpu-1core", search={"base": "none", "max_num_seqs": [8, 16]}), "gpu",
-     ["not even TP 8 (one node) holds them: a larger gpu, a smaller model or FP8 weights (quantization)"]),
+     ["no tensor parallelism within one node holds them: a larger gpu, a smaller model or FP8 weights"]),
+    # One GH200 per node (gpus_per_node 1): TP 2 cannot start there, and TP 1 does not hold 70B's weights.
+    (dict(model="Llama-3-8B", gpu="GH200", tensor_parallel_size=2), "tensor_parallel_size",
+     ["on GH200 TP 2 spans more GPUs than one GH200 node holds (1: its gpus_per_node)",
+      "TP 1 on GH200 would hold them: set tensor_parallel_size"]),
+    (dict(model="Llama-3-70B", gpu="GH200", search={"base": "none", "tensor_parallel_size": [1, 2]}), "gpu",
+     ["on GH200 at TP 1: Llama-3-70B needs", "no tensor parallelism within one node holds them"]),
     (dict(model="Llama-3-70B", gpu="H100-SXM", engine={"max_model_len": 4096, "gpu_memory_utilization": 0.3},
           search={"base": "none", "max_num_seqs": [8, 16]}), "tensor_parallel_size",
      ["a higher engine.gpu_memory_utilization (now 0.3)"]),
@@ -192,8 +234,8 @@ def test_a_model_that_fits_no_device_via_kvtune_tune_is_one_line_exit_2(tmp_path
     path = write_spec(tmp_path, spec_dict(model="Llama-3-70B", gpu=["L40S", "A100-40GB"]))
     assert main(["tune", str(path), "--in-process", "--out", str(tmp_path / "run")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtune: error: tensor_parallel_size: Llama-3-70B's weights do "
-                                                   "not fit any device of this study"), lines
+    assert len(lines) == 1 and lines[0].startswith("kvtune: error: tensor_parallel_size: Llama-3-70B cannot start "
+                                                   "on any device of this study"), lines
     assert not (tmp_path / "run").exists()
 
 
