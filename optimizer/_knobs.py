@@ -102,11 +102,9 @@ def check_knob(name: str, flavor: str, target: Any, where: str, *, searched: boo
         raise ConfigError(where, f"{name} is set at the top level of the study (or searched as a capacity lever "
                                  f"under search:), not as an engine knob")
     if name not in _FIELDS and not (name == VIRTUAL_PREEMPTION):
-        import difflib
+        from sim.fields import unknown
 
-        close = difflib.get_close_matches(name, knob_names(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(where, f"unknown engine knob{hint}")
+        raise unknown(where, name, knob_names(), "engine knob")
     other_only = V0_ONLY if flavor == "vllm-v1" else V1_ONLY
     if name in other_only and not (flavor == "vllm-v1" and name == VIRTUAL_PREEMPTION and searched):
         raise ConfigError(where, f"is not a knob of {flavor} (it exists only in the other flavor)")

@@ -81,7 +81,7 @@ def prepare(spec: StudySpec) -> StudyContext:
         try:
             objective = get_objective(name, classes)
         except ConfigError as exc:
-            raise ConfigError(f"objectives[{i}]", str(exc)[len(exc.field) + 2:]) from None
+            raise ConfigError(f"objectives[{i}]", exc.message) from None
         cls = name.rpartition(":")[2] if ":" in name else None
         if cls is not None and cls in classes and cls not in present:
             raise ConfigError(f"objectives[{i}]", f"{name!r} names class {cls!r}, which no request of the workload "
@@ -102,7 +102,7 @@ def prepare(spec: StudySpec) -> StudyContext:
                 try:
                     bounds.append(parse_bound(item, classes))
                 except ConfigError as exc:
-                    raise ConfigError(f"constraints[{i}]", str(exc)[len(exc.field) + 2:]) from None
+                    raise ConfigError(f"constraints[{i}]", exc.message) from None
                 cls = _bound_class(item)
                 if cls is not None and cls in classes and cls not in present:
                     raise ConfigError(f"constraints[{i}]", f"{item!r} names class {cls!r}, which no request of the "

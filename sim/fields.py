@@ -39,7 +39,7 @@ from sim.errors import ConfigError, short_repr
 
 __all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "file_error", "float_in", "in_file", "int_in",
            "integer", "mapping", "message_of", "number", "one_of", "reroot", "string", "to_bool", "to_float", "to_int",
-           "to_string"]
+           "to_string", "unknown"]
 
 #: Whole numbers beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
 MAX_INT = 2**53
@@ -119,10 +119,15 @@ def check_keys(d: Mapping[str, Any], allowed: Collection[str], where: str, what:
     suggests the closest."""
     for key in d:
         if key not in allowed:
-            names = [str(name) for name in allowed]
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(at(where, str(key)), f"unknown {what}{hint}; expected one of {names}")
+            raise unknown(at(where, str(key)), key, allowed, what)
+
+
+def unknown(field: str, key: Any, allowed: Iterable[str], what: str = "key") -> ConfigError:
+    """The error for a name that is none of ``allowed``: the closest suggested, every one listed."""
+    names = [str(name) for name in allowed]
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(field, f"unknown {what}{hint}; expected one of {names}")
 
 
 def _given(d: Mapping[str, Any], key: str, field: str, default: Any) -> Any:

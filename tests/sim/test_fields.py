@@ -113,6 +113,12 @@ def test_mapping_and_keys():
         fields.check_keys({"zzz": 1}, ("trials",), "", what="knob")
 
 
+def test_unknown_suggests_and_lists():
+    err = fields.unknown("engine.max_num_seq", "max_num_seq", ("max_num_seqs", "block_size"), "engine knob")
+    assert str(err) == ("engine.max_num_seq: unknown engine knob (did you mean 'max_num_seqs'?); expected one of "
+                        "['max_num_seqs', 'block_size']")
+
+
 def test_a_huge_value_is_cut_to_one_line():
     with pytest.raises(ConfigError) as err:
         fields.string({"k": list(range(10_000))}, "k", "w")
