@@ -152,14 +152,18 @@ def load_spec_file(path: Path) -> "WorkloadSpec":
     from sim.safe_yaml import read_yaml
     from sim.workload._spec import WorkloadSpec
 
+    from sim.fields import file_error, in_file
+
     if not path.exists():
-        raise ConfigError(str(path), "no such file")
+        raise file_error(path, "no such file")
     data = read_yaml(path, str(path))
-    if isinstance(data, dict) and "workload" in data:
-        return WorkloadSpec.from_dict(data["workload"], "workload", base_dir=path.resolve().parent)
     if not isinstance(data, dict):
-        raise ConfigError(str(path), "must be a mapping (a workload spec)")
-    return WorkloadSpec.from_dict(data, "workload", base_dir=path.resolve().parent)
+        raise file_error(path, "must be a mapping (a workload spec)")
+    try:
+        return WorkloadSpec.from_dict(data["workload"] if "workload" in data else data, "workload",
+                                      base_dir=path.resolve().parent)
+    except ConfigError as exc:
+        raise in_file(exc, path) from None
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:

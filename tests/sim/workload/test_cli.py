@@ -95,6 +95,15 @@ def test_errors_propagate_as_kvtune_errors(tmp_path, capsys):
         run(["workload", "generate", str(spec), "--out", str(tmp_path / "o.csv")], capsys)
 
 
+def test_a_bad_workload_spec_field_is_one_line_naming_field_and_file(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("trace: bundled\narrival: {rate_rps: 0}\n")
+    rc = main(["workload", "generate", str(spec), "--out", str(tmp_path / "o.csv")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert f"workload.arrival.rate_rps: must be > 0, got 0.0 (in {spec})" in err
+
+
 def test_kvtune_workload_prints_one_line_errors(tmp_path, capsys):
     rc = main(["workload", "describe", str(tmp_path / "missing.csv")])
     err = capsys.readouterr().err
