@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from sim.errors import ConfigError
+from sim.fields import fail
 
 DEFAULT_CLASS = "default"
 
@@ -22,7 +23,7 @@ class SLO:
         for name in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"slo.{name}", f"must be a positive number of seconds, got {value!r}")
+                raise fail(f"slo.{name}", "a positive number of seconds", value)
 
     def targets(self) -> dict[str, float]:
         """Metric name (``ttft_s``, ``tpot_s``, ``e2e_s``) -> p99 target, for the targets that are set."""
@@ -55,9 +56,9 @@ class RequestClass:
         if not self.name:
             raise ConfigError("classes", "a class needs a non-empty name")
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ConfigError(f"{where}.timeout_s", f"must be a positive number of seconds, got {self.timeout_s!r}")
+            raise fail(f"{where}.timeout_s", "a positive number of seconds", self.timeout_s)
         if not 0.0 <= self.cancel_probability <= 1.0:
-            raise ConfigError(f"{where}.cancel_probability", f"must be in [0, 1], got {self.cancel_probability!r}")
+            raise fail(f"{where}.cancel_probability", "in [0, 1]", self.cancel_probability)
         low, high = self.cancel_after_s
         if not 0 <= low <= high:
-            raise ConfigError(f"{where}.cancel_after_s", f"must be [low, high] with 0 <= low <= high, got {self.cancel_after_s!r}")
+            raise fail(f"{where}.cancel_after_s", "[low, high] with 0 <= low <= high", self.cancel_after_s)
