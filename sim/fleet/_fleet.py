@@ -219,7 +219,7 @@ class FleetSimulation:
             for r in dirty:
                 rep = replicas[r]
                 outstanding = rep.assigned - rep.ended_pub
-                views[r] = ReplicaView(index=r, routed=rep.assigned, outstanding=outstanding)
+                views[r] = ReplicaView(r, rep.assigned, outstanding)
                 if follow is not None:
                     follow(r, outstanding)
             dirty.clear()

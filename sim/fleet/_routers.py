@@ -120,24 +120,21 @@ class Router(abc.ABC):
         """:meth:`_pick_min` over the followed loads: the replicas at the least count in index order, one drawn
         when several (the same draw as the scan's)."""
         ties = loads.at[loads.lo]
-        if len(ties) == 1:
-            for only in ties:
-                return only
-        ordered = sorted(ties)
-        return int(ordered[self.rng.integers(len(ordered))])
+        return ties[0] if len(ties) == 1 else ties[self.rng.integers(len(ties))]
 
 
 class _Loads:
-    """Outstanding requests per replica, and the replicas at each count: the least and the most loaded are read
-    without a scan of the replicas (O(1) per change, as a router's load index updated on its own events)."""
+    """Outstanding requests per replica, and the replicas at each count (in index order): the least and the most
+    loaded, and the ties among the least, are read without a scan of the replicas (a router's load index updated
+    on its own events; a change costs a bisection in the few replicas at its old and new count)."""
 
     __slots__ = ("counts", "at", "lo", "hi")
 
     def __init__(self, counts: list[int]) -> None:
         self.counts = list(counts)
-        self.at: dict[int, set[int]] = {}
+        self.at: dict[int, list[int]] = {}
         for r, c in enumerate(self.counts):
-            self.at.setdefault(c, set()).add(r)
+            self.at.setdefault(c, []).append(r)
         self.lo = min(self.counts)
         self.hi = max(self.counts)
 
@@ -149,24 +146,27 @@ class _Loads:
         counts[replica] = value
         at = self.at
         bucket = at[old]
-        bucket.discard(replica)
-        if not bucket:
+        if len(bucket) == 1:
             del at[old]
+            emptied = True
+        else:
+            del bucket[bisect.bisect_left(bucket, replica)]
+            emptied = False
         others = at.get(value)
         if others is None:
-            at[value] = {replica}
+            at[value] = [replica]
         else:
-            others.add(replica)
+            bisect.insort(others, replica)
         if value < self.lo:
             self.lo = value
-        elif old == self.lo and not bucket:
+        elif emptied and old == self.lo:
             lo = old + 1  # the least moved up, to at most ``value``
             while lo not in at:
                 lo += 1
             self.lo = lo
         if value > self.hi:
             self.hi = value
-        elif old == self.hi and not bucket:
+        elif emptied and old == self.hi:
             hi = old - 1
             while hi not in at:
                 hi -= 1
@@ -174,7 +174,7 @@ class _Loads:
 
     def first_least(self) -> int:
         """The lowest-indexed replica at the least count (``counts.index(min(counts))``)."""
-        return min(self.at[self.lo])
+        return self.at[self.lo][0]
 
 
 _REGISTRY: dict[str, type[Router]] = {}
