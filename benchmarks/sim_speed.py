@@ -38,9 +38,8 @@ before the clock starts, as a study worker does at its warm-up.
                                    [--decode-columns off]
 
 The two acceleration layers can be switched off for a comparison (benchmarks/speed/README.md, "The accelerated
-engine"): ``KVTUNE_PURE_PYTHON=1`` (mypyc's modules interpreted), ``KVTUNE_PURE_PYTHON=1 NUMBA_DISABLE_JIT=1``
-(numba's kernels too; ``NUMBA_DISABLE_JIT=1`` alone fails on the compiled engine, whose typed code refuses the
-numpy scalars the interpreted kernels return), ``--decode-columns off`` (the running batch as Request objects).
+engine"): ``KVTUNE_PURE_PYTHON=1`` (mypyc's modules interpreted), ``NUMBA_DISABLE_JIT=1`` (numba's kernels run
+as Python), both, ``--decode-columns off`` (the running batch as Request objects).
 """
 
 from __future__ import annotations

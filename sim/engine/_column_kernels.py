@@ -11,6 +11,8 @@ path's (``BaseScheduler.update_from_output``), in the same IEEE doubles, so the 
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
@@ -21,11 +23,39 @@ _LT, _ITL, _TD, _TO = 0, 1, 2, 3
 def _compiled(fn):
     """``numba.njit`` with the on-disk cache (next to this file, else numba's user-wide cache directory); where
     neither is writable numba refuses to cache, and the kernel is compiled in each process instead (a few
-    seconds at the first call; same results)."""
+    seconds at the first call; same results).
+
+    With ``NUMBA_DISABLE_JIT=1`` the kernel runs as Python, where an element of an array is a numpy scalar
+    (``numpy.int64``), not the ``int`` a compiled kernel returns; the mypyc-compiled callers (sim/_compiled.py)
+    type their locals and would refuse it.  So the Python kernel's results are made plain ``int`` / ``float``
+    (:func:`_plain`): numba off alone runs on the compiled engine (tests/sim/engine/test_compiled_engine.py)."""
+    if numba.config.DISABLE_JIT:
+        return _plain(fn)
     try:
         return numba.njit(cache=True, nogil=True)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
         return numba.njit(nogil=True)(fn)
+
+
+def _scalar(value):
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def _plain(fn):
+    """``fn`` (a kernel run as Python) with its numpy scalar results made Python ones, a tuple's items too."""
+
+    @functools.wraps(fn)
+    def kernel(*args):
+        result = fn(*args)
+        if type(result) is tuple:
+            return tuple(_scalar(item) for item in result)
+        return _scalar(result)
+
+    return kernel
 
 
 @_compiled

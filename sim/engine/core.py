@@ -76,10 +76,13 @@ class EngineCore:
         self.batch_decode_runs = batch_decode_runs
         #: Called after every ``schedule()`` with (iteration index, time, output), before the output is applied.
         self.observer = observer
-        #: Called with the output of every ``schedule()`` call, right after it (the decode columns stay on):
-        #: instrumentation (conformance, tests) that would otherwise wrap the scheduler's methods, which the
-        #: compiled engine (sim/_compiled.py) calls directly.
+        #: Called with the output of every ``schedule()`` call, right after it (the decode columns stay on, their
+        #: requests written back for the call): instrumentation (conformance, tests) that would otherwise wrap the
+        #: scheduler's methods, which the compiled engine (sim/_compiled.py) calls directly.
         self.schedule_hook: Callable[[SchedulerOutput], None] | None = None
+        #: Called with the iteration count after every :meth:`end_step` (between steps; the decode columns stay
+        #: on, their requests written back for the call): instrumentation (tests) that reads requests' state.
+        self.step_hook: Callable[[int], None] | None = None
         self.step_rows: list[tuple] = []
         self.num_iterations = 0
         self._pending: StepResult | None = None
@@ -104,14 +107,14 @@ class EngineCore:
             scheduler.stop_decode_columns()  # an observer may read any running request's state
         out = scheduler.schedule(now)
         if self.schedule_hook is not None:
-            self.schedule_hook(out)
+            self._call_schedule_hook(out)
         # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
         # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
         # next, frees them.  When that left nothing to run, vLLM's next schedule() follows at once.
         if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
             out = scheduler.schedule(now)
             if self.schedule_hook is not None:
-                self.schedule_hook(out)
+                self._call_schedule_hook(out)
         shape = out.shape
         # V1 offload stores run on their own stream, overlapped with compute (see BaseScheduler.write_through);
         # only loads are on the step's path.  V0 swaps block the step both ways.
@@ -138,6 +141,19 @@ class EngineCore:
         self._pending, self._pending_start = result, now
         return result
 
+    def _call_schedule_hook(self, out: SchedulerOutput) -> None:
+        """The hook sees every request's state as the object path has it after ``schedule()``: the decode
+        columns' requests written back for it, and marked stale again after it (sim/engine/decode_columns.py)."""
+        hook = self.schedule_hook
+        assert hook is not None
+        cols = self.scheduler._columns
+        if cols is not None and len(cols):
+            cols.sync(None, out.columnar)
+            hook(out)
+            cols.poison()
+        else:
+            hook(out)
+
     def end_step(self, now: float) -> None:
         """Apply the pending step's output at time ``now`` (its end)."""
         result = self._pending
@@ -152,6 +168,8 @@ class EngineCore:
         if not self.record_steps and self.on_rows is None:
             scheduler.update_from_output(out, now, k, first_end, result.last_s)
             self._flush_if_idle()
+            if self.step_hook is not None:
+                self._call_step_hook()
             return
         parts = self.latency.run_parts(out.shape, result.duration_s, k)
         pool = scheduler.pool
@@ -167,6 +185,20 @@ class EngineCore:
         if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
             self.flush_rows()
         self._flush_if_idle()
+        if self.step_hook is not None:
+            self._call_step_hook()
+
+    def _call_step_hook(self) -> None:
+        """The hook sees every request's state between steps (sim/engine/decode_columns.py)."""
+        hook = self.step_hook
+        assert hook is not None
+        cols = self.scheduler._columns
+        if cols is not None and len(cols):
+            cols.sync()
+            hook(self.num_iterations)
+            cols.poison()
+        else:
+            hook(self.num_iterations)
 
     def cut_run(self, horizon_s: float) -> StepResult:
         """End the pending step (from :meth:`begin_step`, not yet ended) before ``horizon_s``, as if ``horizon_s``

@@ -10,10 +10,24 @@ While a request is in the segment the arrays are its state and these ``Request``
 ``blocks``, ``kv_blocks_peak``, ``last_token_s``, ``max_itl_s``, ``time_decode_s``, ``time_overhead_s``.  A
 request joins only in a steady decode state, where most of them follow from its computed tokens ``c``
 between steps: ``num_output = c + 1 - prompt``, ``high_water = appended = c``, ``blocks = ceil(c / B)``,
-``processed = c + const``, ``kv_blocks_peak = max(at join, blocks)``.  :meth:`sync` writes them back, between
-steps; the scheduler calls it for a request that leaves the segment (finished, aborted, preempted) and for
-the rest of the segment before anything else reads them (a segment over the token budget, a segment too
-small to pay, an observer attached, the end of the run).
+``processed = c + const``, ``kv_blocks_peak = max(at join, blocks)``.  :meth:`sync` writes them back; the
+scheduler calls it for a request that leaves the segment (finished, aborted, preempted) and for the rest of the
+segment before anything else reads them (a segment over the token budget, a segment too small to pay, the end
+of the run).
+
+No stale value can be read.  Joining writes :data:`STALE_INT` / :data:`STALE_FLOAT` into those attributes (a
+reader that skips the sync gets an unmistakable value, not a plausible old one: the compared tables of
+tests/sim/engine/test_compiled_engine.py and test_decode_columns.py would show it), and the code outside the
+engine reads them only through one of the sync points: ``BaseScheduler.sync_requests()`` between steps (the
+run loop at the end, or anyone else, at the cost of the segment joining again), and the engine's hooks, which
+are called with the segment written back and marked stale again after the call (:meth:`poison`):
+``EngineCore.step_hook`` between steps, ``EngineCore.schedule_hook`` after ``schedule()`` (:meth:`sync` with
+``scheduled``: the block of the step's token is allocated then), ``BaseScheduler.abort_hook`` (the request is
+written back and leaves the columns first); an observer stops the columns.  In the middle of a step the
+object path itself counts a scheduled decode's ``processed_tokens`` (and V0's ``appended_tokens``) at schedule
+time or at the update, as its fast path or general loop took it; between steps every attribute is exact.
+tests/sim/engine/test_stale_state.py reads every attribute of every live request at every step, through the
+hooks, against the object path in the pure-Python engine.
 The per-step passes are compiled (``sim/engine/_column_kernels.py``).  The slow path, the same updates on
 ``Request`` objects one by one, is ``BaseScheduler.update_from_output``'s loops; benchmarks/tools/compare_tables.py
 and tests/sim/engine/test_decode_columns.py check the two give identical tables, and
@@ -33,6 +47,12 @@ _INT = ("computed", "final", "prompt", "proc_off", "kv_join", "index")
 _FLOAT = ("last_token", "max_itl", "time_decode", "time_overhead")
 _C, _FINAL, _PROMPT, _PROC, _KV, _INDEX = range(6)
 _LT, _ITL, _TD, _TO = range(4)
+#: What a segment request's stale attributes hold while the arrays are its state (see the module docstring).
+STALE_INT = -(1 << 40)
+STALE_FLOAT = -float("inf")
+#: Those attributes.
+STALE_ATTRIBUTES = ("num_computed_tokens", "high_water", "appended_tokens", "num_output_tokens", "processed_tokens",
+                    "blocks", "kv_blocks_peak", "last_token_s", "max_itl_s", "time_decode_s", "time_overhead_s")
 
 
 class DecodeColumns:
@@ -97,9 +117,17 @@ class DecodeColumns:
         else:
             self.ints[:, n:n + k] = np.array(ints, dtype=np.int64).T
             self.floats[:, n:n + k] = np.array(floats, dtype=np.float64).T
+        _poison(reqs)
 
-    def sync(self, positions=None) -> None:
-        """Write the arrays back to the requests at ``positions`` (all when ``None``), between steps."""
+    def poison(self) -> None:
+        """Mark the segment's stale attributes again (after a hook read them written back)."""
+        _poison(self.requests)
+
+    def sync(self, positions=None, scheduled: int = 0) -> None:
+        """Write the arrays back to the requests at ``positions`` (all when ``None``), between steps; or, for
+        the first ``scheduled`` positions, in the middle of a step that scheduled them (after ``schedule()``,
+        before the update): the block for their next token is allocated then (``blocks = ceil((c + 1) / B)``),
+        as on the object path."""
         n = len(self.requests)
         block_size = self.block_size
         reqs = self.requests
@@ -117,8 +145,9 @@ class DecodeColumns:
             req.num_computed_tokens = req.high_water = req.appended_tokens = c
             req.num_output_tokens = c + 1 - prompt
             req.processed_tokens = c + proc_off
-            req.blocks = blocks = -(-c // block_size)
+            blocks = -(-c // block_size)
             req.kv_blocks_peak = blocks if blocks > peak else peak
+            req.blocks = -(-(c + 1) // block_size) if i < scheduled else blocks
             req.last_token_s, req.max_itl_s, req.time_decode_s, req.time_overhead_s = floats[i]
 
     def drop(self, positions: list[int] | None) -> None:
@@ -179,6 +208,14 @@ class DecodeColumns:
         return self._positions[:k].tolist() if k else []
 
 
+def _poison(reqs: list[Request]) -> None:
+    stale, nan = STALE_INT, STALE_FLOAT
+    for req in reqs:
+        req.num_computed_tokens = req.high_water = req.appended_tokens = req.num_output_tokens = stale
+        req.processed_tokens = req.blocks = req.kv_blocks_peak = stale
+        req.last_token_s = req.max_itl_s = req.time_decode_s = req.time_overhead_s = nan
+
+
 def _kernels():
     from sim.engine import _column_kernels
 
@@ -197,4 +234,4 @@ def warm_up() -> None:
     _prefix_kernels.warm_up()
 
 
-__all__ = ["DecodeColumns", "warm_up"]
+__all__ = ["DecodeColumns", "STALE_ATTRIBUTES", "STALE_FLOAT", "STALE_INT", "warm_up"]

@@ -360,16 +360,19 @@ class BaseScheduler(ABC):
     # ---- shared mechanics ------------------------------------------------------------------------------
     def abort(self, req: Request, status: Status, now: float) -> None:
         """The client went away (timeout or cancel): free its blocks now and record the status."""
-        if self.abort_hook is not None:
-            self.abort_hook(req, status, now)  # before anything changes (see abort_hook)
-        if req.status in (Status.RUNNING,):
+        running = req.status == Status.RUNNING
+        if running:
             cols = self._columns
             if cols is not None and len(cols):
+                # Out of the decode columns first, its state written back (before the hook reads it).
                 for i, r in enumerate(cols.requests):
                     if r is req:
                         cols.sync([i])
                         cols.drop([i])
                         break
+        if self.abort_hook is not None:
+            self.abort_hook(req, status, now)  # before anything else changes (see abort_hook)
+        if running:
             self.running.remove(req)
         elif req.status == Status.WAITING:
             self.waiting.remove(req)
@@ -636,7 +639,10 @@ class BaseScheduler(ABC):
         self._columns = None
 
     def sync_requests(self) -> None:
-        """Write the decode columns back to their requests and empty them (between steps)."""
+        """Write the decode columns back to their requests and empty them (between steps): the sync point for
+        anything outside the engine that reads a running request's state between steps (until then, the
+        attributes ``decode_columns.STALE_ATTRIBUTES`` of the segment's requests hold ``STALE_INT`` /
+        ``STALE_FLOAT``; see sim/engine/decode_columns.py).  The segment joins again at a later step."""
         cols = self._columns
         if cols is not None and len(cols):
             cols.sync()

@@ -14,7 +14,8 @@ Request and step tables must be equal exactly, floats included, on
 - random small workloads and configs of both flavors (the invariant properties' strategies, drawn
   deterministically).
 
-The stale-build check is tested on a made-up tree.  How the fast paths work: benchmarks/speed/README.md,
+Each layer also runs switched off alone on the matrix (``NUMBA_DISABLE_JIT=1`` under the compiled engine,
+``KVTUNE_PURE_PYTHON=1`` with numba on), with the same tables.  The stale-build check is tested on a made-up tree.  How the fast paths work: benchmarks/speed/README.md,
 "The accelerated engine".
 """
 
@@ -197,6 +198,41 @@ def both_engines(tmp_path_factory):
             "random": [(case, *pair) for case, pair in zip(random, pairs[len(matrix):])]}
 
 
+_ONE_LAYER_OFF = r"""
+import pickle, sys
+sys.path.insert(0, sys.argv[1])
+from sim import _compiled
+import numba
+assert _compiled.state() == sys.argv[4], _compiled.state()
+assert bool(numba.config.DISABLE_JIT) == (sys.argv[5] == "off")
+from tests.sim.engine.test_compiled_engine import run_case
+with open(sys.argv[2], "rb") as f:
+    cases = pickle.load(f)
+with open(sys.argv[3], "wb") as f:
+    pickle.dump([run_case(case) for case in cases], f)
+"""
+
+
+@pytest.fixture(scope="module")
+def one_layer_off(both_engines, tmp_path_factory):
+    """{layer: {name: (accelerated, with that layer off alone)}} on the matrix: ``numba`` (``NUMBA_DISABLE_JIT=1``:
+    the kernels run as Python under the compiled engine) and ``mypyc`` (``KVTUNE_PURE_PYTHON=1``: the sources,
+    with numba's kernels compiled)."""
+    matrix = _matrix()
+    folder = tmp_path_factory.mktemp("one_layer_off")
+    (folder / "cases.pkl").write_bytes(pickle.dumps(list(matrix.values())))
+    got = {}
+    for layer, env, state, jit in (("numba", {"NUMBA_DISABLE_JIT": "1"}, "compiled", "off"),
+                                   ("mypyc", {_compiled.ENV: "1"}, "interpreted", "on")):
+        environ = {k: v for k, v in os.environ.items() if k not in (_compiled.ENV, "NUMBA_DISABLE_JIT")}
+        out = folder / f"{layer}.pkl"
+        subprocess.run([sys.executable, "-c", _ONE_LAYER_OFF, str(ROOT), str(folder / "cases.pkl"), str(out),
+                        state, jit], check=True, env=dict(environ, **env), cwd=ROOT)
+        runs = pickle.loads(out.read_bytes())
+        got[layer] = {name: (both_engines["matrix"][name][0], run) for name, run in zip(matrix, runs)}
+    return got
+
+
 def _assert_same(label: str, mine: tuple, theirs: tuple) -> None:
     requests, steps, iterations, segment = mine
     assert iterations == theirs[2], label
@@ -228,6 +264,15 @@ def test_the_matrix_exercises_what_it_names(both_engines):
     assert int(got["v1-cpu-offload-evicting"][0]["swapped_out_blocks"].sum()) > 100 * 64  # stored past its size
     assert int(got["v1-prefix-caching"][0]["prefix_hit_tokens"].sum()) > 0
     assert int((got["v1-async-scheduling"][1]["num_steps"] > 1).sum()) > 0  # batched decode runs
+
+
+@needs_compiled
+@pytest.mark.parametrize("layer", ("numba", "mypyc"))
+def test_each_layer_can_be_switched_off_alone(one_layer_off, layer):
+    # NUMBA_DISABLE_JIT alone used to fail on the compiled engine (a kernel run as Python returned numpy.int64
+    # where mypyc's typed callers want int; sim/engine/_column_kernels._plain).
+    for name, (mine, theirs) in one_layer_off[layer].items():
+        _assert_same(f"{name}, {layer} off", mine, theirs)
 
 
 @needs_compiled
