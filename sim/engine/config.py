@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sim.errors import ConfigError
-from sim.fields import check_keys, fail, float_in, int_in, one_of
+from sim.fields import check_keys, fail, float_in, int_in, one_of, to_bool
 
 Flavor = Literal["vllm-v1", "vllm-v0"]
 FLAVORS = ("vllm-v1", "vllm-v0")
@@ -206,6 +206,10 @@ class EngineConfig:
         float_in("admission_headroom", self.admission_headroom, 0.0, 0.5)
         if self.num_gpu_blocks_override is not None:
             int_in("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
+        for name in _BOOL_KNOBS:  # true or false: a YAML 2 or "no" is not silently truthy
+            value = getattr(self, name)
+            if value is not None:
+                to_bool(name, value)
         if self.engine_version is not None:
             from sim.engine.defaults import release_defaults
 
@@ -222,6 +226,7 @@ class EngineConfig:
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+_BOOL_KNOBS = tuple(name for name, kind in _FIELD_TYPES.items() if kind.startswith("bool"))
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:

@@ -66,6 +66,19 @@ def test_cache_that_cannot_hold_one_max_length_request():
     assert info.value.field == "gpu_memory_utilization"
 
 
+@pytest.mark.parametrize("knobs, text", [
+    ({"enable_prefix_caching": 2}, "enable_prefix_caching: must be true or false, got 2"),
+    ({"async_scheduling": "no"}, "async_scheduling: must be true or false, got 'no'"),
+    ({"tensor_parallel_size": True}, "tensor_parallel_size: must be one of [1, 2, 4, 8], got True"),
+    ({"max_num_seqs": 64.0}, "max_num_seqs: must be an integer, got 64.0"),
+    ({"watermark": 0.7}, "watermark: must be in [0.0, 0.5], got 0.7"),
+])
+def test_a_knob_of_the_wrong_type_is_one_error_not_a_silent_fix(knobs, text):
+    with pytest.raises(ConfigError) as info:
+        EngineConfig(**knobs)
+    assert str(info.value) == text
+
+
 def test_knob_of_the_other_flavor_is_rejected():
     with pytest.raises(ConfigError, match="swap_space_gb"):
         EngineConfig(flavor="vllm-v1", swap_space_gb=4)
