@@ -208,7 +208,7 @@ class EngineConfig:
             int_in("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, 100_000_000)
         for name in _BOOL_KNOBS:  # true or false: a YAML 2 or "no" is not silently truthy
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and value is not True and value is not False:
                 to_bool(name, value)
         if self.engine_version is not None:
             from sim.engine.defaults import release_defaults
