@@ -25,6 +25,7 @@ import simpy
 from sim.engine.config import EngineConfig
 from sim.engine.build import EnginePlan, build_engine, resolve_engine
 from sim.engine.core import EngineCore
+from sim.engine.decode_columns import worth_loading
 from sim.engine.request import Request, Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
@@ -529,7 +530,7 @@ class Simulation:
         hash_block_tokens: int | None = None,
         keep_requests: bool = True,
         step_sink: Callable[[pd.DataFrame], None] | None = None,
-        decode_columns: bool = True,
+        decode_columns: bool | None = None,
     ):
         """``config``: an EngineConfig, or an :class:`~sim.engine.build.EnginePlan` (from ``resolve_engine``, for
         ``model`` and ``gpu``: then it is not resolved again, and ``latency`` / ``coefficients`` are the plan's).
@@ -539,7 +540,10 @@ class Simulation:
         table's arrays), so memory grows with the requests in the system, not with the workload; with
         ``True`` (the default) ``self.requests`` holds every request's final state.
         ``decode_columns=False`` keeps the running batch as Request objects only (the slow path the decode
-        columns are checked against; see sim/engine/decode_columns.py)."""
+        columns are checked against; see sim/engine/decode_columns.py); ``True`` keeps the decode columns;
+        ``None`` (the default) keeps them where they pay in this process (``decode_columns.worth_loading``: their
+        kernels are loaded already, as in a study's warmed-up worker, or the run is long enough to pay loading
+        them, or it loads numba anyway for the prefix pool or the CPU tier).  The tables are the same."""
         plan = plan_for(config, model, gpu, latency, coefficients)
         predicted = predicted_output_for(workload, plan.config)
         built = build_engine(
@@ -547,9 +551,6 @@ class Simulation:
             record_steps=record_steps, batch_decode_runs=batch_decode_runs, observer=observer,
         )
         self.config, self.sizing, self.latency, self.core = built.config, built.sizing, built.latency, built.core
-        if decode_columns:
-            # Running requests' steady decodes may live as arrays (the core stops that under an observer).
-            self.core.scheduler.use_decode_columns()
         self.model = model
         self.gpu = gpu
         self.workload = workload
@@ -571,6 +572,11 @@ class Simulation:
         scheduler = self.core.scheduler
         if scheduler.pool.enable_caching and any(self.store.keys):
             scheduler.share_prefixes()
+        if decode_columns is None:
+            decode_columns = worth_loading(len(workload), scheduler.blocks_hashed or scheduler.write_through)
+        if decode_columns:
+            # Running requests' steady decodes may live as arrays (the core stops that under an observer).
+            scheduler.use_decode_columns()
         self.feed = Feed(self.store.arrivals_s)
         self.env = simpy.Environment()
         self.end_s = 0.0

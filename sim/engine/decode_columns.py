@@ -216,9 +216,25 @@ def _poison(reqs: list[Request]) -> None:
         req.last_token_s = req.max_itl_s = req.time_decode_s = req.time_overhead_s = nan
 
 
+#: Requests from which a run loads the column kernels in a process that has not (see :func:`worth_loading`).
+COLD_MIN_REQUESTS = 100_000
+_loaded: list[bool] = [False]  # the kernels were loaded in this process (join or warm_up)
+
+
+def worth_loading(num_requests: int, numba_anyway: bool = False) -> bool:
+    """Whether a run of ``num_requests`` should keep decode columns in this process.  Loading their kernels costs
+    ~0.3 CPU s once per process (numba's first kernel sets up LLVM; benchmarks/speed/README.md, "Loading the
+    kernels"), two to three times a 4,000-request incident run's simulation; the columns save 0-25% of a run's
+    CPU.  So: yes where they are loaded already (a study's worker loads them at its warm-up, :func:`warm_up`),
+    where numba loads anyway (``numba_anyway``: the shared-prefix pool's kernels, and the CPU tier's store kernel
+    under V1 offload's write-through; V0 swap loads none), and from :data:`COLD_MIN_REQUESTS` requests."""
+    return _loaded[0] or numba_anyway or num_requests >= COLD_MIN_REQUESTS
+
+
 def _kernels():
     from sim.engine import _column_kernels
 
+    _loaded[0] = True
     return _column_kernels
 
 
@@ -234,4 +250,5 @@ def warm_up() -> None:
     _prefix_kernels.warm_up()
 
 
-__all__ = ["DecodeColumns", "STALE_ATTRIBUTES", "STALE_FLOAT", "STALE_INT", "warm_up"]
+__all__ = ["COLD_MIN_REQUESTS", "DecodeColumns", "STALE_ATTRIBUTES", "STALE_FLOAT", "STALE_INT", "warm_up",
+           "worth_loading"]

@@ -141,7 +141,7 @@ def run_case(case: tuple) -> tuple:
     if latency == "roofline" and "hash_ids" in workload.requests.columns:
         kwargs["hash_block_tokens"] = 64
     sim = Simulation(workload, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
-                     batch_decode_runs=batch_runs, **kwargs)
+                     batch_decode_runs=batch_runs, decode_columns=True, **kwargs)
     if columns and columns[0] is not None:
         sim.core.scheduler.use_decode_columns(columns[0])
     largest = [0]

@@ -156,3 +156,44 @@ def test_write_through_offload_stores_from_the_columns(size_gb):
     assert slow.requests["swapped_out_blocks"].sum() > 0
     pd.testing.assert_frame_equal(slow.requests, fast.requests, check_exact=True)
     pd.testing.assert_frame_equal(slow.steps, fast.steps, check_exact=True)
+
+
+_COLD = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from sim.engine import decode_columns
+from sim.engine.config import EngineConfig
+from sim.latency import LinearStepModel
+from sim.profiles import load_gpu, load_model
+from sim.runner import Simulation
+from tests.sim.engine.conftest import make_workload
+
+def columns(config, **kwargs):
+    workload = make_workload([(0.0, 20, 200)] * 64)
+    sim = Simulation(workload, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
+                     latency=LinearStepModel(0.01, 1e-5), **kwargs)
+    return sim.core.scheduler._columns is not None
+
+plain = EngineConfig(max_num_seqs=64, max_model_len=4096)
+print(columns(plain), columns(plain, decode_columns=True),
+      columns(EngineConfig(max_num_seqs=64, max_model_len=4096, kv_offloading_size_gb=1.0)),
+      decode_columns.worth_loading(decode_columns.COLD_MIN_REQUESTS), "sim.engine._column_kernels" in sys.modules
+      and decode_columns._loaded[0])
+decode_columns.warm_up()
+print(columns(plain))
+"""
+
+
+def test_a_cold_process_keeps_decode_columns_only_where_loading_their_kernels_pays():
+    # Loading the column kernels costs a fresh process ~0.3 CPU s (numba's first kernel); by default a small run
+    # there keeps no columns (same tables), unless it loads numba anyway (a CPU tier) or asks for them; once loaded
+    # (a study worker's warm-up), every run keeps them.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", _COLD, str(root)], check=True, capture_output=True, text=True,
+                         cwd=root).stdout.split("\n")
+    assert out[0] == "False True True True False", out
+    assert out[1] == "True", out
