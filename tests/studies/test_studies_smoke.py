@@ -95,12 +95,16 @@ def test_study_runs_on_a_slice(path, tmp_path):
     twice = page_bytes(report.data, 2 * budget)
     assert twice > size, "the projection grows with the trials"
     per_trial = (twice - size) / budget
-    assert size <= PAGE_LIMIT_BYTES, (f"{path.stem}: report page {size:,} bytes at its {budget} trials "
-                                      f"(+{per_trial:,.0f} bytes a trial) > {PAGE_LIMIT_BYTES:,}")
+    assert size + SLICE_ALLOWANCE_BYTES <= PAGE_LIMIT_BYTES, (
+        f"{path.stem}: report page {size:,} bytes at its {budget} trials (+{per_trial:,.0f} bytes a trial), "
+        f"+{SLICE_ALLOWANCE_BYTES:,} for the full workload > {PAGE_LIMIT_BYTES:,}")
 
 
 #: The report page's limit for every bundled study at its full trial count (issue 33).
 PAGE_LIMIT_BYTES = 1_000_000
+#: What the full workload's re-simulated charts (lifelines, cohorts) weigh beyond the slice's: the full-budget
+#: pages measured 3-29 KB over this projection (optimizer/report/README.md).
+SLICE_ALLOWANCE_BYTES = 50_000
 
 
 def page_bytes(data, trials: int) -> int:
