@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from typing import Any, Iterator, Sequence, TextIO
@@ -42,10 +43,17 @@ def _fmt_value(value: float) -> str:
 
 
 def _is_tty(stream: TextIO) -> bool:
+    """A terminal that can show a bar: isatty, and not one of zero columns (a pseudo-terminal nobody sized, as
+    under ``script`` or some CI runners: tqdm would draw nothing there, so the plain lines are used)."""
     try:
-        return bool(stream.isatty())
+        if not stream.isatty():
+            return False
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # no file descriptor to ask (a test's stream): trust isatty
+        return True
 
 
 class CountProgress:

@@ -69,3 +69,20 @@ def test_a_cleared_bar_leaves_nothing_on_the_line():
     bar.show(3, "x", "third", force=True)
     bar.close(clear=True)
     assert log.getvalue() == "first\nthird\n"
+
+
+def test_a_terminal_of_zero_columns_gets_the_plain_lines():
+    """A pseudo-terminal nobody sized (``script``, some CI runners): tqdm would draw nothing there."""
+    import os
+
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w") as stream:
+            assert stream.isatty() and os.get_terminal_size(stream.fileno()).columns == 0
+            bar = CountProgress(10, "req", stream=stream)
+            assert not bar.tty and bar.bar is None
+            bar.show(3, "x", "plain line", force=True)
+            bar.close()
+        assert os.read(master, 1000).replace(b"\r", b"") == b"plain line\n"
+    finally:
+        os.close(master)
