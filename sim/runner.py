@@ -34,6 +34,9 @@ from sim.profiles import GpuProfile, ModelProfile
 from sim.tables import RequestLog, step_table
 from sim.workload.workload import MOONCAKE_HASH_BLOCK_TOKENS, Workload  # noqa: F401 (512: importable from here too)
 
+#: Statuses of a request a client deadline can still abort.
+_LIVE = (Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.LOADING)
+
 
 #: Requests whose workload columns are made into Python lists at a time, as they arrive (``Simulation._request``).
 LIST_CHUNK = 65536
@@ -315,6 +318,10 @@ class EngineLoop:
         self.dirty: list[int] | None = None
         self.history: deque | None = None
         self.run_record: RunRecord | None = None
+        if self.scheduler.async_scheduling:
+            # vLLM 0.33's async engine core takes the aborts after schedule(N+1), before update_from_output(N)
+            # (v1/engine/core.py step_with_batch_queue): the core calls this then, instead of the loop before.
+            core.abort_due = self.expire_deadlines
 
     def add(self, req: Request, now: float) -> None:
         """A request that comes here arrives (after ``feed.next`` was advanced past it)."""
@@ -376,16 +383,29 @@ class EngineLoop:
         # An asynchronous load from the CPU tier landing makes its request schedulable.
         return min(nxt, self.scheduler.next_load_ready_s())
 
-    def expire_deadlines(self, now: float) -> None:
+    def expire_deadlines(self, now: float) -> list[Request]:
+        """Abort every live request whose client deadline has come; returns them.  Called at each step boundary
+        before ``schedule()``, or with async scheduling by the engine core right after it (``EngineCore.abort_due``)."""
         scheduler = self.scheduler
         live = self.store.live
+        aborted: list[Request] = []
         while self.deadlines and self.deadlines[0][0] <= now:
             deadline, index = heapq.heappop(self.deadlines)
             req = live.get(index)
             if req is None:
                 continue  # it ended already
             status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
+            was_live = req.status in _LIVE
             scheduler.abort(req, status, deadline)
+            if was_live:
+                aborted.append(req)
+                if scheduler.async_scheduling and req.last_token_s == now and req.num_output_tokens > 0:
+                    # The token of the step that just ended is not delivered: vLLM's update_from_output, after
+                    # the aborts, skips finished requests (0.33.0 v1/core/sched/scheduler.py).
+                    req.num_output_tokens -= 1
+                    if req.num_output_tokens == 0:
+                        req.first_token_s = math.nan
+        return aborted
 
     def metrics_at(self, at_s: float) -> tuple[int, int, int]:
         """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
@@ -445,7 +465,7 @@ class EngineLoop:
             now = clock
             if now > self.max_sim_time_s:
                 break
-            if deadlines and deadlines[0][0] <= now:
+            if deadlines and deadlines[0][0] <= now and core.abort_due is None:
                 self.expire_deadlines(now)
                 if not (feed.next < total or self.done + len(finished) < self.assigned):
                     break  # the last requests ended by client deadline

@@ -366,14 +366,19 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
     # then frees the requests finished by the previous step, which vLLM does in update_from_output).
     free_after_schedule = [0]
 
+    # A schedule() whose step the observer has not recorded yet (async scheduling aborts right after it).
+    unrecorded = [False]
+
     def record(out) -> None:
+        unrecorded[0] = False
         k = len(steps)
         sched = {}
         for req, n in out.scheduled:
             rid = f"r{req.index}"
             sched[rid] = int(n)
-            # Before update_from_output: a token is sampled when the scheduled tokens reach the end.
-            if req.num_computed_tokens + n >= req.num_tokens:
+            # Before update_from_output: a token is sampled when the scheduled tokens reach the end (not for a
+            # request aborted right after this schedule(), async scheduling: its output is not applied).
+            if req.status == Status.RUNNING and req.num_computed_tokens + n >= req.num_tokens:
                 if req.num_output_tokens == 0:
                     first.setdefault(rid, k)
                 if req.num_output_tokens + 1 >= req.max_output:
@@ -400,6 +405,7 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
 
     def scheduled(out):
         free_after_schedule[0] = scheduler.pool.num_free
+        unrecorded[0] = bool(out.scheduled)
         if not out.scheduled:
             if out.preempted:
                 record(out)
@@ -408,7 +414,15 @@ def run_kvtune(trace: pd.DataFrame, config: CaseConfig, max_model_len: int | Non
 
     def abort(req, status, now):
         if req.status in (Status.WAITING, Status.RUNNING, Status.SWAPPED):
-            aborted[f"r{req.index}"] = len(steps)
+            # (vLLM's side counts the step just scheduled when the abort follows its schedule())
+            rid = f"r{req.index}"
+            aborted[rid] = len(steps) + unrecorded[0]
+            if config.async_scheduling:
+                # The abort comes before the previous step's update_from_output, which then skips the request:
+                # a first or last token of that step never came out (vLLM 0.33 v1/engine/core.py).
+                for seen in (first, finish):
+                    if seen.get(rid) == len(steps) - 1:
+                        del seen[rid]
 
     sim.core.schedule_hook = scheduled
     scheduler.abort_hook = abort

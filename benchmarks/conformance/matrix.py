@@ -23,7 +23,7 @@ RECORD_CASES = ("tiny/ample", "tiny/scarce", "tiny/scarce-wm", "tiny/scarce-isl-
                 "tinyshp/medium", "tinyshp/scarce", "tinyshp/tight", "tinyshp/scarce-priority", "tinyshp/scarce-lpt32",
                 "tinyshp/scarce-bs32", "tinyabort/scarce", "tinyabort/scarce-apc-off", "tinyabort/tight-priority",
                 "tiny/v0-scarce", "tiny/v0-tight-swap", "tiny/v0-chunked-scarce", "tiny/v0-chunked-scarce-swap",
-                "tiny/v0-scarce-swap-small")
+                "tiny/v0-scarce-swap-small", "tiny/scarce-apc-async", "tinyshp/tight-async", "tinyabort/scarce-async")
 #: Cases also run with vLLM's AsyncScheduler (name + "-async").
 ASYNC_OF = ("tiny/scarce", "tiny/scarce-apc", "tiny/scarce-priority", "syn/scarce", "syn/tight", "syn/scarce-apc",
             "tinyshp/scarce", "tinyshp/tight", "shp/scarce", "tinyabort/scarce", "abort/scarce",

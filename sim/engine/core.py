@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from sim.engine.config import EngineConfig
+from sim.engine.request import Request
 from sim.engine.scheduler_base import BaseScheduler
 from sim.engine.scheduler_output import SchedulerOutput
 from sim.engine.scheduler_v0 import V0Scheduler
@@ -83,6 +84,11 @@ class EngineCore:
         #: Called with the iteration count after every :meth:`end_step` (between steps; the decode columns stay
         #: on, their requests written back for the call): instrumentation (tests) that reads requests' state.
         self.step_hook: Callable[[int], None] | None = None
+        #: Async scheduling: the run loop's client aborts, called with the time right after each ``schedule()``
+        #: and before the previous step's output is applied (vLLM 0.33 v1/engine/core.py step_with_batch_queue
+        #: calls ``_process_aborts_queue()`` just before ``update_from_output``, while schedule(N+1) has already
+        #: run): a request whose deadline came is still in that schedule's batch.  Returns the requests aborted.
+        self.abort_due: Callable[[float], list[Request]] | None = None
         self.step_rows: list[tuple] = []
         self.num_iterations = 0
         self._pending: StepResult | None = None
@@ -109,9 +115,21 @@ class EngineCore:
         if self.schedule_hook is not None:
             self._call_schedule_hook(out)
         # Async scheduling (vLLM 0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) ran with the
-        # requests finished by step N still holding their blocks and slots; update_from_output(N), which comes
-        # next, frees them.  When that left nothing to run, vLLM's next schedule() follows at once.
-        if scheduler.flush_deferred() and not out.scheduled and not out.preempted:
+        # requests finished by step N still holding their blocks and slots; the aborts come next (see
+        # ``abort_due``), then update_from_output(N) frees them.  When that left nothing to run (or only
+        # preempted: a request finished by step N was still running), vLLM's next schedule() follows at once,
+        # no model run between (step_with_batch_queue: ``model_executed`` False).
+        aborted: list[Request] | None = None
+        if self.abort_due is not None:
+            scheduler.columnar_in_flight = out.columnar
+            aborted = self.abort_due(now)
+            scheduler.columnar_in_flight = 0
+        freed = scheduler.flush_deferred()
+        in_batch = bool(aborted) and bool(out.scheduled)
+        if in_batch:
+            out.steady_decode = False  # (its batch changes after this step)
+        if (freed or bool(aborted)) and not out.scheduled:
+            in_batch = False
             out = scheduler.schedule(now)
             if self.schedule_hook is not None:
                 self._call_schedule_hook(out)
@@ -138,6 +156,8 @@ class EngineCore:
             result = self._decode_run(out, now, next_event_s)
         else:
             result = StepResult(out, self.latency.step_time(shape), 1)
+        if in_batch:
+            _drop_aborted(out, aborted)
         self._pending, self._pending_start = result, now
         return result
 
@@ -323,6 +343,26 @@ def _shares(out: SchedulerOutput, parts: StepParts, num_steps: int) -> tuple[flo
     per_rec = parts.recompute_s / out.prefill_tokens_recompute if out.prefill_tokens_recompute else 0.0
     per_dec = parts.decode_s / out.decode_tokens if out.decode_tokens else 0.0
     return per_new, per_rec, per_dec, overhead
+
+
+def _drop_aborted(out: SchedulerOutput, aborted: list[Request] | None) -> None:
+    """Requests aborted after the ``schedule()`` that put them in ``out`` (async scheduling): the step runs with
+    them (its time counts their tokens), but its output no longer applies to them (vLLM's update_from_output
+    skips finished requests).  The decode columns dropped theirs already (``BaseScheduler.abort``)."""
+    if not aborted:
+        return
+    gone = {id(req) for req in aborted}
+    keep: list[tuple[Request, int]] = []
+    columnar, bulk = out.columnar, out.bulk_decode
+    for i, (req, n) in enumerate(out.scheduled):
+        if id(req) in gone:
+            if i < columnar:
+                out.columnar -= 1
+            if i < bulk:
+                out.bulk_decode -= 1
+        else:
+            keep.append((req, n))
+    out.scheduled = keep
 
 
 def _affine_steps_before(first: float, increment: float, horizon_s: float, limit: int) -> int:

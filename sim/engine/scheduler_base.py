@@ -36,6 +36,11 @@ DECODE_COLUMNS_MIN = 48
 DECODE_COLUMNS_JOIN = 4
 
 
+def _victim_key(req: Request) -> tuple[int, float, int]:
+    """The priority policy's victim order (V1Scheduler._pick_victim): the max is preempted first."""
+    return (req.priority, req.arrival_s, req.index)
+
+
 class BaseScheduler(ABC):
     """Queues and accounting common to the V0 and V1 flavors."""
 
@@ -75,6 +80,13 @@ class BaseScheduler(ABC):
         #: while step N+1 is scheduled.  Such requests wait here until the engine core has run that schedule().
         self.async_scheduling = bool(getattr(config, "async_scheduling", False))
         self.deferred_free: list[Request] = []
+        #: Async scheduling: each running request's place in vLLM's ``running`` list (admission order), which
+        #: still holds the requests in ``deferred_free``: a victim search may pick one (:meth:`_deferred_victim`).
+        self.run_seq: dict[int, int] = {}
+        self.next_seq = 0
+        #: The decode columns' scheduled entries while an abort comes between ``schedule()`` and the update (async
+        #: scheduling, set by the engine core): their blocks for this step's token are allocated already.
+        self.columnar_in_flight = 0
         #: vLLM 0.33's OffloadingConnector (V1 CPU offload) stores write-through: every scheduled request's newly
         #: full blocks are copied to the CPU tier after the step, on a separate stream that overlaps compute
         #: (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, store jobs built each step), into an
@@ -205,14 +217,16 @@ class BaseScheduler(ABC):
                         done.append(req)
             self.pool.allocate(grown)
             if self.blocks_hashed:
-                # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.
+                # Each step of the run hashed the block it filled (allocate_slots); no lookup came between.  Under
+                # async scheduling each was one step late: the last step's block is hashed at the next schedule().
                 cache_blocks = self.pool.cache_blocks
+                late = 1 if self.async_scheduling else 0
                 if ncol:
                     col_computed = cols.computed  # (not ``computed``, an int above: the compiled engine types locals)
                     for i in crossed.tolist():
-                        cache_blocks(cols.requests[i], int(col_computed[i]))
+                        cache_blocks(cols.requests[i], int(col_computed[i]) - late)
                 for req, _ in scheduled[ncol:]:
-                    cache_blocks(req, req.num_computed_tokens)
+                    cache_blocks(req, req.num_computed_tokens - late)
             if self.write_through:
                 self._store_run_blocks(out, num_steps)  # (before finished requests leave the columns)
             if ncol:
@@ -352,7 +366,13 @@ class BaseScheduler(ABC):
         """Free the blocks of requests that finished in the previous step (async scheduling); True if any."""
         if not self.deferred_free:
             return False
+        hashed = self.blocks_hashed
         for req in self.deferred_free:
+            if hashed:
+                # update_from_output hashes a running request's computed blocks before it stops it (0.33.0
+                # v1/core/sched/scheduler.py: cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
+                # with output placeholders): the block its last step filled, which no schedule() hashed.
+                self.pool.cache_blocks(req, req.num_computed_tokens)
             self._free(req)
         self.deferred_free.clear()
         return True
@@ -367,7 +387,7 @@ class BaseScheduler(ABC):
                 # Out of the decode columns first, its state written back (before the hook reads it).
                 for i, r in enumerate(cols.requests):
                     if r is req:
-                        cols.sync([i])
+                        cols.sync([i], self.columnar_in_flight)
                         cols.drop([i])
                         break
         if self.abort_hook is not None:
@@ -389,6 +409,8 @@ class BaseScheduler(ABC):
         raise NotImplementedError
 
     def _free(self, req: Request) -> None:
+        if self.async_scheduling:
+            self.run_seq.pop(req.index, None)
         if self.blocks_hashed:
             self.pool.free(req)
         elif req.blocks:
@@ -451,6 +473,12 @@ class BaseScheduler(ABC):
     def _preempt_recompute(self, out: SchedulerOutput, victim: Request, now: float, requeue: bool = True) -> None:
         """Free the victim's blocks (cached with prefix caching, offloaded with a CPU tier) and requeue it at
         the front with nothing computed (v1/core/sched/scheduler.py ``_preempt_request``)."""
+        if (self.async_scheduling and not self.blocks_hashed and victim.blocks and victim.last_token_s == now
+                and victim.num_output_tokens > 1 and victim.num_computed_tokens > victim.prompt_tokens):
+            # Async scheduling: a decode's newest full block got its hash at this schedule() (allocate_slots) or
+            # at the previous step's update_from_output, both after this preemption: it is freed uncached.
+            # (The prefix pool hashes blocks one by one: see V1Scheduler._known_tokens.)
+            self._release_lagging(victim)
         if not self.write_through:  # write-through already stored the victim's computed blocks
             full = victim.num_computed_tokens // self.block_size
             stored = self.cpu.offload(victim.index, full)  # (counted for the victim in the tier: settle)
@@ -466,6 +494,47 @@ class BaseScheduler(ABC):
         if requeue:
             self.waiting.prepend(victim)
         out.preempted.append(victim)
+
+    def _deferred_victim(self) -> Request | None:
+        """A request finished by the previous step that vLLM's victim search picks before ``running``'s own
+        (async scheduling, vLLM 0.33.0 v1/core/sched/scheduler.py ``schedule``: ``self.running[-1]``, or the
+        max of ``(priority, arrival_time)``): until update_from_output, after this ``schedule()``, it is still
+        in vLLM's ``running``, at its admission place.  None if ``running``'s own victim comes first."""
+        deferred = self.deferred_free
+        if not deferred:
+            return None
+        running = self.running
+        if self.waiting.priority:
+            best = max(deferred, key=_victim_key)
+            if running and _victim_key(max(running, key=_victim_key)) > _victim_key(best):
+                return None
+            return best
+        seq = self.run_seq
+        best = max(deferred, key=lambda r: seq.get(r.index, -1))
+        if running and seq.get(running[-1].index, -1) > seq.get(best.index, -1):
+            return None
+        return best
+
+    def _preempt_deferred(self, out: SchedulerOutput, victim: Request) -> None:
+        """Preempt a request finished by the previous step (see :meth:`_deferred_victim`): its blocks are freed now
+        (its last block unhashed: update_from_output hashes only a running request's blocks) and it counts a
+        preemption; its output, delivered as stale, still finishes it (0.33.0 ``update_from_output``)."""
+        self.deferred_free.remove(victim)
+        self.run_seq.pop(victim.index, None)
+        if self.blocks_hashed:
+            self.pool.free(victim)
+        elif victim.blocks:
+            if victim.num_output_tokens > 1 and victim.num_computed_tokens > victim.prompt_tokens:
+                self._release_lagging(victim)
+            else:
+                self._free(victim)
+        victim.num_preemptions += 1
+        out.preempted.append(victim)
+
+    def _release_lagging(self, victim: Request) -> None:
+        """Free a preempted decode's blocks with its newest computed token's block left unhashed (async)."""
+        self.pool.release(victim.index, victim.blocks, (victim.num_computed_tokens - 1) // self.block_size)
+        victim.blocks = 0
 
     def _schedule_decode_prefix(self, out: SchedulerOutput, limit: int, touch_one: bool, whole: bool = False,
                                 now: float | None = None) -> int:
@@ -520,6 +589,10 @@ class BaseScheduler(ABC):
         count = seg
         joinable = 0  # steady decodes right after the segment, in a row, that may join it
         hashed = self.blocks_hashed
+        # Tokens past ``computed`` that allocate_slots may hash: the one this step computes, or none under async
+        # scheduling, where it is the previous step's sampled token, not appended yet (V1Scheduler._known_tokens:
+        # a leading steady decode ran in the previous step; the block is hashed at the next schedule()).
+        known = 0 if self.async_scheduling else 1
         to_hash = []
         for req in running if not seg else running[seg:]:
             if count >= limit:
@@ -549,7 +622,7 @@ class BaseScheduler(ABC):
             remaining = req.max_output - req.num_output_tokens
             if remaining < min_remaining:
                 min_remaining = remaining
-            if hashed and (computed + 1) // block_size > len(req.block_ids):
+            if hashed and (computed + known) // block_size > len(req.block_ids):
                 to_hash.append((count, req))  # this step's token fills a block: hashed below
             count += 1
         if not count or (whole and count < len(running)):
@@ -569,11 +642,16 @@ class BaseScheduler(ABC):
                 # A segment request at c computed holds c // B hashed blocks: the token fills one when
                 # (c + 1) % B == 0.
                 col_computed = cols.computed
-                for i in cols.filling().tolist():
-                    cache_blocks(cols.requests[i], int(col_computed[i]) + 1)
+                if known:
+                    for i in cols.filling().tolist():
+                        cache_blocks(cols.requests[i], int(col_computed[i]) + 1)
+                else:
+                    # Async: the block the previous step filled (c % B == 0), hashed one step late.
+                    for i in np.flatnonzero(col_computed[:seg] % block_size == 0).tolist():
+                        cache_blocks(cols.requests[i], int(col_computed[i]))
             for position, req in to_hash:
                 if position >= seg:  # (the segment's were hashed above, joiners included)
-                    cache_blocks(req, req.num_computed_tokens + 1)
+                    cache_blocks(req, req.num_computed_tokens + known)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.columnar = seg
         if seg:
@@ -605,6 +683,12 @@ class BaseScheduler(ABC):
         running = self.running
         fit = scan[0]
         while fit < len(cols) and fit < limit:
+            deferred = self._deferred_victim() if self.deferred_free else None
+            if deferred is not None:
+                self._preempt_deferred(out, deferred)
+                scan = cols.scan(self.pool.num_free, limit, touch_one)
+                fit = scan[0]
+                continue
             last = len(cols) - 1
             if len(running) == len(cols):  # the victim is the segment's last request (perhaps request fit)
                 cols.sync([last])

@@ -76,6 +76,11 @@ class V1Scheduler(BaseScheduler):
             need = -(-(req.num_computed_tokens + num_new) // block_size) - req.blocks
             scheduled_self = True
             while need > pool.num_free:
+                if self.deferred_free:
+                    deferred = self._deferred_victim()
+                    if deferred is not None:
+                        self._preempt_deferred(out, deferred)
+                        continue
                 victim = self._pick_victim()
                 if victim is req:
                     running.remove(req)
@@ -98,9 +103,12 @@ class V1Scheduler(BaseScheduler):
             pool.allocate(need)
             req.blocks += need
             if hashed:
-                # allocate_slots hashes the blocks this step fills (v1/core/kv_cache_manager.py, 0.33.0).
+                # allocate_slots hashes the blocks this step fills (v1/core/kv_cache_manager.py, 0.33.0), up to
+                # the tokens the request knows: under async scheduling the token sampled by the previous step is
+                # not appended until update_from_output, after this schedule() (see _known_tokens).
                 end = req.num_computed_tokens + num_new
-                pool.cache_blocks(req, end if end < req.num_tokens else req.num_tokens)
+                known = self._known_tokens(req, now)
+                pool.cache_blocks(req, end if end < known else known)
             if num_new != 1 or req.num_computed_tokens < req.prompt_tokens:
                 all_decode = False
             self._account(out, req, num_new)
@@ -123,6 +131,9 @@ class V1Scheduler(BaseScheduler):
                     break
                 waiting.pop()
                 running.append(req)
+                if self.async_scheduling:
+                    self.run_seq[req.index] = self.next_seq  # (its place in running: _deferred_victim)
+                    self.next_seq += 1
                 budget -= out.scheduled[-1][1]
                 out.num_admitted += 1
         # A steady decode step opens a run of identical steps (EngineCore._decode_run).  Requests finished by the
@@ -196,6 +207,16 @@ class V1Scheduler(BaseScheduler):
                 self._account(out, victim, num_new, sign=-1)
                 return num_new
         return 0
+
+    def _known_tokens(self, req: Request, now: float) -> int:
+        """The tokens of a running request that vLLM has appended at this ``schedule()`` (what ``allocate_slots``
+        may hash: ``min(computed + new, request.num_tokens)``).  Under async scheduling the token sampled by the
+        previous step (whose last token came out at ``now``) is still a placeholder (0.33.0
+        v1/core/sched/async_scheduler.py ``num_output_placeholders``); update_from_output appends it after this
+        ``schedule()``."""
+        if self.async_scheduling and req.last_token_s == now:
+            return req.num_tokens - 1
+        return req.num_tokens
 
     def _admit(self, out: SchedulerOutput, req: Request, budget: int, now: float) -> bool | None:
         """Try to admit the head of the waiting queue (v1 scheduler waiting loop + allocate_slots).  ``None``: an

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sim.latency import LatencyCoefficients, RooflineModel, StepShape
 from sim.profiles import load_gpu, load_model
+from sim.workload.classes import RequestClass
 from tests.sim.engine.conftest import make_sim, make_workload
 
 MODELS = ["Llama-3-8B", "Llama-3-70B"]
@@ -137,3 +138,59 @@ def test_the_step_after_a_finish_stays_single_while_a_request_waits():
     assert steps["num_steps"].tolist()[:3] == [1, 1, 1]
     assert batched.loc[2, "first_scheduled_s"] == single.loc[2, "first_scheduled_s"] == pytest.approx(0.03)
     assert batched["end_s"].tolist() == pytest.approx(single["end_s"].tolist(), abs=1e-12)
+
+
+def _steps(rows, async_scheduling: bool, classes=None, **knobs):
+    """Step by step (no decode runs): the table and, per schedule(), (time, scheduled (id, tokens), preempted ids)."""
+    sim = make_sim(make_workload(rows, classes), async_scheduling=async_scheduling, **knobs)
+    sim.core.batch_decode_runs = False
+    steps = []
+    sim.core.observer = lambda i, now, out: steps.append(
+        (round(now, 9), [(r.request_id, n) for r, n in out.scheduled], [r.request_id for r in out.preempted]))
+    return sim.run().requests.set_index("request_id"), steps
+
+
+def test_an_abort_is_taken_after_the_next_schedule_and_drops_the_last_token():
+    # vLLM 0.33 v1/engine/core.py step_with_batch_queue: schedule(N+1), then _process_aborts_queue(), then
+    # update_from_output(N), which skips the aborted request.  The deadline (0.025 s) falls in step 2.
+    classes = {"c": RequestClass("c", timeout_s=0.025)}
+    sync, sync_steps = _steps([(0.0, 16, 100, "c")], False, classes, enable_prefix_caching=False)
+    asyn, async_steps = _steps([(0.0, 16, 100, "c")], True, classes, enable_prefix_caching=False)
+    # Sync: step 2's token is applied, then the abort comes before schedule(3).
+    assert [t for t, _, _ in sync_steps] == [0.0, 0.01, 0.02]
+    assert sync.loc[0, "generated_tokens"] == 3
+    # Async: schedule(3) still puts it in the batch (that step runs), the abort follows, step 2's token is dropped.
+    assert async_steps[-1] == (0.03, [(0, 1)], [])
+    assert asyn.loc[0, "generated_tokens"] == 2
+    assert sync.loc[0, "status"] == asyn.loc[0, "status"] == "timed_out"
+    assert sync.loc[0, "end_s"] == asyn.loc[0, "end_s"] == 0.025
+
+
+def test_a_request_finished_by_the_previous_step_is_the_first_victim():
+    # vLLM's running list still holds request 1 (finished by step 2, admitted after request 0) at schedule(3):
+    # request 0 needs a block, none is free, and the victim is running[-1], request 1.  It counts a preemption
+    # and still finishes (its output is delivered as stale).  Sync: request 1 was freed before schedule(3).
+    rows = [(0.0, 14, 18), (0.0, 10, 3)]
+    knobs = dict(num_gpu_blocks_override=3, max_model_len=32, enable_prefix_caching=False)
+    sync, sync_steps = _steps(rows, False, **knobs)
+    asyn, async_steps = _steps(rows, True, **knobs)
+    assert sync["num_preemptions"].tolist() == [0, 0]
+    assert async_steps[3] == (0.03, [(0, 1)], [1])
+    assert asyn["num_preemptions"].tolist() == [0, 1]
+    assert (asyn["status"] == "finished").all()
+    assert asyn["end_s"].tolist() == sync["end_s"].tolist()
+
+
+def test_a_decode_block_is_hashed_one_step_late():
+    # Request 2's decode fills its first block in step 2; at schedule(3) it needs a second one and preempts
+    # itself.  Sync: allocate_slots hashed that block in schedule(2), so it resumes with a 16-token hit.  Async:
+    # the token that fills it was a placeholder then (v1/core/sched/async_scheduler.py), and the request is
+    # preempted before schedule(3) or update_from_output(2) hashes it: it resumes with no hit.
+    rows = [(0.0, 2, 5), (0.0, 2, 20), (0.0, 14, 10)]
+    knobs = dict(num_gpu_blocks_override=4, max_model_len=32, enable_prefix_caching=True)
+    sync, sync_steps = _steps(rows, False, **knobs)
+    asyn, async_steps = _steps(rows, True, **knobs)
+    assert sync_steps[3][2] == async_steps[3][2] == [2]
+    assert sync.loc[2, "preempted_hit_tokens"] == 16
+    assert asyn.loc[2, "preempted_hit_tokens"] == 0
+    assert (2, 17) in async_steps[6][1]

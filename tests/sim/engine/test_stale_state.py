@@ -94,7 +94,8 @@ def read_every_step(case: tuple, columns: int | None) -> dict[str, list]:
         scheduled.append([_snapshot(r, settled) for r in scheduler.live_requests()])
 
     def abort_hook(req, status, now) -> None:
-        aborts.append(_snapshot(req, exact))
+        # (async scheduling aborts between schedule() and the update, as vLLM 0.33 does: EngineCore.abort_due)
+        aborts.append(_snapshot(req, settled if scheduler.async_scheduling else exact))
 
     sim.core.step_hook = step_hook
     sim.core.schedule_hook = schedule_hook
