@@ -25,9 +25,10 @@ The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for pr
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from sim.engine import _prefix_kernels as _k
 from sim.engine.request import Request
 
 
@@ -57,7 +58,7 @@ class PrefixBlockPool:
     :meth:`unmapped`, :meth:`free_queue` and :meth:`all_copies` show the state as plain Python values (tests)."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "_blk", "_tab", "_state",
-                 "_out", "_next_id", "block_size")
+                 "_out", "_next_id", "block_size", "_k")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -66,7 +67,10 @@ class PrefixBlockPool:
         self.num_empty = num_blocks
         self.num_cached = 0
         self.enable_caching = True
-        self._blk, self._tab, self._state = _k.new_state(num_blocks)
+        # The kernels' module, imported with the first pool (numba with it: ~0.13 CPU s that a run without
+        # shared prefixes does not pay).
+        self._k: Any = _kernels()
+        self._blk, self._tab, self._state = self._k.new_state(num_blocks)
         #: The kernels' output (cache_blocks hashes at most num_blocks blocks; lookup grows it).
         self._out = np.empty(max(num_blocks, 1), dtype=np.int64)
         #: Blocks hashed so far (the next one's serial).
@@ -88,7 +92,7 @@ class PrefixBlockPool:
         # Eviction pops the free queue's front and drops the block's hash (BlockPool.get_new_blocks and
         # _maybe_evict_cached_block, vllm/v1/core/block_pool.py, 0.33.0).
         evicted = num_blocks - from_empty
-        if _k.evict(self._blk, self._tab, self._state, evicted) < 0:
+        if self._k.evict(self._blk, self._tab, self._state, evicted) < 0:
             raise RuntimeError("prefix pool: fewer cached blocks than evicted")
         self.num_cached -= evicted
 
@@ -101,7 +105,7 @@ class PrefixBlockPool:
         if limit > len(self._out):  # (a repeated key hits one block at several positions)
             self._out = np.empty(limit, dtype=np.int64)
         # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
-        n = _k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
+        n = self._k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
         ids = req.block_ids
         if n < limit and len(ids) > n and not req.blocks_freed and n >= len(req.prefix_keys):
             # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
@@ -111,12 +115,12 @@ class PrefixBlockPool:
 
     def num_evictable(self, ids: np.ndarray) -> int:
         """How many of these hit blocks (:meth:`lookup`'s) are free (taking them still costs a free block)."""
-        return _k.num_evictable(self._blk, ids) if len(ids) else 0
+        return self._k.num_evictable(self._blk, ids) if len(ids) else 0
 
     def touch(self, req: Request, ids: np.ndarray) -> None:
         """``req`` (holding nothing yet) takes these hit blocks (:meth:`lookup`'s) as its leading blocks."""
         if len(ids):
-            taken = _k.touch(self._blk, self._state, ids)
+            taken = self._k.touch(self._blk, self._state, ids)
             if taken < 0:
                 raise RuntimeError("prefix pool: touched a block that carries no hash")
             self.num_cached -= taken
@@ -153,7 +157,7 @@ class PrefixBlockPool:
         self._cache(req, ids, _shared(req) if position < num_shared else _NONE, position, full, bid)
 
     def _cache(self, req: Request, ids: list[int], shared: np.ndarray, position: int, full: int, bid: int) -> None:
-        first = _k.cache(self._blk, self._tab, self._state, shared, position, full, own_key(req), bid, self._out)
+        first = self._k.cache(self._blk, self._tab, self._state, shared, position, full, own_key(req), bid, self._out)
         if first < 0:
             raise RuntimeError("prefix pool: more hashed blocks than blocks")
         if full == position + 1:
@@ -165,7 +169,8 @@ class PrefixBlockPool:
         """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
         ids = req.block_ids
         unhashed = req.blocks - len(ids)
-        freed = _k.free(self._blk, self._tab, self._state, np.array(ids, dtype=np.int64), own_key(req)) if ids else 0
+        freed = (self._k.free(self._blk, self._tab, self._state, np.array(ids, dtype=np.int64), own_key(req))
+                 if ids else 0)
         if freed < 0:
             raise RuntimeError("prefix pool: freed a block nobody holds")
         self.num_cached += freed
@@ -186,42 +191,42 @@ class PrefixBlockPool:
     def blocks(self) -> dict[int, tuple[int, int, int]]:
         """Every hashed block in the map: slot -> (hash, reference count, serial)."""
         blk = self._blk
-        return {s: (int(blk[_k.KEY, s]), int(blk[_k.REF, s]), int(blk[_k.SERIAL, s]))
-                for s in np.flatnonzero(blk[_k.REF] >= 0).tolist()}
+        return {s: (int(blk[self._k.KEY, s]), int(blk[self._k.REF, s]), int(blk[self._k.SERIAL, s]))
+                for s in np.flatnonzero(blk[self._k.REF] >= 0).tolist()}
 
     def free_queue(self) -> list[int]:
         """The cached blocks' slots in eviction order, front first (checking the links both ways)."""
         blk, state = self._blk, self._state
         out: list[int] = []
-        s, prev = int(state[_k.QHEAD]), -1
+        s, prev = int(state[self._k.QHEAD]), -1
         while s >= 0:
-            assert blk[_k.QPREV, s] == prev and len(out) <= self.num_blocks, "free queue links"
+            assert blk[self._k.QPREV, s] == prev and len(out) <= self.num_blocks, "free queue links"
             out.append(s)
-            prev, s = s, int(blk[_k.QNEXT, s])
-        assert prev == state[_k.QTAIL], "free queue tail"
+            prev, s = s, int(blk[self._k.QNEXT, s])
+        assert prev == state[self._k.QTAIL], "free queue tail"
         return out
 
     def copies_of(self, key: int) -> list[int]:
         """The slots of the blocks carrying ``key``, oldest first."""
-        row = int(_k.find_row(self._tab, self._state, key))
+        row = int(self._k.find_row(self._tab, self._state, key))
         if row < 0:
             return []
         out: list[int] = []
-        blk, s = self._blk, int(self._tab[_k.THEAD, row])
+        blk, s = self._blk, int(self._tab[self._k.THEAD, row])
         while s >= 0:
-            assert blk[_k.KEY, s] == key and blk[_k.REF, s] >= 0 and len(out) <= self.num_blocks, "copy chain"
+            assert blk[self._k.KEY, s] == key and blk[self._k.REF, s] >= 0 and len(out) <= self.num_blocks, "copy chain"
             out.append(s)
-            s = int(blk[_k.CNEXT, s])
-        assert out[-1] == self._tab[_k.TTAIL, row], "copy chain tail"
+            s = int(blk[self._k.CNEXT, s])
+        assert out[-1] == self._tab[self._k.TTAIL, row], "copy chain tail"
         return out
 
     def all_copies(self) -> dict[int, list[int]]:
         """Hash -> slots carrying it, oldest first, for every hash in the map (each found by probing, once)."""
         tab = self._tab
-        keys = tab[_k.TKEY, tab[_k.THEAD] >= 0].tolist()
+        keys = tab[self._k.TKEY, tab[self._k.THEAD] >= 0].tolist()
         assert len(set(keys)) == len(keys), "a hash in two rows"
         out = {key: self.copies_of(key) for key in keys}
-        stack = self._blk[_k.STACK, :int(self._state[_k.TOP])].tolist()
+        stack = self._blk[self._k.STACK, :int(self._state[self._k.TOP])].tolist()
         assert sorted(stack + [s for held in out.values() for s in held]) == list(range(self.num_blocks)), \
             "every slot is on the stack or carries a hash, once"
         return out
@@ -237,3 +242,9 @@ def _shared(req: Request) -> np.ndarray:
     if keys is None:
         keys = req.prefix_array = np.array(req.prefix_keys, dtype=np.int64)
     return keys
+
+
+def _kernels() -> Any:
+    from sim.engine import _prefix_kernels
+
+    return _prefix_kernels

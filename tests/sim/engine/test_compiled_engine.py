@@ -15,8 +15,8 @@ Request and step tables must be equal exactly, floats included, on
   deterministically).
 
 Each layer also runs switched off alone on the matrix (``NUMBA_DISABLE_JIT=1`` under the compiled engine,
-``KVTUNE_PURE_PYTHON=1`` with numba on), with the same tables.  The stale-build check is tested on a made-up tree.  How the fast paths work: benchmarks/speed/README.md,
-"The accelerated engine".
+``KVTUNE_PURE_PYTHON=1`` with numba on), with the same tables.  The stale-build check is tested on a made-up tree.
+How the fast paths work: benchmarks/speed/README.md, "The accelerated engine".
 """
 
 from __future__ import annotations

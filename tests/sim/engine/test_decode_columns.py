@@ -175,6 +175,9 @@ def columns(config, **kwargs):
     return sim.core.scheduler._columns is not None
 
 plain = EngineConfig(max_num_seqs=64, max_model_len=4096)
+Simulation(make_workload([(0.0, 20, 200)] * 64), plain, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
+           latency=LinearStepModel(0.01, 1e-5)).run()
+print("numba" in sys.modules)
 print(columns(plain), columns(plain, decode_columns=True),
       columns(EngineConfig(max_num_seqs=64, max_model_len=4096, kv_offloading_size_gb=1.0)),
       decode_columns.worth_loading(decode_columns.COLD_MIN_REQUESTS), "sim.engine._column_kernels" in sys.modules
@@ -186,7 +189,8 @@ print(columns(plain))
 
 def test_a_cold_process_keeps_decode_columns_only_where_loading_their_kernels_pays():
     # Loading the column kernels costs a fresh process ~0.3 CPU s (numba's first kernel); by default a small run
-    # there keeps no columns (same tables), unless it loads numba anyway (a CPU tier) or asks for them; once loaded
+    # there keeps no columns (same tables) and imports no numba at all (the prefix pool imports its kernels with
+    # the first pool), unless it loads numba anyway (a CPU tier) or asks for them; once loaded
     # (a study worker's warm-up), every run keeps them.
     import subprocess
     import sys
@@ -195,5 +199,6 @@ def test_a_cold_process_keeps_decode_columns_only_where_loading_their_kernels_pa
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", _COLD, str(root)], check=True, capture_output=True, text=True,
                          cwd=root).stdout.split("\n")
-    assert out[0] == "False True True True False", out
-    assert out[1] == "True", out
+    assert out[0] == "False", "a run with no shared prefixes imported numba"
+    assert out[1] == "False True True True False", out
+    assert out[2] == "True", out
