@@ -353,6 +353,7 @@ def _drop_aborted(out: SchedulerOutput, aborted: list[Request] | None) -> None:
         return
     gone = {id(req) for req in aborted}
     keep: list[tuple[Request, int]] = []
+    splits: list[tuple[int, int, int]] = []  # (``out.splits`` pairs with the entries after the bulk ones)
     columnar, bulk = out.columnar, out.bulk_decode
     for i, (req, n) in enumerate(out.scheduled):
         if id(req) in gone:
@@ -362,7 +363,10 @@ def _drop_aborted(out: SchedulerOutput, aborted: list[Request] | None) -> None:
                 out.bulk_decode -= 1
         else:
             keep.append((req, n))
+            if bulk <= i < bulk + len(out.splits):
+                splits.append(out.splits[i - bulk])
     out.scheduled = keep
+    out.splits = splits
 
 
 def _affine_steps_before(first: float, increment: float, horizon_s: float, limit: int) -> int:
