@@ -40,7 +40,7 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError, short_repr
-from sim.fields import at, boolean, check_keys, fail, in_file, integer, mapping, number, one_of, string
+from sim.fields import at, boolean, check_keys, fail, in_file, integer, mapping, message_of, number, one_of, string
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload._spec import WorkloadSpec
@@ -497,7 +497,9 @@ class StudySpec:
             try:
                 read_profile(path)
             except ConfigError as exc:
-                raise ConfigError("latency_profile", str(exc)) from None
+                if getattr(exc, "file", None) is not None:
+                    raise  # the profile file is at fault and its error names it (sim.fields.in_file keeps it)
+                raise ConfigError("latency_profile", message_of(exc)) from None  # unreadable: the path is at fault
             profile = str(path)
         model = load_model(model_name, "model")
         device = load_gpu(gpu_name, "gpu")

@@ -142,6 +142,24 @@ def test_a_file_error_names_the_file_at_fault_once(tmp_path):
     assert str(info.value) == f"hbm_bw_gbps: must be a number, got 'fast' (in {device.resolve()})"
 
 
+def test_a_bad_latency_profile_is_the_file_named(tmp_path):
+    """A latency profile the spec names is read like a device YAML: its own error names it, once (issue 33: it
+    was '... (in p.yaml) (in spec.yaml)').  A profile that cannot be read is the spec's latency_profile at fault."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("coefficients:\n  mfu: fast\n")
+    path = write_spec(tmp_path, spec_dict(latency_profile="p.yaml"), "prof-study.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_study_spec(path)
+    assert str(info.value) == f"coefficients.mfu: must be a number, got 'fast' (in {profile.resolve()})"
+    assert info.value.field == "coefficients.mfu" and str(info.value).count("(in ") == 1
+    path = write_spec(tmp_path, spec_dict(latency_profile="gone.yaml"), "gone-study.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_study_spec(path)
+    assert info.value.field == "latency_profile" and str(info.value).count("(in ") == 1
+    assert str(info.value).startswith(f"latency_profile: cannot read {tmp_path.resolve() / 'gone.yaml'}: ")
+    assert str(info.value).endswith(f" (in {path})")
+
+
 def test_identity_ignores_budget_but_not_the_space():
     a = StudySpec.from_dict(spec_dict())
     b = StudySpec.from_dict(spec_dict(budget={"trials": 99, "workers": 4}, sampler={"name": "random", "seed": 3}))
