@@ -3,7 +3,8 @@
 kvtune's simulator measures speed and memory; what lower precision does to the answers is other people's
 measurement.  :func:`quality_notes` returns, for a config's knobs, one note per knob that lowers precision: what
 it lowers, a summary, the published accuracy deltas on standard benchmarks and caveats, each with its source
-(URL, title, date), from ``optimizer/data/quality.yaml``.  Full precision (``kv_cache_dtype: auto``,
+(URL, title, date), from ``optimizer/data/quality.yaml`` (checked once, with :mod:`sim.fields`: a malformed
+copy is ``<field path>: must be <expected>, got <value> (in <file>)``).  Full precision (``kv_cache_dtype: auto``,
 ``quantization: none``, or the knob unset) gives no note.  A value the data file does not know is not called full
 precision: it gets a note saying kvtune has no published figure for it (``known`` False).
 
@@ -29,70 +30,103 @@ from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError, short_repr
+from sim.errors import ConfigError
+from sim.fields import at, fail, file_error, in_file, mapping, number, string, to_string
 
 #: The knobs whose values can lower numeric precision, in the order their notes come.
 PRECISION_KNOBS = ("kv_cache_dtype", "quantization")
-_WHERE = "optimizer/data/quality.yaml"
 
 
-def _require(value: Any, kind: type | tuple, where: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
-        raise ConfigError(f"{_WHERE}: {where}", f"must be {getattr(kind, '__name__', 'a number')}, got "
-                                               f"{short_repr(value)}")
+def _list(value: Any, field: str, optional: bool = False) -> list:
+    if value is None and optional:
+        return []
+    if not isinstance(value, list):
+        raise fail(field, "a list", value)
     return value
 
 
-def _source(sources: Mapping, key: Any, where: str) -> dict:
+def _source(sources: Mapping, raw: Mapping, where: str) -> dict:
+    key = string(raw, "source", where)
     if key not in sources:
-        raise ConfigError(f"{_WHERE}: {where}", f"unknown source {short_repr(key)}")
+        raise fail(at(where, "source"), f"a key of sources ({', '.join(map(str, sources))})", key)
     return dict(sources[key])
 
 
-def _finding(raw: Mapping, sources: Mapping, where: str) -> dict:
-    out = {"model": _require(raw.get("model"), str, f"{where}.model"),
-           "benchmark": _require(raw.get("benchmark"), str, f"{where}.benchmark"),
+def _finding(raw: Any, sources: Mapping, where: str) -> dict:
+    raw = mapping(raw, where)
+    out = {"model": string(raw, "model", where), "benchmark": string(raw, "benchmark", where),
            "baseline": None, "lowered": None, "delta": None, "recovery_pct": None,
-           "source": _source(sources, raw.get("source"), f"{where}.source")}
+           "source": _source(sources, raw, where)}
     if "recovery_pct" in raw:
-        out["recovery_pct"] = float(_require(raw["recovery_pct"], (int, float), f"{where}.recovery_pct"))
+        out["recovery_pct"] = number(raw, "recovery_pct", where)
     else:
-        out["baseline"] = float(_require(raw.get("baseline"), (int, float), f"{where}.baseline"))
-        out["lowered"] = float(_require(raw.get("lowered"), (int, float), f"{where}.lowered"))
+        out["baseline"] = number(raw, "baseline", where)
+        out["lowered"] = number(raw, "lowered", where)
         out["delta"] = out["lowered"] - out["baseline"]
     return out
 
 
-@functools.cache
-def _table() -> dict[str, tuple[frozenset, dict]]:
-    """knob -> (full-precision values, {value: note template}), checked once."""
-    data = yaml.safe_load(resources.files("optimizer").joinpath("data", "quality.yaml").read_text())
-    sources = data["sources"]
-    for key, src in sources.items():
-        for field in ("url", "title", "date"):
-            _require(src.get(field), str, f"sources.{key}.{field}")
-        if not src["url"].startswith("https://"):
-            raise ConfigError(f"{_WHERE}: sources.{key}.url", f"must be an https URL, got {src['url']!r}")
+def _note(knob: str, value: str, raw: Any, sources: Mapping, where: str) -> dict:
+    raw = mapping(raw, where)
+    findings = [_finding(f, sources, at(at(where, "findings"), i))
+                for i, f in enumerate(_list(raw.get("findings"), at(where, "findings")))]
+    caveats = []
+    for i, c in enumerate(_list(raw.get("caveats"), at(where, "caveats"), optional=True)):
+        c = mapping(c, at(at(where, "caveats"), i))
+        caveats.append({"text": string(c, "text", at(at(where, "caveats"), i)),
+                        "source": _source(sources, c, at(at(where, "caveats"), i))})
+    cited = []
+    for item in (*findings, *caveats):
+        if item["source"] not in cited:
+            cited.append(item["source"])
+    return {"knob": knob, "value": value, "known": True, "lowers": string(raw, "lowers", where),
+            "summary": string(raw, "summary", where), "findings": findings, "caveats": caveats, "sources": cited}
+
+
+def _checked(data: Mapping) -> dict[str, tuple[frozenset, dict]]:
+    sources = {}
+    for key, src in mapping(data.get("sources"), "sources").items():
+        where = at("sources", str(key))
+        src = mapping(src, where)
+        sources[key] = {field: string(src, field, where) for field in ("url", "title", "date")}
+        if not sources[key]["url"].startswith("https://"):
+            raise fail(at(where, "url"), "an https URL", sources[key]["url"])
+    knobs = mapping(data.get("knobs"), "knobs")
     table = {}
     for knob in PRECISION_KNOBS:
-        entry = data["knobs"][knob]
-        notes = {}
-        for value, raw in entry["values"].items():
-            where = f"knobs.{knob}.values.{value}"
-            findings = [_finding(f, sources, f"{where}.findings[{i}]") for i, f in enumerate(raw["findings"])]
-            caveats = [{"text": _require(c.get("text"), str, f"{where}.caveats[{i}].text"),
-                        "source": _source(sources, c.get("source"), f"{where}.caveats[{i}].source")}
-                       for i, c in enumerate(raw.get("caveats") or [])]
-            cited = []
-            for item in (*findings, *caveats):
-                if item["source"] not in cited:
-                    cited.append(item["source"])
-            notes[str(value)] = {"knob": knob, "value": str(value), "known": True,
-                                 "lowers": _require(raw.get("lowers"), str, f"{where}.lowers"),
-                                 "summary": _require(raw.get("summary"), str, f"{where}.summary"),
-                                 "findings": findings, "caveats": caveats, "sources": cited}
-        table[knob] = (frozenset(str(v) for v in entry["full_precision"]), notes)
+        entry = mapping(knobs.get(knob), at("knobs", knob))
+        where = at(at("knobs", knob), "values")
+        notes = {str(value): _note(knob, str(value), raw, sources, at(where, str(value)))
+                 for value, raw in mapping(entry.get("values"), where).items()}
+        full = _list(entry.get("full_precision"), at(at("knobs", knob), "full_precision"))
+        table[knob] = (frozenset(to_string(at(at(at("knobs", knob), "full_precision"), i), v)
+                                 for i, v in enumerate(full)), notes)
     return table
+
+
+def _read_table(path: Any) -> dict[str, tuple[frozenset, dict]]:
+    """knob -> (full-precision values, {value: note template}) from the quality file at ``path`` (a path or a
+    package resource); a malformed one is a ConfigError in the one form (sim.fields), naming ``path``."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise file_error(path, f"cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise file_error(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
+                         mark.line + 1 if mark is not None else None) from None
+    if not isinstance(data, Mapping):
+        raise file_error(path, f"must be a mapping (sources:, knobs:), got {type(data).__name__}")
+    try:
+        return _checked(data)
+    except ConfigError as exc:
+        raise in_file(exc, path) from None
+
+
+@functools.cache
+def _table() -> dict[str, tuple[frozenset, dict]]:
+    """The bundled ``optimizer/data/quality.yaml``, checked once."""
+    return _read_table(resources.files("optimizer").joinpath("data", "quality.yaml"))
 
 
 def _copy(note: dict) -> dict:
@@ -106,14 +140,14 @@ def quality_notes(knobs: Mapping) -> list[dict]:
     precision.  A value that is not a string (nor None, unset) is a ``ConfigError`` naming the knob; a string the
     data file does not know gets a note with ``known`` False and no figures."""
     if not isinstance(knobs, Mapping):
-        raise ConfigError("knobs", f"must be a mapping of knob names to values, got {short_repr(knobs)}")
+        raise fail("knobs", "a mapping of knob names to values", knobs)
     out = []
     for knob in PRECISION_KNOBS:
         value = knobs.get(knob)
         if value is None:
             continue
         if not isinstance(value, str):
-            raise ConfigError(knob, f"must be a string, got {short_repr(value)}")
+            raise fail(knob, "a string", value)
         full, notes = _table()[knob]
         key = value.strip().lower()
         if key in full:

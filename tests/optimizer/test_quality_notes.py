@@ -102,3 +102,83 @@ def test_formatted_notes_name_every_source():
             assert src["url"] in text
     assert re.search(r"0\.938 -> 0\.942 \(\+0\.004\)", text)
     assert format_quality_notes([]) == ""
+
+
+def _malformed_copy(tmp_path, edit):
+    """A copy of the bundled quality.yaml with ``edit`` applied to its parsed data."""
+    import copy
+    from importlib import resources
+
+    import yaml
+
+    data = yaml.safe_load(resources.files("optimizer").joinpath("data", "quality.yaml").read_text())
+    data = copy.deepcopy(data)
+    edit(data)
+    path = tmp_path / "quality.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_the_bundled_file_reads_as_the_table():
+    from importlib import resources
+
+    from optimizer.quality import _read_table, _table
+
+    assert _read_table(resources.files("optimizer").joinpath("data", "quality.yaml")) == _table()
+
+
+def _set(path, value):
+    def edit(data):
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("keys, value, message", [
+    (("knobs", "kv_cache_dtype", "values", "fp8", "lowers"), 7,
+     "knobs.kv_cache_dtype.values.fp8.lowers: must be a non-empty string, got 7"),
+    (("knobs", "kv_cache_dtype", "values", "fp8", "findings", 0, "baseline"), "high",
+     "knobs.kv_cache_dtype.values.fp8.findings[0].baseline: must be a number, got 'high'"),
+    (("knobs", "kv_cache_dtype", "values", "fp8", "findings"), {"a": 1},
+     "knobs.kv_cache_dtype.values.fp8.findings: must be a list, got {'a': 1}"),
+    (("sources", "vllm_kvcache_docs", "url"), "http://docs.vllm.ai",
+     "sources.vllm_kvcache_docs.url: must be an https URL, got 'http://docs.vllm.ai'"),
+    (("knobs", "quantization", "full_precision"), None,
+     "knobs.quantization.full_precision: must be a list, got None"),
+])
+def test_a_malformed_quality_file_gives_the_one_form(tmp_path, keys, value, message):
+    """issue 33: '<field path>: must be <expected>, got <value> (in <file>)' (sim.fields), not '<file>: <key>'."""
+    from optimizer.quality import _read_table
+
+    path = _malformed_copy(tmp_path, _set(keys, value))
+    with pytest.raises(ConfigError) as info:
+        _read_table(path)
+    assert str(info.value) == f"{message} (in {path})"
+    assert info.value.field == message.split(": ")[0]
+
+
+def test_a_finding_naming_an_unknown_source(tmp_path):
+    from optimizer.quality import _read_table
+
+    path = _malformed_copy(tmp_path, _set(("knobs", "quantization", "values", "fp8", "findings", 0, "source"), "blog"))
+    with pytest.raises(ConfigError) as info:
+        _read_table(path)
+    text = str(info.value)
+    assert text.startswith("knobs.quantization.values.fp8.findings[0].source: must be a key of sources "
+                           "(vllm_kvcache_docs, ")
+    assert text.endswith(f"got 'blog' (in {path})")
+
+
+def test_a_quality_file_that_is_not_yaml_is_a_file_error(tmp_path):
+    from optimizer.quality import _read_table
+
+    path = tmp_path / "quality.yaml"
+    path.write_text("sources: [\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: not valid YAML"):
+        _read_table(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError) as info:
+        _read_table(path)
+    assert str(info.value) == f"{path}: must be a mapping (sources:, knobs:), got list"
