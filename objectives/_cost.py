@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from objectives.registry import Direction, Objective, SummaryLike, _flat, _lookup, register_objective
-from sim.errors import ConfigError, short_repr
+from sim.errors import ConfigError
+from sim.fields import fail
 
 #: Metrics key of the deployment's price, USD per hour: device price x tensor_parallel_size x replicas.
 PRICE_KEY = "deployment.price_per_hour_usd"
@@ -36,7 +37,7 @@ def deployment_price(gpu_profile: Any, tensor_parallel_size: int, replicas: int 
     gpu = load_gpu(gpu_profile)
     for field, value in (("tensor_parallel_size", tensor_parallel_size), ("replicas", replicas)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(field, f"must be an integer >= 1, got {short_repr(value)}")
+            raise fail(field, "an integer >= 1", value)
     if not gpu.has_price:
         raise ConfigError("gpu", f"device {gpu.name!r} has no price (price_per_hour_usd {gpu.price_per_hour_usd:g}, "
                                  f"which means unknown), so a cost objective cannot be computed for it; give "

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError
+from sim.fields import fail
 from sim.workload._report import LoadReport
 from sim.workload.classes import DEFAULT_CLASS, RequestClass
 
@@ -27,9 +28,8 @@ MAX_HASH_BLOCK_TOKENS = 10**8
 def check_hash_block_tokens(value: object, where: str = "hash_block_tokens") -> int:
     """``value`` as the tokens per hash id: a whole number in [1, 10**8]; a ConfigError naming ``where`` else."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_HASH_BLOCK_TOKENS:
-        raise ConfigError(where, f"must be a whole number of tokens per hash id in [1, {MAX_HASH_BLOCK_TOKENS:g}] "
-                                 f"(Mooncake's traces: {MOONCAKE_HASH_BLOCK_TOKENS}; a multiple of the engine's "
-                                 f"block_size), got {value!r}")
+        raise fail(where, f"a whole number of tokens per hash id in [1, {MAX_HASH_BLOCK_TOKENS:g}] (Mooncake's traces: "
+                          f"{MOONCAKE_HASH_BLOCK_TOKENS}; a multiple of the engine's block_size)", value)
     return int(value)
 
 
@@ -83,7 +83,7 @@ class Workload:
     def scale_rate(self, factor: float) -> "Workload":
         """Compress arrival times ``factor``-fold (x2 doubles the request rate)."""
         if not factor > 0:
-            raise ConfigError("rate_scale", f"must be > 0, got {factor!r}")
+            raise fail("rate_scale", "> 0", factor)
         df = self.requests.copy()
         df["arrival_s"] = df["arrival_s"] / factor
         return self.with_requests(df)
@@ -126,9 +126,9 @@ class Workload:
     def window(self, start_s: float = 0.0, end_s: float | None = None) -> "Workload":
         """Requests arriving in ``[start_s, end_s)``, shifted so the window starts at 0 (request ids kept)."""
         if not start_s >= 0:
-            raise ConfigError("window.start_s", f"must be >= 0, got {start_s!r}")
+            raise fail("window.start_s", ">= 0", start_s)
         if end_s is not None and not end_s > start_s:
-            raise ConfigError("window.end_s", f"must be > start_s ({start_s!r}), got {end_s!r}")
+            raise fail("window.end_s", f"> start_s ({start_s!r})", end_s)
         arrivals = self.requests["arrival_s"]
         keep = arrivals >= start_s
         if end_s is not None:
@@ -143,7 +143,7 @@ class Workload:
         Request ids of ``other`` are offset to stay unique; classes are merged (one name, one definition).
         """
         if not gap_s >= 0:
-            raise ConfigError("gap_s", f"must be >= 0, got {gap_s!r}")
+            raise fail("gap_s", ">= 0", gap_s)
         for name, cls in other.classes.items():
             if name in self.classes and self.classes[name] != cls:
                 raise ConfigError(f"classes.{name}", "the two workloads define this class differently")

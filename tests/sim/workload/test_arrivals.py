@@ -113,3 +113,20 @@ def test_concat_refuses_conflicting_class_definitions():
     with pytest.raises(ConfigError, match="classes.default"):
         a.concat(b)
     assert len(a.concat(a, gap_s=5.0)) == 4
+
+
+@pytest.mark.parametrize("call, text", [
+    (lambda w: w.scale_rate(0), "rate_scale: must be > 0, got 0"),
+    (lambda w: w.scale_rate(float("nan")), "rate_scale: must be > 0, got nan"),
+    (lambda w: w.window(-1.0), "window.start_s: must be >= 0, got -1.0"),
+    (lambda w: w.window(5.0, 2.0), "window.end_s: must be > start_s (5.0), got 2.0"),
+    (lambda w: w.concat(w, gap_s=-2), "gap_s: must be >= 0, got -2"),
+    (lambda w: w.with_hash_block_tokens(0), "hash_block_tokens: must be a whole number of tokens per hash id in "
+                                            "[1, 1e+08] (Mooncake's traces: 512; a multiple of the engine's "
+                                            "block_size), got 0"),
+])
+def test_workload_method_arguments_give_the_one_form(call, text):
+    """The methods' argument checks word their errors as sim.fields does (issue 33): field, expected, got."""
+    with pytest.raises(ConfigError) as err:
+        call(_workload([1.0], [5]))
+    assert str(err.value) == text
