@@ -9,7 +9,8 @@ and goes into the trial's metrics under ``objectives.PRICE_KEY`` for the cost ob
 
 A combination that cannot start (the weights and one max-length request do not fit the device's memory at that
 tensor parallelism and precision, or the tensor parallelism spans more GPUs than one node of the device holds:
-its ``gpus_per_node``, 8 unless its price list sells it otherwise, GH200 1) is *pruned* with its reason -- not
+its ``gpus_per_node``, 8 unless its price list sells it otherwise, GH200 1, or its ``kv_cache_dtype`` or
+``quantization`` is not among the device's ``kv_cache_dtypes`` / ``quantizations``) is *pruned* with its reason -- not
 failed, not clipped to something else.  Tensor parallelism is 1, 2, 4 or 8 GPUs (``optimizer._knobs.TP_SIZES``).  FP8 weights on a
 device without FP8 tensor cores (A100) are not pruned: vLLM runs them weight-only (FP8 Marlin, vLLM docs
 "FP8 W8A8", features/quantization/fp8.md), and the roofline computes at BF16 there.
@@ -26,7 +27,7 @@ from sim.errors import ConfigError
 from sim.profiles import GpuProfile, load_gpu, load_model
 
 __all__ = ["BUNDLED_LEVERS", "Deployment", "capacity_candidates", "deployment_of", "fleet_problem", "priced",
-           "router_deployment", "smallest_change", "startup_problem"]
+           "precision_problem", "router_deployment", "smallest_change", "startup_problem"]
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,22 @@ def fleet_problem(knobs: Mapping[str, Any]) -> str | None:
     return None
 
 
+def precision_problem(device: GpuProfile, engine: Mapping[str, Any]) -> str | None:
+    """Why vLLM cannot start ``engine``'s ``kv_cache_dtype`` or ``quantization`` on ``device`` (not among its
+    ``kv_cache_dtypes`` / ``quantizations``), or None."""
+    for knob, full, allowed in (("kv_cache_dtype", "auto", device.kv_cache_dtypes),
+                                ("quantization", "none", device.quantizations)):
+        value = str(engine.get(knob) or full)
+        if device.lacks(knob, value):
+            return (f"{device.name} lacks {knob} {value} (its {knob}s: {', '.join(allowed)}); vLLM cannot start "
+                    f"it there")
+    return None
+
+
 def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> str | None:
     """Why the deployment of ``knobs`` cannot start (its tensor parallelism spans more than one node of the
-    device, or the weights and one max-length request do not fit at its tensor parallelism and precision), or
+    device, its KV or weight precision is one the device lacks, or the weights and one max-length request do
+    not fit at its tensor parallelism and precision), or
     None.  Other invalid configs are not this function's business."""
     from sim.engine import resolve_engine
 
@@ -131,6 +145,9 @@ def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> s
         return (f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: TP {tp} spans "
                 f"more GPUs than one {device.name} node holds ({device.gpus_per_node}: its gpus_per_node); tensor "
                 f"parallelism runs within one node")
+    lacking = precision_problem(device, engine)
+    if lacking is not None:
+        return f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: {lacking}"
     try:
         resolve_engine(engine, profile, device)
     except ConfigError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from sim.errors import ConfigError
-from sim.fields import check_keys, fail, file_error, in_file, integer, number, string
+from sim.fields import at, check_keys, fail, file_error, in_file, integer, number, string, to_string
 from sim.profiles._types import GpuProfile, ModelProfile
 
 
@@ -35,7 +35,7 @@ def _index(filename: str, section: str, cls: type) -> dict:
     table = {}
     names = {f.name for f in fields(cls)}
     for entry in _load_yaml(filename)[section]:
-        entry = dict(entry)
+        entry = {k: tuple(v) if k in ("kv_cache_dtypes", "quantizations") else v for k, v in dict(entry).items()}
         aliases = entry.pop("aliases", []) or []
         profile = cls(**{k: v for k, v in entry.items() if k in names})
         for key in [profile.name, *aliases]:
@@ -104,7 +104,8 @@ def load_model(name: str, field: str = "model") -> ModelProfile:
 #: Device YAML keys: required (peak compute, memory bandwidth, memory, host link) and optional with defaults.
 _DEVICE_REQUIRED = ("mem_gb", "hbm_bw_gbps", "bf16_tflops", "host_link_gbps")
 _DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "price_per_hour_usd": 0.0,
-                    "source": None, "price_source": None, "price_date": None, "gpus_per_node": 8}
+                    "source": None, "price_source": None, "price_date": None, "gpus_per_node": 8,
+                    "kv_cache_dtypes": ("auto", "fp8"), "quantizations": ("none", "fp8")}
 _PRICE_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
 
 
@@ -141,6 +142,21 @@ def _device(path: str) -> GpuProfile:
         raise in_file(exc, path) from None
 
 
+def _precisions(data: dict, key: str, full: str) -> tuple[str, ...]:
+    """``kv_cache_dtypes`` / ``quantizations`` of a device YAML: a list of the engine's values that includes the
+    full-precision one (``auto`` / ``none``); absent, all of them."""
+    allowed = _DEVICE_OPTIONAL[key]
+    value = data.get(key)
+    if value is None:
+        return allowed
+    if not isinstance(value, list) or not value:
+        raise fail(key, f"a non-empty list of {list(allowed)}", value)
+    out = tuple(to_string(at(key, i), item, allowed) for i, item in enumerate(value))
+    if full not in out:
+        raise fail(key, f"a list that includes {full!r} (full precision)", value)
+    return out
+
+
 def _device_fields(data: dict, path: str) -> GpuProfile:
     check_keys(data, (*_DEVICE_REQUIRED, *_DEVICE_OPTIONAL, "aliases"), "", what="field")
     for key in _DEVICE_REQUIRED:
@@ -153,6 +169,8 @@ def _device_fields(data: dict, path: str) -> GpuProfile:
         values["gpu_link_gbps"] = values["host_link_gbps"]  # no peer link: tensor parallelism goes over the host
     values["gpus_per_node"] = integer(data, "gpus_per_node", "", _DEVICE_OPTIONAL["gpus_per_node"], minimum=1,
                                       maximum=1024)
+    for key, full in (("kv_cache_dtypes", "auto"), ("quantizations", "none")):
+        values[key] = _precisions(data, key, full)
     name = string(data, "name", "", Path(path).stem)
     source = data.get("source") or path
     return GpuProfile(name=name, source=str(source), **values, **_price_strings(data))
@@ -164,7 +182,8 @@ def load_device_yaml(path: str | Path) -> GpuProfile:
     required; ``name``, ``fp8_tflops``, ``gpu_link_gbps`` (default host_link_gbps), ``price_per_hour_usd`` (USD per
     GPU-hour; 0.0, the default, means unknown), ``price_source`` and ``price_date`` (strings: where and when the
     price was read, ``YYYY-MM[-DD]``), ``gpus_per_node`` (the most tensor parallelism spans; default 8),
-    ``source``, optional.  ConfigError naming the file and field for a bad
+    ``kv_cache_dtypes`` and ``quantizations`` (lists: what vLLM starts with on the device; default all, ``[auto,
+    fp8]`` and ``[none, fp8]``), ``source``, optional.  ConfigError naming the file and field for a bad
     one."""
     p = Path(path).expanduser()
     if not p.is_file():

@@ -31,6 +31,18 @@ class GpuProfile:
     #: spans at most this many (vLLM runs TP within a node; across nodes is pipeline parallelism, which kvtune does
     #: not model).  8, an HGX/PCIe server's count, unless the device's price list sells it otherwise (GH200: one).
     gpus_per_node: int = 8
+    #: The ``kv_cache_dtype`` and ``quantization`` values vLLM can start with on this device; a combination outside
+    #: them cannot start and is pruned (optimizer/_capacity.py).  The default, all of kvtune's, holds for every
+    #: bundled GPU: vLLM stores an FP8 KV cache on CUDA GPUs from Ampere on (vLLM docs "Quantized KV Cache",
+    #: features/quantization/quantized_kvcache.md), and runs FP8 weights with FP8 compute from compute capability
+    #: 8.9 (L40S, H100, H200, GH200) and weight-only (FP8 Marlin, W8A16) on Ampere (A100) (vLLM docs "FP8 W8A8",
+    #: features/quantization/fp8.md).  A device YAML lists fewer for a device without them.
+    kv_cache_dtypes: tuple[str, ...] = ("auto", "fp8")
+    quantizations: tuple[str, ...] = ("none", "fp8")
+
+    def lacks(self, knob: str, value: str) -> bool:
+        """Whether vLLM cannot start with ``knob`` (``kv_cache_dtype`` or ``quantization``) at ``value`` here."""
+        return value not in (self.kv_cache_dtypes if knob == "kv_cache_dtype" else self.quantizations)
 
     @property
     def mem_bytes(self) -> float:

@@ -158,6 +158,86 @@ def test_a_bad_gpus_per_node_in_a_device_yaml_names_the_field(tmp_path, value):
     assert "gpus_per_node" in str(err.value) and str(path) in str(err.value)
 
 
+def _no_fp8_device(tmp_path):
+    # A priced device whose vLLM has no FP8 KV cache and no FP8 weights (kv_cache_dtypes / quantizations).
+    import yaml
+
+    path = tmp_path / "nofp8.yaml"
+    path.write_text(yaml.safe_dump({"name": "NoFP8", "mem_gb": 48.0, "hbm_bw_gbps": 864, "bf16_tflops": 362,
+                                    "host_link_gbps": 25.0, "price_per_hour_usd": 1.0, "kv_cache_dtypes": ["auto"],
+                                    "quantizations": ["none"]}))
+    return str(path)
+
+
+def test_every_bundled_gpu_has_fp8_kv_and_weights():
+    # The default (sim/profiles/_types.py, with its vLLM sources): all bundled GPUs start fp8 KV and fp8 weights.
+    for name in ("A100-80GB", "A100-40GB", "H100-SXM", "H200", "L40S", "GH200"):
+        device = load_gpu(name)
+        assert device.kv_cache_dtypes == ("auto", "fp8") and device.quantizations == ("none", "fp8"), name
+
+
+def test_a_dtype_the_device_lacks_is_pruned_with_its_reason(tmp_path):
+    # issue 30: "a dtype the device lacks" cannot start: the device's fp8 trial is pruned with that reason, the
+    # L40S's runs; the export's capacity search never proposes it.
+    from optimizer._capacity import capacity_candidates, startup_problem
+
+    dev = _no_fp8_device(tmp_path)
+    d = spec_dict(gpu=["L40S", dev], search={"base": "none", "kv_cache_dtype": ["auto", "fp8"]},
+                  sampler={"name": "grid", "seed": 0}, budget={"trials": 10})
+    d["workload"]["max_requests"] = 30
+    spec, tuner = _run(tmp_path, d)
+    trials = tuner.study.get_trials()
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert [t.params for t in pruned] == [{"gpu": dev, "kv_cache_dtype": "fp8"}]
+    assert pruned[0].user_attrs[PRUNE_REASON] == (
+        f"cannot start: Llama-2-7B on fp8 KV on one {dev}, $1.00/h: NoFP8 lacks kv_cache_dtype fp8 (its "
+        f"kv_cache_dtypes: auto); vLLM cannot start it there")
+    complete = {tuple(sorted(t.params.items())) for t in trials if t.state == TrialState.COMPLETE}
+    assert (("gpu", "L40S"), ("kv_cache_dtype", "fp8")) in complete and len(complete) == 4  # with the default's ()
+    assert "lacks quantization fp8" in startup_problem({"gpu": dev, "quantization": "fp8"}, spec.model, spec.gpu)
+    levers = {"gpu": (dev, "L40S"), "tensor_parallel_size": (1,), "kv_cache_dtype": ("auto", "fp8")}
+    mine = [k for k in capacity_candidates(spec.fixed_knobs(), spec.model, "H100-SXM", levers) if k["gpu"] == dev]
+    assert [k["kv_cache_dtype"] for k in mine] == ["auto"]
+
+
+@pytest.mark.parametrize("key, value", [("kv_cache_dtypes", "fp8"), ("kv_cache_dtypes", []),
+                                        ("kv_cache_dtypes", ["auto", "fp16"]), ("kv_cache_dtypes", ["fp8"]),
+                                        ("quantizations", ["none", "int4"]), ("quantizations", [None])])
+def test_a_bad_dtype_list_in_a_device_yaml_names_the_file_and_field(tmp_path, key, value):
+    import yaml
+
+    from sim.profiles import load_gpu as load
+
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump({"mem_gb": 48.0, "hbm_bw_gbps": 864, "bf16_tflops": 362, "host_link_gbps": 25.0,
+                                    key: value}))
+    with pytest.raises(ConfigError) as err:
+        load(str(path))
+    assert err.value.field.startswith(key) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("changes, field, words", [
+    (dict(engine={"kv_cache_dtype": "fp8"}), "engine.kv_cache_dtype", ["NoFP8 lacks kv_cache_dtype fp8"]),
+    (dict(engine={"quantization": "fp8"}), "engine.quantization", ["NoFP8 lacks quantization fp8"]),
+    (dict(search={"base": "none", "kv_cache_dtype": ["fp8"], "max_num_seqs": [8, 16]}), "search.kv_cache_dtype",
+     ["vLLM cannot start kv_cache_dtype fp8 on any device"]),
+])
+def test_a_fixed_dtype_the_device_lacks_is_one_line_exit_2(tmp_path, capsys, changes, field, words):
+    dev = _no_fp8_device(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(spec_dict(gpu=dev, **changes))
+    assert err.value.field == field
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    path = write_spec(tmp_path, spec_dict(gpu=dev, **changes))
+    assert main(["tune", str(path), "--in-process", "--out", str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtune: error: {field}: "), lines
+    assert not (tmp_path / "run").exists()
+    # The same choice on a device that has it starts.
+    StudySpec.from_dict(spec_dict(gpu=["L40S", dev], **changes))
+
+
 @pytest.mark.parametrize("changes, field", [
     (dict(gpu=["L40S", "B300"]), "gpu[1]"),
     (dict(gpu=["L40S", "vllm-cpu-1core"], objectives=["usd_per_million_output_tokens"]), "gpu[1]"),
