@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives import PRICE_KEY
 from optimizer._backend import SimBackend, TrialError
+from optimizer._capacity import startup_problem
 from optimizer._export import Pick, choose, pareto_front, shortfalls
 from optimizer._robustness import robustness
 from optimizer._spec import StudySpec
@@ -352,7 +353,10 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
     """Tables of ``trials``, the pick, and fresh simulations of the default and recommended configs.
 
     ``whatif_trials``: ``picked`` re-simulates the default and recommended configs under each what-if;
-    ``all`` also every complete trial (for small grid studies).
+    ``all`` also every complete trial (for small grid studies).  A what-if none of whose configs can start, or
+    a sweep value no base config can start with (``optimizer._capacity.startup_problem``, the study's check), is
+    refused before anything is simulated (ConfigError naming ``--whatif`` / ``--sweep``); a config of it that
+    cannot start is a run with that reason as its error.
     """
     counts: dict[str, int] = {}
     for t in trials:
@@ -370,6 +374,8 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
                           "no cost chart; kvtune does not count an unknown price as free.")
     if not simulate:
         return data
+    whatif_plans = [_plan_whatif(whatif, spec, pick, complete, whatif_trials) for whatif in whatifs]
+    sweep_plans = [_plan_sweep(sweep, spec, pick) for sweep in sweeps]
     backend = SimBackend.for_spec(spec, ctx.workloads)
     data.default = simulate_config("default", spec.fixed_knobs(), spec, ctx, backend=backend, record_lifelines=True)
     if pick is not None:
@@ -381,39 +387,84 @@ def gather(spec: StudySpec, ctx: StudyContext, trials: Sequence[FrozenTrial], st
                                          spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
         except (TrialError, KvtuneError) as exc:
             data.notes.append(f"Robustness check could not run: {exc}")
-    for whatif in whatifs:
-        configs: list[tuple[str, dict[str, Any]]] = [("default", spec.fixed_knobs())]
-        if pick is not None:
-            configs.append((f"recommended (trial {pick.trial.number})", dict(pick.trial.user_attrs["knobs"])))
-        if whatif_trials == "all":
-            configs += [(f"trial {t.number}", dict(t.user_attrs.get("knobs") or {})) for t in complete
-                        if pick is None or t.number != pick.trial.number]
+    for whatif, planned in zip(whatifs, whatif_plans):
         runs = []
         gpu = whatif.gpu or spec.gpu
         workloads = ctx.workloads
         if whatif.rate_scale != 1.0:
             workloads = {seed: w.scale_rate(whatif.rate_scale) for seed, w in ctx.workloads.items()}
         whatif_backend = SimBackend.for_spec(spec, workloads, gpu=gpu)
-        for label, knobs in configs:
-            try:
-                changed = whatif.apply(knobs)
-            except KvtuneError as exc:
-                runs.append(ConfigRun(label, dict(knobs), gpu, error=str(exc)))
+        for label, knobs, problem in planned:
+            if problem is not None:
+                runs.append(ConfigRun(label, dict(knobs), gpu, error=problem))
                 continue
-            runs.append(simulate_config(label, changed, spec, ctx, gpu=gpu, backend=whatif_backend))
+            runs.append(simulate_config(label, knobs, spec, ctx, gpu=gpu, backend=whatif_backend))
         data.whatifs.append((whatif, runs))
-    for sweep in sweeps:
-        bases = [("default", spec.fixed_knobs())]
-        if pick is not None:
-            bases.append(("recommended", dict(pick.trial.user_attrs.get("knobs") or {})))
+    for sweep, planned_sweep in zip(sweeps, sweep_plans):
         by_base: dict[str, list[ConfigRun]] = {}
-        for base_label, knobs in bases:
+        for base_label, planned in planned_sweep:
             runs = []
-            for value in sweep.values:
-                run = simulate_config(f"{base_label} {sweep.knob}={value}", {**knobs, sweep.knob: value}, spec, ctx,
-                                      backend=backend)
+            for label, knobs, problem in planned:
+                if problem is not None:
+                    runs.append(ConfigRun(label, dict(knobs), spec.gpu, error=problem))
+                    continue
+                run = simulate_config(label, knobs, spec, ctx, backend=backend)
                 run.requests = run.steps = None  # the sweep chart needs the summary only
                 runs.append(run)
             by_base[base_label] = runs
         data.sweeps.append((sweep, by_base))
     return data
+
+
+def _cannot_start(knobs: Mapping[str, Any], spec: StudySpec, gpu: str | None = None) -> str | None:
+    """Why ``knobs`` (on ``gpu``, else their own ``gpu`` lever or the spec's) cannot start: the study's own check
+    (``optimizer._capacity.startup_problem``: TP over one node, a dtype the device lacks, weights that do not
+    fit), or None."""
+    try:
+        return startup_problem({**knobs, "gpu": gpu} if gpu else knobs, spec.model, spec.gpu)
+    except KvtuneError:
+        return None  # not a start-up problem: the simulation says what is wrong
+
+
+def _plan_whatif(whatif: WhatIf, spec: StudySpec, pick: Pick | None, complete: Sequence[FrozenTrial],
+                 whatif_trials: str) -> list[tuple[str, dict[str, Any], str | None]]:
+    """``(label, knobs with the what-if, why it cannot start or an error, or None)`` per config the what-if
+    re-simulates; a what-if none of whose configs can start is refused (``--whatif: LABEL: cannot start: ...``),
+    as the study prunes such a trial."""
+    configs: list[tuple[str, dict[str, Any]]] = [("default", spec.fixed_knobs())]
+    if pick is not None:
+        configs.append((f"recommended (trial {pick.trial.number})", dict(pick.trial.user_attrs["knobs"])))
+    if whatif_trials == "all":
+        configs += [(f"trial {t.number}", dict(t.user_attrs.get("knobs") or {})) for t in complete
+                    if pick is None or t.number != pick.trial.number]
+    planned: list[tuple[str, dict[str, Any], str | None]] = []
+    problems = []
+    for label, knobs in configs:
+        try:
+            changed = whatif.apply(knobs)
+        except KvtuneError as exc:
+            planned.append((label, dict(knobs), str(exc)))
+            continue
+        problem = _cannot_start(changed, spec, whatif.gpu)
+        planned.append((label, changed, problem))
+        problems.append(problem)
+    if problems and all(p is not None for p in problems):
+        raise ConfigError("--whatif", f"{whatif.label}: {problems[0]}")
+    return planned
+
+
+def _plan_sweep(sweep: Sweep, spec: StudySpec, pick: Pick | None
+                ) -> list[tuple[str, list[tuple[str, dict[str, Any], str | None]]]]:
+    """Per base config (default, recommended): ``(label, knobs, why it cannot start or None)`` per value; a
+    value that no base config can start with is refused (``--sweep: KNOB=VALUE: cannot start: ...``)."""
+    bases = [("default", spec.fixed_knobs())]
+    if pick is not None:
+        bases.append(("recommended", dict(pick.trial.user_attrs.get("knobs") or {})))
+    planned = [(base_label, [(f"{base_label} {sweep.knob}={value}", {**knobs, sweep.knob: value},
+                              _cannot_start({**knobs, sweep.knob: value}, spec)) for value in sweep.values])
+               for base_label, knobs in bases]
+    for i, value in enumerate(sweep.values):
+        problems = [runs[i][2] for _, runs in planned]
+        if all(p is not None for p in problems):
+            raise ConfigError("--sweep", f"{sweep.knob}={value}: {problems[0]}")
+    return planned

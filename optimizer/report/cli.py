@@ -25,13 +25,16 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--whatif", action="append", default=[], metavar="[LABEL:]KEY=VALUE[,KEY=VALUE]",
                    help="also simulate the default and recommended configs with these overrides: gpu=H200, "
                         "kv_cache_dtype=fp8, flavor=vllm-v1 (swap becomes CPU offload), rate_scale=1.5 (the "
-                        "study's request rate times 1.5), any engine knob; repeatable")
+                        "study's request rate times 1.5), any engine knob; repeatable. One that cannot start on its device "
+                        "(the study's check: TP over one node, a dtype the device lacks, weights that do not fit) "
+                        "is refused")
     p.add_argument("--whatif-trials", choices=["picked", "all"], default="picked",
                    help="which configs each what-if re-simulates: the default and recommended (picked, default) or "
                         "every complete trial too (all; for small grid studies)")
     p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="set one engine knob to each value on top of the default and the recommended config and "
-                        "chart the result (e.g. max_num_seqs=64,128,256,512); repeatable")
+                        "chart the result (e.g. max_num_seqs=64,128,256,512); repeatable. A value that cannot start "
+                        "is refused")
     p.add_argument("--no-png", action="store_true", help="do not export PNG images of the charts")
     p.set_defaults(handler=cmd_report)
 

@@ -48,3 +48,26 @@ def test_report_command_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("kvtune: error: storage:") and "run 'kvtune tune' first" in err and "\n" not in err
     code = main(["report", str(_spec_file(tmp_path)), "--out", str(tmp_path / "r"), "--whatif", "gpu=B300"])
     assert code == 2 and "unknown GPU" in capsys.readouterr().err
+
+
+def test_a_whatif_or_sweep_that_cannot_start_is_refused_in_one_line(tuned_study, tmp_path, capsys):
+    """Issue 30: the study's start-up check (optimizer._capacity.startup_problem) refuses a what-if or sweep value
+    that cannot start on its device: one line naming the argument and the reason, exit 2; one that can start runs."""
+    spec, storage = str(_spec_file(tmp_path)), tuned_study["storage"]
+    code = main(["report", spec, "--storage", storage, "--out", str(tmp_path / "r1"), "--no-png",
+                 "--whatif", "gh: gpu=GH200,tensor_parallel_size=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and not (tmp_path / "r1" / "report.html").exists()
+    assert err.startswith("kvtune: error: --whatif: gh: cannot start:") and "(1: its gpus_per_node)" in err
+    code = main(["report", spec, "--storage", storage, "--out", str(tmp_path / "r2"), "--no-png",
+                 "--sweep", "num_gpu_blocks_override=1200,2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith("kvtune: error: --sweep: num_gpu_blocks_override=2: cannot start:")
+    assert "one max-length request needs" in err
+    out = tmp_path / "r3"
+    code = main(["report", spec, "--storage", storage, "--out", str(out), "--no-png", "--whatif", "gh: gpu=GH200"])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "report.json").read_text())
+    (whatif,) = doc["whatifs"]
+    assert whatif["whatif"] == "gh" and whatif["runs"] and all(not r.get("error") for r in whatif["runs"])
