@@ -106,6 +106,14 @@ def _param_names(data: ReportData) -> list[str]:
     return [c[len("param."):] for c in data.trials.columns if c.startswith("param.")]
 
 
+def _sorted_by_params(trials: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """``trials`` ordered by the search parameters' columns (those it has), values of one type together."""
+    sort_cols = [f"param.{n}" for n in names if f"param.{n}" in trials]
+    if not sort_cols:
+        return trials
+    return trials.sort_values(sort_cols, key=lambda s: s.map(lambda v: (str(type(v)), v)))
+
+
 @dataclass(frozen=True)
 class TrialHover:
     """Each trial's hover as ``customdata`` rows (number, state, then one value per search parameter, "default"

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from optimizer.report._chart_base import (
     DEFAULT_COLOR, PALETTE, RECOMMENDED_COLOR, Chart, _class_names, _finite, _fmt, _layout, _log_ticks,
-    _param_names, _present, _short, _slo_line,
+    _param_names, _present, _short, _slo_line, _sorted_by_params,
 )
 from optimizer.report._data import ReportData
 
@@ -107,9 +107,7 @@ def cohort_heatmap_chart(data: ReportData) -> Chart | None:
     if not len(rows):
         return None
     names = _param_names(data)
-    sort_cols = [f"param.{n}" for n in names if f"param.{n}" in rows]
-    if sort_cols:
-        rows = rows.sort_values(sort_cols, key=lambda s: s.map(lambda v: (str(type(v)), v)))
+    rows = _sorted_by_params(rows, names)
     cohorts = cohort_labels([r.to_dict() for _, r in rows.iterrows()], _class_names(data))
     z, text, ylabels = [], [], []
     for _, row in rows.iterrows():

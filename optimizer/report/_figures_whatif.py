@@ -11,9 +11,9 @@ from plotly.subplots import make_subplots
 
 from optimizer.report._chart_base import (
     DEFAULT_COLOR, FRONT_COLOR, RECOMMENDED_COLOR, TRIAL_COLOR, Chart, _class_names, _config_label, _finite, _fmt,
-    _layout, _log_ticks, _param_names, _trial_number,
+    _layout, _log_ticks, _param_names, _sorted_by_params, _trial_number,
 )
-from optimizer.report._data import ConfigRun, ReportData
+from optimizer.report._data import ConfigRun, ReportData, WhatIf
 from optimizer.report._figures_cohorts import cohort_labels
 
 
@@ -60,19 +60,23 @@ def whatif_chart(data: ReportData) -> Chart | None:
     return Chart("whatif", "What-if: other hardware and knob values", caption, _layout(fig, 680))
 
 
+def _trial_grids(data: ReportData) -> list[tuple[WhatIf, list[ConfigRun]]]:
+    """The what-ifs that re-simulated every trial's config (``--whatif-trials all``); none without trials."""
+    if not len(data.trials):
+        return []
+    return [(w, runs) for w, runs in data.whatifs if any(r.label.startswith("trial ") for r in runs)]
+
+
 def whatif_grid_chart(data: ReportData) -> Chart | None:
     """For ``--whatif-trials all``: p99 E2E by cohort of every trial config, one panel per scenario."""
-    grids = [(w, runs) for w, runs in data.whatifs if any(r.label.startswith("trial ") for r in runs)]
-    if not grids or not len(data.trials):
+    grids = _trial_grids(data)
+    if not grids:
         return None
     names = _param_names(data)
     classes = _class_names(data)
     scenarios: list[tuple[str, list[tuple[str, dict[str, float]]]]] = []
     base = []
-    ordered = data.trials
-    sort_cols = [f"param.{n}" for n in names if f"param.{n}" in ordered]
-    if sort_cols:
-        ordered = ordered.sort_values(sort_cols, key=lambda s: s.map(lambda v: (str(type(v)), v)))
+    ordered = _sorted_by_params(data.trials, names)
     for _, row in ordered.iterrows():
         base.append((_config_label(row.to_dict(), names, int(row["number"])), row.to_dict()))
     scenarios.append((f"study ({data.spec.gpu})", base))
@@ -117,14 +121,11 @@ def whatif_grid_chart(data: ReportData) -> Chart | None:
 
 def whatif_throughput_chart(data: ReportData) -> Chart | None:
     """For ``--whatif-trials all``: output tokens/s and recompute share of every trial config, per scenario."""
-    grids = [(w, runs) for w, runs in data.whatifs if any(r.label.startswith("trial ") for r in runs)]
-    if not grids or not len(data.trials):
+    grids = _trial_grids(data)
+    if not grids:
         return None
     names = _param_names(data)
-    ordered = data.trials
-    sort_cols = [f"param.{n}" for n in names if f"param.{n}" in ordered]
-    if sort_cols:
-        ordered = ordered.sort_values(sort_cols, key=lambda s: s.map(lambda v: (str(type(v)), v)))
+    ordered = _sorted_by_params(data.trials, names)
     labels = {int(r["number"]): _config_label(r.to_dict(), names, int(r["number"])) for _, r in ordered.iterrows()}
     scenarios = [(f"study ({data.spec.gpu})", {n: data.trials[data.trials["number"] == n].iloc[0].to_dict()
                                                 for n in labels})]
