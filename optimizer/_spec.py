@@ -514,9 +514,11 @@ class StudySpec:
             try:
                 read_profile(path)
             except ConfigError as exc:
+                if isinstance(exc.__cause__, OSError):  # unreadable (sim.safe_yaml): the spec's path is at fault
+                    raise ConfigError("latency_profile", str(exc)) from None
                 if getattr(exc, "file", None) is not None:
                     raise  # the profile file is at fault and its error names it (sim.fields.in_file keeps it)
-                raise ConfigError("latency_profile", message_of(exc)) from None  # unreadable: the path is at fault
+                raise ConfigError("latency_profile", message_of(exc)) from None
             profile = str(path)
         model = load_model(model_name, "model")
         device = load_gpu(gpu_name, "gpu")

@@ -3,7 +3,11 @@ nesting, bounded size.
 
 YAML aliases let 1 KB of text expand to gigabytes (the "billion laughs"); specs never need them, so an alias is
 refused where it appears.  Nesting deeper than :data:`MAX_DEPTH` is refused before PyYAML's recursive composer
-overflows the stack.  Every problem is a :class:`~sim.errors.ConfigError` on ``field`` naming the file and line.
+overflows the stack.  Every problem is an error of the whole file in the one form of :func:`sim.fields.file_error`,
+``<file>[:<line>]: <problem>`` (``spec.yaml:3: not valid YAML: ...``, ``p.yaml: cannot read: No such file or
+directory``): it names its file, so a document that points at this one (a latency profile a study spec names)
+leaves it as it is.  An unreadable file's error has the ``OSError`` as its ``__cause__``: there the path that
+named it may be at fault rather than the file.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError
+from sim.fields import file_error
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "load_yaml", "read_yaml"]
 
@@ -44,32 +48,34 @@ class _Loader(yaml.SafeLoader):
 
 
 def load_yaml(text: str, source: str = "<text>", field: str = "spec") -> Any:
-    """``text`` parsed as YAML (safe types only); a ConfigError on ``field`` naming ``source`` and the line."""
+    """``text`` parsed as YAML (safe types only); a problem is :func:`sim.fields.file_error` naming ``source`` and
+    the line.  ``field`` is unused (kept for callers): a whole-file error has no field path."""
     if "\x00" in text:
-        raise ConfigError(field, f"{source} is not a text file (it holds NUL bytes)")
+        raise file_error(source, "not a text file (it holds NUL bytes)")
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = " ".join(str(exc.problem or exc).split())[:200]
-        raise ConfigError(field, f"{where}: not valid YAML: {problem}") from None
+        raise file_error(source, f"not valid YAML: {problem}", mark.line + 1 if mark is not None else None) from None
     except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError(field, f"{source}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+        raise file_error(source, f"not valid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 def read_yaml(path: str | Path, field: str = "spec") -> Any:
-    """The YAML file at ``path`` (UTF-8 text, at most :data:`MAX_BYTES`), parsed by :func:`load_yaml`."""
+    """The YAML file at ``path`` (UTF-8 text, at most :data:`MAX_BYTES`), parsed by :func:`load_yaml`; every
+    problem is :func:`sim.fields.file_error` naming ``path`` (``field`` is unused, kept for callers)."""
     path = Path(path)
     try:
         size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ConfigError(field, f"{path} is {size} bytes; a kvtune YAML file is at most {MAX_BYTES}")
-        data = path.read_bytes()
+        data = path.read_bytes() if size <= MAX_BYTES else b""
     except OSError as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+        # ``from exc``: the OSError cause tells a caller the file is unreadable (the path naming it may be at fault)
+        raise file_error(path, f"cannot read: {exc.strerror or exc}") from exc
+    if size > MAX_BYTES:
+        raise file_error(path, f"too large: {size} bytes; a kvtune YAML file is at most {MAX_BYTES}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(field, f"{path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
-    return load_yaml(text, str(path), field)
+        raise file_error(path, f"not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+    return load_yaml(text, str(path))

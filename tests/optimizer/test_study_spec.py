@@ -156,8 +156,20 @@ def test_a_bad_latency_profile_is_the_file_named(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_study_spec(path)
     assert info.value.field == "latency_profile" and str(info.value).count("(in ") == 1
-    assert str(info.value).startswith(f"latency_profile: cannot read {tmp_path.resolve() / 'gone.yaml'}: ")
+    assert str(info.value).startswith(f"latency_profile: {tmp_path.resolve() / 'gone.yaml'}: cannot read: ")
     assert str(info.value).endswith(f" (in {path})")
+
+
+def test_a_latency_profile_that_is_not_yaml_is_the_file_named_once(tmp_path):
+    """A profile the spec names that is not valid YAML is sim.safe_yaml's whole-file error, '<p.yaml>:<line>: not
+    valid YAML: ...' (sim.fields.file_error): the profile named once, no '(in spec.yaml)' (issue 33)."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("kind: kvtune-latency-profile\ncoefficients: mfu: 0.3\n")
+    path = write_spec(tmp_path, spec_dict(latency_profile="p.yaml"), "bad-prof-study.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_study_spec(path)
+    assert str(info.value) == f"{profile.resolve()}:2: not valid YAML: mapping values are not allowed here"
+    assert getattr(info.value, "file", None) == str(profile.resolve())
 
 
 def test_identity_ignores_budget_but_not_the_space():
