@@ -56,7 +56,7 @@ def _workload(requests: int | None, rate: float, prefix: bool):
 def _case(args: tuple) -> dict:
     replicas, router, requests, rate, prefix = args
     import sim  # noqa: F401 - the compiled-engine check, before timing
-    from sim import _compiled
+    from sim import compiled_state
     from sim.engine.config import EngineConfig
     from sim.fleet import simulate_fleet
     from sim.profiles import load_gpu, load_model
@@ -77,7 +77,7 @@ def _case(args: tuple) -> dict:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     done = int((result.requests["status"] == "finished").sum())
     return {"cpu_s": cpu, "wall_s": wall, "requests": len(workload), "finished": done,
-            "hit_rate": hit, "max_load_ratio": share, "engine": _compiled.state()}
+            "hit_rate": hit, "max_load_ratio": share, "engine": compiled_state()}
 
 
 def _run(args: tuple, repeats: int) -> dict:

@@ -101,7 +101,7 @@ def driver(report: str, argv: list[str]) -> int:
                 counts["heartbeat_s"] += time.perf_counter() - t0
 
     optuna.storages.RDBStorage.record_heartbeat = record_heartbeat
-    from optimizer._executors import RayExecutor
+    from optimizer import RayExecutor
     from optimizer.cli import main
 
     # 64 workers warming up on one shared core can take longer than the 300 s a study waits for them by default.

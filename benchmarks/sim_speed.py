@@ -277,11 +277,14 @@ def main() -> None:
 
     engine = Path(importlib.util.find_spec("sim").origin).parent.parent
     try:
-        from sim import _compiled
-
-        native = _compiled.state()  # the children decide the same way (same sources, build and environment)
-    except ImportError:
-        native = "interpreted (a checkout without sim/_compiled.py)"
+        from sim import compiled_state
+    except ImportError:  # an --engine checkout from before sim.compiled_state (2026-12-06): ask its module
+        try:
+            compiled_state = importlib.import_module("sim._compiled").state
+        except ImportError:
+            compiled_state = None
+    # the children decide the same way (same sources, build and environment)
+    native = compiled_state() if compiled_state else "interpreted (a checkout without sim/_compiled.py)"
     numba = "off (NUMBA_DISABLE_JIT)" if os.environ.get("NUMBA_DISABLE_JIT", "") not in ("", "0") else "on"
     ctx = mp.get_context("spawn")
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; req/s and steps/s per CPU second;"

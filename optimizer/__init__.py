@@ -16,7 +16,7 @@ and ``kvtune simulate`` stay cheap.
 
 from __future__ import annotations
 
-from sim._lazy import lazy_getattr
+from sim import lazy_getattr
 
 _EXPORTS = {
     "add_engine_arguments": "optimizer._cli_args",

@@ -43,7 +43,7 @@ from sim.errors import ConfigError, short_repr
 from sim.fields import at, boolean, check_keys, fail, in_file, integer, mapping, message_of, number, one_of, string
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
-from sim.workload._spec import WorkloadSpec
+from sim.workload import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",

@@ -82,7 +82,7 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
 
         return probe_workload(load_model(name), load_gpu(args.gpu), EngineConfig.from_dict(knobs or {}, "--set"))
     if args.fmt is not None:
-        from sim.workload._detect import check_format
+        from sim.workload import check_format
 
         check_format(args.fmt, "--format")
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser(), args.fmt)

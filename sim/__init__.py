@@ -21,6 +21,12 @@ _EXPORTS = {
 
 #: ``lazy_getattr(module, {name: module path})``: the module ``__getattr__`` other packages use for the same lazy
 #: public names (replay/).
-__all__ = sorted([*_EXPORTS, "lazy_getattr"])
+__all__ = sorted([*_EXPORTS, "compiled_state", "lazy_getattr"])
+
+
+def compiled_state() -> str:
+    """Which engine this process runs: compiled (mypyc) or interpreted, and why (``sim/_compiled.py``)."""
+    return _compiled.state()
+
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)

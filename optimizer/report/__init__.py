@@ -14,7 +14,7 @@ Names are imported lazily (pandas, Optuna, plotting load on first use), so that 
 
 from __future__ import annotations
 
-from sim._lazy import lazy_getattr
+from sim import lazy_getattr
 
 _EXPORTS = {
     "build_charts": "optimizer.report._figures",

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Condition": "sim.workload._rules",
     "Constant": "sim.workload._lengths",
     "DEFAULT_CLASS": "sim.workload.classes",
+    "check_format": "sim.workload._detect",
     "describe": "sim.workload._fit",
     "detect_format": "sim.workload._detect",
     "Empirical": "sim.workload._lengths",
