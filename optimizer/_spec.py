@@ -708,7 +708,7 @@ class StudySpec:
 def load_study_spec(path: str | Path) -> StudySpec:
     """Read a study spec file; errors name the key and the file."""
     path = Path(path)
-    data = read_yaml(path, "spec")  # no aliases, bounded nesting: a hostile spec is one error line
+    data = read_yaml(path)  # no aliases, bounded nesting: a hostile spec is one error line
     if not isinstance(data, Mapping):
         raise ConfigError("spec", f"{path} must hold a mapping (name:, workload:, ...), got {type(data).__name__}")
     try:

@@ -47,9 +47,9 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def load_yaml(text: str, source: str = "<text>", field: str = "spec") -> Any:
+def load_yaml(text: str, source: str = "<text>") -> Any:
     """``text`` parsed as YAML (safe types only); a problem is :func:`sim.fields.file_error` naming ``source`` and
-    the line.  ``field`` is unused (kept for callers): a whole-file error has no field path."""
+    the line."""
     if "\x00" in text:
         raise file_error(source, "not a text file (it holds NUL bytes)")
     try:
@@ -62,9 +62,9 @@ def load_yaml(text: str, source: str = "<text>", field: str = "spec") -> Any:
         raise file_error(source, f"not valid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
-def read_yaml(path: str | Path, field: str = "spec") -> Any:
+def read_yaml(path: str | Path) -> Any:
     """The YAML file at ``path`` (UTF-8 text, at most :data:`MAX_BYTES`), parsed by :func:`load_yaml`; every
-    problem is :func:`sim.fields.file_error` naming ``path`` (``field`` is unused, kept for callers)."""
+    problem is :func:`sim.fields.file_error` naming ``path``."""
     path = Path(path)
     try:
         size = path.stat().st_size

@@ -186,7 +186,7 @@ def check_device(recorded: dict | None, where: str = "profile", current: dict | 
 def read_profile(path: str | Path) -> LatencyProfile:
     """A profile file (``kvtune calibrate`` output, or a plain mapping of coefficients)."""
     path = Path(path).expanduser()
-    data = read_yaml(path, "profile")
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise file_error(path, f"must be a mapping (kind:, coefficients:, ...), got {type(data).__name__}")
     try:

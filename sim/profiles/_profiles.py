@@ -23,6 +23,7 @@ import yaml
 from sim.errors import ConfigError
 from sim.fields import at, check_keys, fail, file_error, in_file, integer, number, string, to_string
 from sim.profiles._types import GpuProfile, ModelProfile
+from sim.safe_yaml import read_yaml
 
 
 def _load_yaml(filename: str) -> dict:
@@ -123,14 +124,7 @@ def _price_strings(data: dict) -> dict:
 
 @functools.cache
 def _device(path: str) -> GpuProfile:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise file_error(path, f"cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise file_error(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                         mark.line + 1 if mark is not None else None) from None
+    data = read_yaml(path)  # no aliases, bounded size and nesting: a hostile device YAML is one error line
     if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) == 1:
         data = data["gpus"][0]  # hardware.yaml's layout with one entry
     if not isinstance(data, dict):

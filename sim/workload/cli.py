@@ -156,7 +156,7 @@ def load_spec_file(path: Path) -> "WorkloadSpec":
 
     if not path.exists():
         raise file_error(path, "no such file")
-    data = read_yaml(path, str(path))
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise file_error(path, "must be a mapping (a workload spec)")
     try:

@@ -12,7 +12,7 @@ from sim.safe_yaml import read_yaml
 
 def _error(path) -> ConfigError:
     with pytest.raises(ConfigError) as info:
-        read_yaml(path, "spec")
+        read_yaml(path)
     assert getattr(info.value, "file", None) == str(path)  # names its file: sim.fields.in_file leaves it
     return info.value
 

@@ -102,6 +102,7 @@ def test_the_shipped_cpu_device_is_a_name():
     (DEVICE.replace("48", "0"), "mem_gb: must be > 0"),
     ("mem_gb: [1\n", "not valid YAML"),
     ("- 1\n", "must be a mapping"),
+    ("x: &a [1]\n" + DEVICE + "y: *a\n", "aliases .* are not allowed"),  # a hostile device YAML, read as a spec is
 ])
 def test_bad_device_fields_name_the_file_and_field(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
