@@ -152,7 +152,7 @@ def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> s
         resolve_engine(engine, profile, device)
     except ConfigError as exc:
         return (f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: "
-                f"{str(exc)[len(exc.field) + 2:]}")
+                f"{exc.message}")
     return None
 
 

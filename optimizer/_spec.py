@@ -40,7 +40,8 @@ from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
 from sim.engine.config import FLAVORS, EngineConfig
 from sim.errors import ConfigError, short_repr
-from sim.fields import at, boolean, check_keys, fail, in_file, integer, mapping, message_of, number, one_of, string
+from sim.fields import (at, boolean, check_keys, fail, in_file, integer, mapping, message_of, number, one_of, reroot,
+                        string)
 from sim.profiles import gpu_names, load_gpu, load_model, model_names
 from sim.safe_yaml import read_yaml
 from sim.workload import WorkloadSpec
@@ -115,7 +116,7 @@ def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu:
             resolve_engine(at_device.replace(tensor_parallel_size=usable[-1]), model, device)
             return
         except ConfigError as exc:
-            why = str(exc)[len(exc.field) + 2:].split("; raise ")[0].split("; lower ")[0]
+            why = exc.message.split("; raise ")[0].split("; lower ")[0]
             kind = "weights" if exc.field == "gpu_memory_utilization" else exc.field
             problems.append((device, usable[-1], kind, f"at TP {usable[-1]}: {why}", at_device))
     details = "; ".join(f"on {device.name} {why}" for device, _, _, why, _ in problems)
@@ -543,8 +544,7 @@ class StudySpec:
                                             "engine_version": target.simulated_release, **engine}, "engine")
             resolved = fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
-            field_name = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
-            raise ConfigError(field_name, exc.message) from None
+            raise reroot(exc, "engine", strip="engine.") from None
         engine = {k: getattr(fixed, k) for k in engine}
         if resolved.max_num_batched_tokens < resolved.max_num_seqs:
             key = "max_num_batched_tokens" if "max_num_batched_tokens" in engine else "max_num_seqs"
