@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -162,17 +162,11 @@ class EngineCore:
         return result
 
     def _call_schedule_hook(self, out: SchedulerOutput) -> None:
-        """The hook sees every request's state as the object path has it after ``schedule()``: the decode
-        columns' requests written back for it, and marked stale again after it (sim/engine/decode_columns.py)."""
+        """The hook sees every request's state as the object path has it after ``schedule()`` (the columns' first
+        ``out.columnar`` requests are in the step just scheduled)."""
         hook = self.schedule_hook
         assert hook is not None
-        cols = self.scheduler._columns
-        if cols is not None and len(cols):
-            cols.sync(None, out.columnar)
-            hook(out)
-            cols.poison()
-        else:
-            hook(out)
+        self._call_written_back(hook, out, out.columnar)
 
     def end_step(self, now: float) -> None:
         """Apply the pending step's output at time ``now`` (its end)."""
@@ -209,16 +203,21 @@ class EngineCore:
             self._call_step_hook()
 
     def _call_step_hook(self) -> None:
-        """The hook sees every request's state between steps (sim/engine/decode_columns.py)."""
+        """The hook sees every request's state between steps."""
         hook = self.step_hook
         assert hook is not None
+        self._call_written_back(hook, self.num_iterations, 0)
+
+    def _call_written_back(self, hook: Callable[[Any], None], arg: Any, scheduled: int) -> None:
+        """``hook(arg)`` with the decode columns' requests written back for it, and marked stale again after it
+        (sim/engine/decode_columns.py: ``sync``, ``poison``)."""
         cols = self.scheduler._columns
-        if cols is not None and len(cols):
-            cols.sync()
-            hook(self.num_iterations)
-            cols.poison()
-        else:
-            hook(self.num_iterations)
+        if cols is None or not len(cols):
+            hook(arg)
+            return
+        cols.sync(None, scheduled)
+        hook(arg)
+        cols.poison()
 
     def cut_run(self, horizon_s: float) -> StepResult:
         """End the pending step (from :meth:`begin_step`, not yet ended) before ``horizon_s``, as if ``horizon_s``
