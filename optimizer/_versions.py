@@ -16,12 +16,10 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from sim.errors import ConfigError
+from sim.safe_yaml import read_package_yaml
 
 _VERSION = re.compile(r"^\s*(==|>=)?\s*v?(\d+(?:\.\d+){0,3})((?:\.?post\d+)|(?:rc\d+))?\s*$")
 
@@ -50,8 +48,7 @@ class ReleaseFlags:
 @functools.cache
 def flag_table() -> tuple[ReleaseFlags, ...]:
     """Every listed release, oldest first."""
-    text = resources.files("optimizer").joinpath("data", "vllm_flags.yaml").read_text()
-    data = yaml.safe_load(text)["versions"]
+    data = read_package_yaml("optimizer", "data", "vllm_flags.yaml")["versions"]
     out = [
         ReleaseFlags(
             version=str(version),

@@ -28,10 +28,9 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-import yaml
-
 from sim.errors import ConfigError
 from sim.fields import at, fail, file_error, in_file, mapping, number, string, to_string
+from sim.safe_yaml import read_yaml
 
 #: The knobs whose values can lower numeric precision, in the order their notes come.
 PRECISION_KNOBS = ("kv_cache_dtype", "quantization")
@@ -105,16 +104,10 @@ def _checked(data: Mapping) -> dict[str, tuple[frozenset, dict]]:
 
 
 def _read_table(path: Any) -> dict[str, tuple[frozenset, dict]]:
-    """knob -> (full-precision values, {value: note template}) from the quality file at ``path`` (a path or a
-    package resource); a malformed one is a ConfigError in the one form (sim.fields), naming ``path``."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise file_error(path, f"cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise file_error(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                         mark.line + 1 if mark is not None else None) from None
+    """knob -> (full-precision values, {value: note template}) from the quality file at ``path``; a malformed one
+    is a ConfigError in the one form (sim.fields), naming ``path``.  The file is kvtune's own (its notes share text
+    through YAML aliases), so it is read by sim.safe_yaml's trusted path."""
+    data = read_yaml(path, aliases=True)
     if not isinstance(data, Mapping):
         raise file_error(path, f"must be a mapping (sources:, knobs:), got {type(data).__name__}")
     try:
@@ -126,7 +119,8 @@ def _read_table(path: Any) -> dict[str, tuple[frozenset, dict]]:
 @functools.cache
 def _table() -> dict[str, tuple[frozenset, dict]]:
     """The bundled ``optimizer/data/quality.yaml``, checked once."""
-    return _read_table(resources.files("optimizer").joinpath("data", "quality.yaml"))
+    with resources.as_file(resources.files("optimizer").joinpath("data", "quality.yaml")) as path:
+        return _read_table(path)
 
 
 def _copy(note: dict) -> dict:

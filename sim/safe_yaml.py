@@ -1,5 +1,7 @@
 """Reading YAML that users hand kvtune (study specs, workload specs, profiles): text only, no aliases, bounded
-nesting, bounded size.
+nesting, bounded size.  Every YAML file kvtune reads goes through here; the files it ships inside its packages
+(``sim/data/*.yaml``, ``optimizer/data/*.yaml``, the bundled device YAMLs) through :func:`read_package_yaml`,
+the one trusted path: maintainers write those, so aliases are allowed there, and the other checks still hold.
 
 YAML aliases let 1 KB of text expand to gigabytes (the "billion laughs"); specs never need them, so an alias is
 refused where it appears.  Nesting deeper than :data:`MAX_DEPTH` is refused before PyYAML's recursive composer
@@ -12,6 +14,7 @@ named it may be at fault rather than the file.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import yaml
 
 from sim.fields import file_error
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "load_yaml", "read_yaml"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "load_yaml", "read_package_yaml", "read_yaml"]
 
 MAX_DEPTH = 64
 MAX_BYTES = 16 * 2**20
@@ -28,12 +31,14 @@ MAX_BYTES = 16 * 2**20
 class _Loader(yaml.SafeLoader):
     """SafeLoader that refuses aliases and deep nesting."""
 
+    allow_aliases = False
+
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
+        if not self.allow_aliases and self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed in kvtune files; write the "
                                                    "values out", event.start_mark)
@@ -47,13 +52,19 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def load_yaml(text: str, source: str = "<text>") -> Any:
-    """``text`` parsed as YAML (safe types only); a problem is :func:`sim.fields.file_error` naming ``source`` and
-    the line."""
+class _TrustedLoader(_Loader):
+    """The same for kvtune's own package data: aliases allowed (see :func:`read_package_yaml`)."""
+
+    allow_aliases = True
+
+
+def load_yaml(text: str, source: str = "<text>", *, aliases: bool = False) -> Any:
+    """``text`` parsed as YAML (safe types only; aliases only with ``aliases``, for trusted text); a problem is
+    :func:`sim.fields.file_error` naming ``source`` and the line."""
     if "\x00" in text:
         raise file_error(source, "not a text file (it holds NUL bytes)")
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_TrustedLoader if aliases else _Loader)  # noqa: S506 (SafeLoader subclasses)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         problem = " ".join(str(exc.problem or exc).split())[:200]
@@ -62,9 +73,9 @@ def load_yaml(text: str, source: str = "<text>") -> Any:
         raise file_error(source, f"not valid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
-def read_yaml(path: str | Path) -> Any:
-    """The YAML file at ``path`` (UTF-8 text, at most :data:`MAX_BYTES`), parsed by :func:`load_yaml`; every
-    problem is :func:`sim.fields.file_error` naming ``path``."""
+def read_yaml(path: str | Path, *, aliases: bool = False) -> Any:
+    """The YAML file at ``path`` (UTF-8 text, at most :data:`MAX_BYTES`), parsed by :func:`load_yaml` (``aliases``:
+    trusted, a file kvtune's maintainers write); every problem is :func:`sim.fields.file_error` naming ``path``."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -78,4 +89,12 @@ def read_yaml(path: str | Path) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise file_error(path, f"not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
-    return load_yaml(text, str(path))
+    return load_yaml(text, str(path), aliases=aliases)
+
+
+def read_package_yaml(package: str, *parts: str) -> Any:
+    """The YAML file ``parts`` inside ``package`` (``read_package_yaml("sim", "data", "hardware.yaml")``): data
+    kvtune ships, read by :func:`read_yaml` with aliases allowed; size, nesting and text are checked as for any
+    file, and a problem names the file."""
+    with resources.as_file(resources.files(package).joinpath(*parts)) as path:
+        return read_yaml(path, aliases=True)

@@ -18,17 +18,14 @@ from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from sim.errors import ConfigError
 from sim.fields import at, check_keys, fail, file_error, in_file, integer, number, string, to_string
 from sim.profiles._types import GpuProfile, ModelProfile
-from sim.safe_yaml import read_yaml
+from sim.safe_yaml import read_package_yaml, read_yaml
 
 
 def _load_yaml(filename: str) -> dict:
-    text = resources.files("sim").joinpath("data", filename).read_text()
-    return yaml.safe_load(text)
+    return read_package_yaml("sim", "data", filename)
 
 
 def _index(filename: str, section: str, cls: type) -> dict:
@@ -51,7 +48,7 @@ def _gpus() -> dict[str, GpuProfile]:
     for entry in sorted(resources.files("sim").joinpath("profiles", "devices").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             profile = _device(str(entry))
-            aliases = (yaml.safe_load(entry.read_text()) or {}).get("aliases") or []
+            aliases = (read_package_yaml("sim", "profiles", "devices", entry.name) or {}).get("aliases") or []
             for key in [profile.name, *aliases]:
                 table.setdefault(key.lower(), profile)
     return table

@@ -53,3 +53,25 @@ def test_a_good_file_reads(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("a: [1, 2]\nb: {c: x}\n")
     assert read_yaml(path) == {"a": [1, 2], "b": {"c": "x"}}
+
+
+def test_aliases_only_on_the_trusted_path(tmp_path, monkeypatch):
+    """issue 33: kvtune's own package data (quality.yaml shares notes through aliases) is read by the one trusted
+    path, sim.safe_yaml.read_package_yaml / read_yaml(aliases=True): aliases allowed, every other check kept."""
+    path = tmp_path / "a.yaml"
+    path.write_text("a: &x [1, 2]\nb: *x\n")
+    assert read_yaml(path, aliases=True) == {"a": [1, 2], "b": [1, 2]}
+    with pytest.raises(ConfigError, match="aliases"):
+        read_yaml(path)
+    monkeypatch.setattr(safe_yaml, "MAX_BYTES", 2)
+    with pytest.raises(ConfigError, match="too large"):
+        read_yaml(path, aliases=True)
+
+
+def test_the_bundled_data_reads_through_the_trusted_path():
+    quality = safe_yaml.read_package_yaml("optimizer", "data", "quality.yaml")
+    values = quality["knobs"]["kv_cache_dtype"]["values"]
+    assert values["fp8"] == values["fp8_e4m3"]  # one note, shared through an alias
+    assert safe_yaml.read_package_yaml("sim", "data", "hardware.yaml")["gpus"]
+    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read: "):
+        safe_yaml.read_package_yaml("sim", "data", "nope.yaml")
