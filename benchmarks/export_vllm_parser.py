@@ -19,8 +19,7 @@ import tempfile
 from pathlib import Path
 
 from optimizer import StudySpec, render_recommended_yaml, vllm_config
-
-import yaml
+from sim.safe_yaml import read_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = [("0.32.0", "KVTUNE_VLLM_PYTHON"), ("0.33.0", "KVTUNE_VLLM_REF_PYTHON")]
@@ -54,7 +53,7 @@ def main() -> int:
                 path.write_text(render_recommended_yaml(flags, policies, notes, [f"parser check {label}"]))
                 proc = subprocess.run([str(python), str(REPO / "benchmarks" / "tools" / "vllm_parse_config.py"),
                                        str(path)], capture_output=True, text=True, cwd=tmp)
-                written = yaml.safe_load(path.read_text())
+                written = read_yaml(path)
             if proc.returncode != 0:
                 failures += 1
                 print(f"vLLM {version} {label}: REJECTED ({proc.stderr.strip().splitlines()[-1:]})")

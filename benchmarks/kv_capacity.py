@@ -14,11 +14,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import yaml
-
 from sim.engine.config import EngineConfig
 from sim.engine.sizing import GIB, size_kv_cache
 from sim.profiles import load_gpu, load_model
+from sim.safe_yaml import read_yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm_kv_capacity.yaml"
 
@@ -41,7 +40,7 @@ def predict(run: dict):
 
 def rows() -> list[dict]:
     out = []
-    for run in yaml.safe_load(DATA.read_text())["runs"]:
+    for run in read_yaml(DATA)["runs"]:
         sizing, config = predict(run)
         kv = sizing.available_kv_bytes / GIB
         tokens = sizing.num_gpu_blocks * config.block_size

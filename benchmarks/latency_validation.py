@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from sim.latency import LatencyCoefficients, RooflineModel, StepShape
 from sim.profiles import GpuProfile, ModelProfile, load_gpu, load_model
+from sim.safe_yaml import read_yaml
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 if not DEFAULT_DATA.exists():
@@ -257,7 +257,7 @@ def vllm_measured(path: Path, coef) -> list[Point]:
     from sim.engine.defaults import engine_defaults
 
     out = []
-    for run in yaml.safe_load(path.read_text())["runs"]:
+    for run in read_yaml(path)["runs"]:
         gpu = load_gpu(run["gpu"])
         asyn = engine_defaults("vllm-v1", run["vllm"], gpu).async_scheduling
         lm = _model(run["model"], gpu, fp8=run["dtype"] == "fp8", coefficients=coef, async_scheduling=asyn)
@@ -388,7 +388,7 @@ def pr11531(coef) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------
 def collect(data_dir: Path, coef: LatencyCoefficients) -> list[Point]:
-    vp = yaml.safe_load((data_dir / "validation_points.yaml").read_text())
+    vp = read_yaml(data_dir / "validation_points.yaml")
     points: list[Point] = []
     points += trtllm_prefill(vp["prefill_first_token_latency_bs1"], coef)
     points += splitwise(vp["splitwise_table_iv_llama2_70b_p50_no_batching"], coef)

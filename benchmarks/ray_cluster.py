@@ -231,7 +231,9 @@ class Cluster:
 def _spec(max_requests: int, folder: Path) -> Path:
     import yaml
 
-    spec = yaml.safe_load(SPEC.read_text())
+    from sim.safe_yaml import read_yaml
+
+    spec = read_yaml(SPEC)
     spec["workload"]["max_requests"] = max_requests
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -61,11 +61,10 @@ ALL_CASES = CASES + ("1m",)
 
 
 def _incident_workload(rate_scale: float = 1.25, max_requests: int = 4000, timeouts: bool = True):
-    import yaml
-
+    from sim.safe_yaml import read_yaml
     from sim.workload import WorkloadSpec
 
-    spec = yaml.safe_load((ROOT / "studies" / "kv-pressure-incident.yaml").read_text())
+    spec = read_yaml(ROOT / "studies" / "kv-pressure-incident.yaml")
     section = dict(spec["workload"], rate_scale=rate_scale, max_requests=max_requests)
     if not timeouts:
         section["classes"] = {name: {k: v for k, v in cls.items() if k != "timeout_s"}

@@ -47,3 +47,25 @@ def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
         assert _private_imports(tmp_path / "m.py", "benchmarks") == ["m.py:1: optimizer._executors.RayExecutor"]
     finally:
         ROOT = saved
+
+
+#: YAML is parsed in one place, sim.safe_yaml (users' files: no aliases, bounded; kvtune's own package data through
+#: read_package_yaml).  vllm_parse_config.py runs in vLLM's environment, where kvtune is not installed.
+YAML_PARSERS = {"safe_load", "load", "full_load", "unsafe_load", "load_all", "safe_load_all", "compose"}
+YAML_OWN = {"sim/safe_yaml.py", "benchmarks/tools/vllm_parse_config.py"}
+#: Not yet moved (issue 33): files other engineers are changing now; their next change should read through sim.safe_yaml.
+YAML_PENDING = {"sim/engine/defaults.py", "benchmarks/real_engine/run.py"}
+
+
+def _yaml_parses(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{node.lineno}"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in YAML_PARSERS
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "yaml"]
+
+
+def test_every_yaml_read_goes_through_sim_safe_yaml() -> None:
+    files = [path for caller in CALLERS for path in sorted((ROOT / caller).rglob("*.py"))
+             if str(path.relative_to(ROOT)) not in YAML_OWN | YAML_PENDING]
+    found = [hit for path in files for hit in _yaml_parses(path)]
+    assert not found, "YAML parsed outside sim.safe_yaml:\n" + "\n".join(found)
