@@ -14,6 +14,10 @@ sequences, 2,048 tokens: vllm 0.32 engine/arg_utils.py ``get_batch_defaults``). 
 ``<out>/recommended.json``; ``report`` compares the predicted gain (simulated recommended vs default, same
 seeds) with the measured one (medians of the replays), on throughput, p99 TTFT/E2E of the class, preemptions
 and timeouts.
+
+``study --scale`` (issue 32): the same study for the at-scale matrix, on run.py's ``kv-pressure`` workload (150
+requests in bursts) and its 100 blocks, prefix caching on; it writes ``<out>/recommended-scale.json``, from which
+``run.py --scale`` builds ``recommended`` and one config on each side of it, and its report gives the closed loop.
 """
 
 from __future__ import annotations
@@ -48,33 +52,38 @@ def study(args) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    workload = WORKLOADS[WORKLOAD]()
-    trace = write_trace(workload, out / "closed-loop" / f"{WORKLOAD}.csv")
+    name, blocks, folder = WORKLOAD, BLOCKS, out / "closed-loop"
+    engine = {"block_size": bench.BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN}
+    if args.scale:
+        name, blocks, folder = bench.SCALE_LOOP_WORKLOAD, bench.SCALE_BLOCKS, out / "closed-loop-scale"
+        engine["enable_prefix_caching"] = True
+    workload = WORKLOADS[name]()
+    trace = write_trace(workload, folder / f"{name}.csv")
     klass = next(iter(workload.classes.values()))
     spec = StudySpec.from_dict({
-        "name": "closed-loop-scarce-kv",
+        "name": "closed-loop-scale" if args.scale else "closed-loop-scarce-kv",
         "workload": {"trace": str(trace), "classes": {klass.name: {"timeout_s": klass.timeout_s}}},
         "model": args.model,
         "gpu": args.gpu,
         "latency_profile": str(Path(args.profile).resolve()),
         "vllm_version": "0.32.0",
-        "engine": {"block_size": bench.BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN, "num_gpu_blocks_override": BLOCKS},
+        "engine": {**engine, "num_gpu_blocks_override": blocks},
         "search": {"base": "none", "max_num_seqs": {"low": 2, "high": 128, "log": True},
                    "max_num_batched_tokens": {"low": 256, "high": 2048, "log": True}},
         "objectives": ["output_tokens_per_s"],
         "constraints": "none",
         "budget": {"trials": args.trials},
         "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 10},
-        "out": str(out / "closed-loop" / "study"),
+        "out": str(folder / "study"),
     })
     Tuner(spec, executor=InProcessExecutor()).run()
-    exported = export_study(spec, out=out / "closed-loop" / "export")
+    exported = export_study(spec, out=folder / "export")
     knobs = dict(exported.flags)
     rec = {"max_num_seqs": int(knobs.get("max-num-seqs", knobs.get("max_num_seqs"))),
            "max_num_batched_tokens": int(knobs.get("max-num-batched-tokens", knobs.get("max_num_batched_tokens")))}
-    doc = {"recommended": rec, "trial": exported.trial, "scenario": {"workload": WORKLOAD, "num_gpu_blocks": BLOCKS},
+    doc = {"recommended": rec, "trial": exported.trial, "scenario": {"workload": name, "num_gpu_blocks": blocks},
            "export_summary": exported.summary()}
-    (out / "recommended.json").write_text(json.dumps(doc, indent=1))
+    (out / ("recommended-scale.json" if args.scale else "recommended.json")).write_text(json.dumps(doc, indent=1))
     print(exported.summary())
     print(f"recommended: {rec}")
     return doc
@@ -136,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"))
     ap.add_argument("--gpu", default="vllm-cpu-1core")
     ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--scale", action="store_true", help="study: the at-scale matrix's (run.py --scale) scenario")
     args = ap.parse_args(argv)
     if args.action == "study":
         study(args)

@@ -23,6 +23,12 @@ the measured min-max), error ``(predicted - measured) / measured``; per workload
 the configs by throughput and by p99 E2E; the median |error| over the held-out configs (all of them: the
 profile is fitted on the calibration probe's config only).
 
+``--scale`` (issue 32): the at-scale matrix of :data:`SCALE_CONFIGS` (the CPU engine's default, the closed loop's
+recommendation for the ``kv-pressure`` workload and one config on each side of it, ``closed_loop.py study --scale``
+writes it) on the at-scale workloads (``workloads.SCALE_WORKLOADS``, 150 requests each), 3 repeats; its report
+(``scale-report.json``, :mod:`scale`) gives each measurement a bootstrap 95% interval, the decision agreement over
+the config pairs the engine separates, and the closed loop, against issue 32's targets.
+
 ``--quick`` (CI): 3 configs, the ``reasoning-burst`` workload, 2 repeats; it asserts only what cannot flake (see
 :func:`quick_checks`): the scarce cache preempts and the ample one does not, and two configs far apart (one
 sequence at a time vs 128 sequences, both on the ample cache) order by tokens per engine CPU second; exit 1 if a
@@ -45,7 +51,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
-from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
+import scale  # noqa: E402
+from workloads import MAX_MODEL_LEN, SCALE_WORKLOADS, WORKLOADS  # noqa: E402
 
 from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
                               engine_times, record_engine_times, with_client_latency)
@@ -103,11 +110,27 @@ CONFIGS = [
     BenchConfig("s1-b256-ample", 1, 256, 2000, False, BOTH),
 ]
 QUICK_CONFIGS = ["default", "s1-b256-ample", "s128-b2048-ample"]
+#: The at-scale matrix (``--scale``): every config replays every at-scale workload.  100 KV blocks of 32 tokens
+#: (3,200 tokens: a scarce cache for ``kv-pressure`` and ``prefix-scarce``), prefix caching on (the CPU engine's
+#: default).  ``default`` is the CPU engine's own batch defaults; ``recommended``, ``rec-fewer`` and ``rec-more``
+#: (the recommendation with a quarter and four times its sequences) come from ``<out>/recommended-scale.json``
+#: (``closed_loop.py study --scale``); ``default-ample`` is the default on 1,000 blocks, for ``prefix-scarce`` only
+#: (the +1% side of issue 32's prefix-hit finding).
+SCALE_BLOCKS = 100
+SCALE = tuple(SCALE_WORKLOADS)
+SCALE_CONFIGS = [
+    BenchConfig("default", 128, 2048, SCALE_BLOCKS, True, SCALE),
+    BenchConfig("default-ample", 128, 2048, 1000, True, ("prefix-scarce",)),
+]
+#: The at-scale closed loop: the study's workload and baseline.
+SCALE_LOOP_WORKLOAD, SCALE_LOOP_BASELINE = "kv-pressure", "default"
 #: The closed loop's scenario: the scarce-KV reasoning workload, replayed this many times per config.
 CLOSED_LOOP_WORKLOAD, CLOSED_LOOP_REPEATS, CLOSED_LOOP_BASELINE = "reasoning", 3, "default"
 #: The quick mode's: ``reasoning``'s requests at once, which fill the scarce cache on any machine; replayed on
 #: any config it is named for (``--workloads``), and on none by default.
 QUICK_WORKLOAD = "reasoning-burst"
+#: The workloads of the 2026-12-01 matrix (without --scale).
+SMALL_WORKLOADS = ("azure", "reasoning", "prefix")
 METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
            "tpot_p50", "output_tok_s", "timed_out")
 #: Metrics whose error is relative; counts use (pred - meas) / max(meas, 1).
@@ -129,6 +152,27 @@ def recommended_config(out: Path) -> BenchConfig | None:
     base = config_by_name(CLOSED_LOOP_BASELINE)
     return BenchConfig("recommended", int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"]),
                        base.num_gpu_blocks, base.prefix_caching, base.workloads)
+
+
+def scale_configs(out: Path) -> list[BenchConfig]:
+    """:data:`SCALE_CONFIGS` with the recommendation of ``<out>/recommended-scale.json`` and one config on each side
+    of it (a quarter and four times its sequences, at most 128), when the study has run."""
+    configs = list(SCALE_CONFIGS)
+    path = Path(out) / "recommended-scale.json"
+    if not path.is_file():
+        return configs
+    rec = json.loads(path.read_text())["recommended"]
+    seqs, budget = int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"])
+    base = SCALE_CONFIGS[0]
+    extra = [BenchConfig("recommended", seqs, budget, SCALE_BLOCKS, True, SCALE),
+             BenchConfig("rec-fewer", max(1, seqs // 4), budget, SCALE_BLOCKS, True, SCALE),
+             BenchConfig("rec-more", min(base.max_num_seqs, seqs * 4), budget, SCALE_BLOCKS, True, SCALE)]
+    knobs = {(base.max_num_seqs, base.max_num_batched_tokens)}
+    for cfg in extra:
+        if (cfg.max_num_seqs, cfg.max_num_batched_tokens) not in knobs:
+            knobs.add((cfg.max_num_seqs, cfg.max_num_batched_tokens))
+            configs.insert(len(configs) - 1, cfg)
+    return configs
 
 
 def replays(cfg: BenchConfig, workload: str) -> bool:
@@ -170,7 +214,8 @@ def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
             for w, rep in todo:
                 workload = WORKLOADS[w]()
                 options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
-                                        drain_timeout_s=args.drain_timeout, hash_block_tokens=HASH_BLOCK_TOKENS)
+                                        drain_timeout_s=args.drain_timeout,
+                                        hash_block_tokens=workload.hash_block_tokens)
                 before, wall0 = engine_times(pgid), time.time()
                 result = replay(url, workload, options)
                 record_engine_times(result.info, before, engine_times(pgid))
@@ -236,10 +281,15 @@ def predicted_metrics(req: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def predict(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> dict:
+def simulate_run(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> pd.DataFrame:
+    """The simulated request table of one run, every token later by the client-side latency."""
     sim = simulate(workload, cfg.engine_config(), model, gpu, coefficients=coefficients, seed=seed,
-                   record_steps=False, hash_block_tokens=HASH_BLOCK_TOKENS)
-    return predicted_metrics(with_client_latency(sim.requests, client))
+                   record_steps=False, hash_block_tokens=workload.hash_block_tokens)
+    return with_client_latency(sim.requests, client)
+
+
+def predict(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> dict:
+    return predicted_metrics(simulate_run(workload, cfg, model, gpu, coefficients, client, seed))
 
 
 def error(pred: float, meas: float, metric: str) -> float:
@@ -338,6 +388,63 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
     return doc
 
 
+def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
+    """The at-scale report (:mod:`scale`): per config and workload the prediction (the profile as fitted, same
+    seeds) and the measurement with a bootstrap 95% interval; the summary against issue 32's targets; the closed
+    loop (``recommended`` against ``default`` on :data:`SCALE_LOOP_WORKLOAD`)."""
+    prof = read_profile(args.profile)
+    model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
+    client = ClientLatency(offset_s=prof.client_offset_s)
+    rows = []
+    for cfg in configs:
+        for w in [w for w in workloads if replays(cfg, w)]:
+            workload = WORKLOADS[w]()
+            meas_runs, pred_runs, runs = [], [], []
+            for rep in range(args.repeats):
+                path = run_dir(args.out, cfg.name, w, rep)
+                if not (path / "replay.json").is_file():
+                    continue
+                result, _ = ReplayResult.load(path)
+                m = measured_metrics(result)
+                m["prefix_hit_tokens"] = float(result.counter_delta("prefix_cache_hits_total"))
+                meas_runs.append({"metrics": m, "requests": result.requests})
+                req = simulate_run(workload, cfg, model, gpu, prof.coefficients, client, rep)
+                p = predicted_metrics(req)
+                p["prefix_hit_tokens"] = float(req["prefix_hit_tokens"].fillna(0).sum())
+                pred_runs.append({"metrics": p, "requests": req})
+                span = float(result.requests["end_s"].max() - result.requests["arrival_s"].min())
+                runs.append({"rep": rep, "makespan_s": span, "load_avg_1m": result.info.get("load_avg_1m"),
+                             "engine_cpu_share": cpu_share(result), "engine_on_core": contended_share(result)})
+            if meas_runs:
+                rows.append({"config": cfg.name, "workload": w, "knobs": asdict(cfg), "runs": runs,
+                             **scale.cell(meas_runs, pred_runs)})
+    doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "device": _profile_device(args.profile),
+           "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "rows": rows,
+           "summary": scale.summarize(rows) if rows else {}, "closed_loop": None}
+    cells = {r["config"]: r for r in rows if r["workload"] == SCALE_LOOP_WORKLOAD}
+    if SCALE_LOOP_BASELINE in cells and "recommended" in cells:
+        doc["closed_loop"] = {"workload": SCALE_LOOP_WORKLOAD, "baseline": SCALE_LOOP_BASELINE,
+                              "recommended": "recommended",
+                              "gains": scale.closed_loop(cells, SCALE_LOOP_BASELINE, "recommended",
+                                                         ("output_tok_s", "e2e_p99", "ttft_p99", "preemptions"))}
+    return doc
+
+
+def _profile_device(path) -> object:
+    """What the profile says about the machine it was fitted on (None when it records nothing)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    return doc.get("device") or (doc.get("fit") or {}).get("device")
+
+
+def format_scale_report(doc: dict) -> str:
+    lines = scale.format_rows(doc["rows"])
+    if doc["summary"]:
+        lines += [""] + scale.format_summary(doc["summary"], doc["closed_loop"])
+    return "\n".join(lines)
+
+
 def format_report(doc: dict) -> str:
     lines = []
     for mode, part in doc["modes"].items():
@@ -427,28 +534,47 @@ def main(argv=None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
     ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
     ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    ap.add_argument("--scale", action="store_true",
+                    help="issue 32's at-scale matrix: 150-request workloads, the default, the recommendation and its "
+                         "sides; writes scale-report.json")
     args = ap.parse_args(argv)
-    names = QUICK_CONFIGS if args.quick else [c.name for c in CONFIGS]
+    if args.scale and args.quick:
+        print("--scale and --quick: choose one", file=sys.stderr)
+        return 2
+    if args.scale:
+        by_name = {c.name: c for c in scale_configs(args.out)}
+        names = list(by_name)
+    else:
+        names = QUICK_CONFIGS if args.quick else [c.name for c in CONFIGS]
+        by_name = {c.name: c for c in CONFIGS}
+        recommended = recommended_config(args.out)
+        if recommended is not None:
+            by_name["recommended"] = recommended
+            if not args.configs and not args.quick:
+                names.insert(names.index(CLOSED_LOOP_BASELINE) + 1, "recommended")
     if args.configs:
         names = [n.strip() for n in args.configs.split(",")]
-    by_name = {c.name: c for c in CONFIGS}
-    recommended = recommended_config(args.out)
-    if recommended is not None:
-        by_name["recommended"] = recommended
-        if not args.configs and not args.quick:
-            names.insert(names.index(CLOSED_LOOP_BASELINE) + 1, "recommended")
     unknown = [n for n in names if n not in by_name]
     if unknown:
         print(f"--configs: unknown {unknown}; known: {sorted(by_name)}", file=sys.stderr)
         return 2
     configs = [by_name[n] for n in names]
-    workloads = [QUICK_WORKLOAD] if args.quick else [w for w in WORKLOADS if w != QUICK_WORKLOAD]
+    workloads = [QUICK_WORKLOAD] if args.quick else list(SCALE if args.scale else SMALL_WORKLOADS)
     if args.workloads:
         workloads = [w.strip() for w in args.workloads.split(",")]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        print(f"--workloads: unknown {unknown}; known: {sorted(WORKLOADS)}", file=sys.stderr)
+        return 2
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         measure(args, configs, workloads)
+    if args.scale:
+        doc = scale_report(args, configs, workloads)
+        (args.out / "scale-report.json").write_text(json.dumps(doc, indent=1))
+        print(format_scale_report(doc))
+        return 0
     doc = report(args, configs, workloads)
     (args.out / "report.json").write_text(json.dumps(doc, indent=1))
     print(format_report(doc))

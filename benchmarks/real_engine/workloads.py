@@ -14,6 +14,21 @@ that prefills ~1,000 tokens/s and decodes a few dozen sequences at a time).
   generator builds identical token blocks for identical ids): 4 system prompts of one block, half the requests
   continuing one of 8 conversations (a second shared block), then a unique suffix.
 
+At scale (issue 32; ``run.py --scale``): four workloads of 150 requests each, sized so that a run takes about 20-40 s
+on the tiny engine and loads it (the small ones above are mostly under-loaded: their throughput is the offered
+load, not the engine's):
+
+- ``saturated``: short prompts and outputs (32-128 tokens each) arriving faster than the engine serves them
+  (Poisson, 10 req/s), so throughput is engine-bound;
+- ``kv-pressure``: longer prompts (96-320) and outputs (64-256) in bursts, so that on a scarce cache the running
+  batch outgrows the KV blocks: tens of preemptions per run, some requests preempted more than once;
+- ``reasoning-long``: short prompts, long outputs from ServeGen's DeepSeek-R1 output distribution (x0.12,
+  64-480 tokens), a 12 s client timeout that the slow configs hit;
+- ``prefix-scarce``: 6 system prompts of 256 tokens (two 128-token hash blocks each; ``hash_block_tokens`` 128),
+  a third of the requests continuing one of 12 conversations (one more shared block), then a unique suffix; on
+  100 blocks of 32 tokens the cached prefixes are evicted under allocation pressure (the case where kvtune
+  predicted +92% prefix hits in free running, issue 32).
+
 Every builder is deterministic (seeded) and returns the same requests on every call.
 """
 
@@ -108,4 +123,81 @@ def reasoning_burst() -> Workload:
 
 WORKLOADS = {"azure": azure, "reasoning": reasoning, "prefix": prefix, "reasoning-burst": reasoning_burst}
 
-__all__ = ["HASH_BLOCK_TOKENS", "MAX_MODEL_LEN", "WORKLOADS", "azure", "prefix", "reasoning", "reasoning_burst"]
+
+# ---- at scale (issue 32) ----------------------------------------------------------------------------------------
+#: Requests per run of the at-scale workloads (the issue asks for >= 150).
+SCALE_REQUESTS = 150
+
+
+def _poisson(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate, n - 1))])
+
+
+def _rows(klass: str, arrivals, prompt, output) -> pd.DataFrame:
+    return _frame([(i, klass, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))])
+
+
+def saturated(num_requests: int = SCALE_REQUESTS, rate: float = 10.0, seed: int = 21) -> Workload:
+    """Short requests (prompts and outputs 32-128 tokens) arriving faster than the engine serves them."""
+    rng = np.random.default_rng(seed)
+    prompt, output = _fit_context(rng.integers(32, 129, num_requests), rng.integers(32, 129, num_requests))
+    return Workload(_rows("short", _poisson(rng, num_requests, rate), prompt, output),
+                    {"short": RequestClass("short")}, source=f"saturated: {num_requests} short requests at {rate:g} req/s")
+
+
+def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: int = 10, seed: int = 23) -> Workload:
+    """Bursts of ``burst`` requests (prompts 96-320, outputs 64-256), the bursts Poisson at ``rate / burst``."""
+    rng = np.random.default_rng(seed)
+    prompt, output = _fit_context(rng.integers(96, 321, num_requests), rng.integers(64, 257, num_requests))
+    starts = _poisson(rng, -(-num_requests // burst), rate / burst)
+    arrivals = np.sort(np.repeat(starts, burst)[:num_requests] + rng.uniform(0, 0.2, num_requests))
+    arrivals -= arrivals[0]
+    return Workload(_rows("batch", arrivals, prompt, output), {"batch": RequestClass("batch")},
+                    source=f"kv-pressure: {num_requests} requests in bursts of {burst}, {rate:g} req/s")
+
+
+def reasoning_long(num_requests: int = SCALE_REQUESTS, rate: float = 4.0, timeout_s: float = 12.0,
+                   seed: int = 29) -> Workload:
+    """Short prompts (32-96 tokens), long outputs: ServeGen DeepSeek-R1 output lengths x0.12, cut to 64-480;
+    a ``timeout_s`` client timeout."""
+    rng = np.random.default_rng(seed)
+    tout, pout = _servegen_lengths("output_tokens")
+    output = np.clip(np.round(rng.choice(tout, size=num_requests, p=pout) * 0.12), 64, 480)
+    prompt, output = _fit_context(rng.integers(32, 97, num_requests), output)
+    return Workload(_rows("reason", _poisson(rng, num_requests, rate), prompt, output),
+                    {"reason": RequestClass("reason", timeout_s=timeout_s)},
+                    source=f"reasoning-long: ServeGen DeepSeek-R1 output lengths x0.12, {timeout_s:g} s timeout")
+
+
+#: Tokens per hash id of ``prefix-scarce`` (4 engine blocks of 32).
+PREFIX_HASH_TOKENS = 128
+
+
+def prefix_scarce(num_requests: int = SCALE_REQUESTS, rate: float = 5.0, seed: int = 31) -> Workload:
+    """6 system prompts of two hash blocks, a third of the requests continuing one of 12 conversations (a third
+    shared block), then a unique suffix of 16-96 tokens; outputs 16-64 tokens."""
+    rng = np.random.default_rng(seed)
+    arrivals = _poisson(rng, num_requests, rate)
+    rows, hashes = [], []
+    for i in range(num_requests):
+        system = int(rng.integers(0, 6))
+        ids = [2 * system, 2 * system + 1]
+        if rng.random() < 1 / 3:
+            ids.append(1000 + 10 * system + int(rng.integers(0, 2)))  # one of 2 conversations per system prompt
+        prompt = len(ids) * PREFIX_HASH_TOKENS + int(rng.integers(16, 97))
+        rows.append((i, "chat", float(arrivals[i]), prompt, int(rng.integers(16, 65))))
+        hashes.append(ids)
+    df = _frame(rows)
+    df["hash_ids"] = hashes
+    return Workload(df, {"chat": RequestClass("chat")}, source="prefix-scarce: shared prefixes (hash ids of 128 tokens)",
+                    hash_block_tokens=PREFIX_HASH_TOKENS)
+
+
+#: The at-scale workloads (``run.py --scale``), also in WORKLOADS.
+SCALE_WORKLOADS = {"saturated": saturated, "kv-pressure": kv_pressure, "reasoning-long": reasoning_long,
+                   "prefix-scarce": prefix_scarce}
+WORKLOADS.update(SCALE_WORKLOADS)
+
+__all__ = ["HASH_BLOCK_TOKENS", "MAX_MODEL_LEN", "PREFIX_HASH_TOKENS", "SCALE_REQUESTS", "SCALE_WORKLOADS", "WORKLOADS",
+           "azure", "kv_pressure", "prefix", "prefix_scarce", "reasoning", "reasoning_burst", "reasoning_long",
+           "saturated"]
