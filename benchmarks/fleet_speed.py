@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from optimizer import add_rate_scale_argument  # noqa: E402 (after the path set-up)
+
 
 def _workload(requests: int | None, rate: float, prefix: bool):
     import numpy as np
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", default="1,8,64")
     parser.add_argument("--routers", default="round_robin,least_outstanding")
     parser.add_argument("--requests", type=int, default=None, help="the trace's first N requests (default: all)")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="the single engine's rate; a fleet of N: N times it")
+    add_rate_scale_argument(parser, help="the single engine's rate; a fleet of N: N times it")
     parser.add_argument("--prefix", action="store_true", help="shared-prefix hash_ids and prefix caching")
     parser.add_argument("--repeats", type=int, default=1)
     opts = parser.parse_args(argv)

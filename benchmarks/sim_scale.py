@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from optimizer import add_rate_scale_argument  # noqa: E402 (after the path set-up)
+
 HOUR_GAP_S = 1.0
 
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/tmp/kvtune-scale", help="traces and outputs (default /tmp/kvtune-scale)")
     parser.add_argument("--max-rss-mb", type=float, default=8000.0,
                         help="skip a size whose extrapolated peak passes this (default 8000)")
-    parser.add_argument("--rate-scale", type=float, default=1.25)
+    add_rate_scale_argument(parser, default=1.25)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--keep-outputs", action="store_true", help="keep each run's out-N folder")
     parser.add_argument("extra", nargs="*", help="more `kvtune simulate` arguments (after --)")

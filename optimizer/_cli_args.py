@@ -14,6 +14,9 @@ Which subcommands take which:
 - ``--vllm-python --vllm-arg``: :func:`add_vllm_arguments` (replay, calibrate);
 - ``--log-level``: :func:`add_log_level_argument` (twin, replay);
 - ``SPEC --storage --study-out --out --favor``: :func:`add_study_arguments` (export, report).
+
+The benchmarks (``benchmarks/*.py``) take these flags from here too, through ``optimizer``'s public names
+(``tests/test_public_seams.py`` finds a second definition).
 """
 
 from __future__ import annotations
@@ -138,10 +141,11 @@ def add_seed_argument(p: argparse.ArgumentParser, *, help: str, repeatable: bool
         p.add_argument("--seed", type=seed_int, default=0, help=help)
 
 
-def add_rate_scale_argument(p: argparse.ArgumentParser) -> None:
-    """``--rate-scale X`` (> 0, default 1): the trace's arrivals compressed X-fold."""
-    p.add_argument("--rate-scale", type=positive_float, default=1.0,
-                   help="compress arrival times X-fold (2 doubles the request rate)")
+def add_rate_scale_argument(p: argparse.ArgumentParser, *, default: float = 1.0,
+                            help: str = "compress arrival times X-fold (2 doubles the request rate)") -> None:
+    """``--rate-scale X`` (> 0, default 1; a benchmark may start from another): the trace's arrivals compressed
+    X-fold."""
+    p.add_argument("--rate-scale", type=positive_float, default=default, help=help)
 
 
 def add_vllm_arguments(p: argparse.ArgumentParser) -> None:

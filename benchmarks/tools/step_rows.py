@@ -8,7 +8,7 @@ by kind: preempting, recompute prefill, new prefill, and plain decode (none of t
 the single rows with prefill that repeat the row before them (same prefill and decode tokens, same batch, neither
 preempting): what batching identical mixed steps could fold into the row before at most.
 
-    python benchmarks/tools/step_rows.py [--cases reasoning,incident,...] [--set knob=value ...]
+    python benchmarks/tools/step_rows.py [--cases reasoning,incident,...] [--set knob=value ...] [--model M] [--gpu G]
 """
 
 from __future__ import annotations
@@ -54,14 +54,17 @@ def classify(steps) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="1x,4x,incident,offload,overload-4x,reasoning,prefix,v0-swap")
-    parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                        help="change an engine knob of every case (EngineConfig field)")
+
+    from optimizer import add_engine_arguments, parse_pairs
+
+    add_engine_arguments(parser, model_help="run every case on this model (default: each case's)",
+                         gpu_help="run every case on this GPU (default: each case's)",
+                         set_help="change an engine knob of every case (EngineConfig field; repeatable)")
     args = parser.parse_args()
 
     import sim_speed
-    from optimizer.cli_simulate import parse_set
     from sim.engine.config import EngineConfig
-    from sim.errors import ConfigError
+    from sim.errors import KvtuneError
     from sim.profiles import load_gpu, load_model
     from sim.runner import simulate
 
@@ -69,13 +72,14 @@ def main() -> None:
     for case in args.cases.split(","):
         workload, config, model, gpu, kwargs = sim_speed._build(case)
         kwargs.pop("trial", None)
-        if args.set:
-            try:  # the case's knobs with --set's on top, read and checked as `kvtune simulate --set` reads them
-                config = EngineConfig.from_dict({**config.explicit_knobs(), **parse_set(args.set)}, "--set")
-            except ConfigError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                raise SystemExit(2) from None
-        result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
+        try:  # the case's knobs with --set's on top, read and checked as `kvtune simulate --set` reads them
+            if args.set:
+                config = EngineConfig.from_dict({**config.explicit_knobs(), **parse_pairs(args.set, "--set")}, "--set")
+            profiles = load_model(args.model or model, field="--model"), load_gpu(args.gpu or gpu, field="--gpu")
+        except KvtuneError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        result = simulate(workload, config, *profiles, **kwargs)
         row = classify(result.steps)
         if columns is None:
             columns = list(row)
