@@ -197,9 +197,10 @@ class SimBackend(TrialBackend):
 
         router = router or "round_robin"
         own = router_class(router).params  # a searched parameter of another router does not apply to this one
-        result = simulate_fleet(workload, plan.config, model, gpu, replicas=replicas, router=router,
+        # The trial's plan as it is (resolved, sized and given its latency model once), one engine built per replica.
+        result = simulate_fleet(workload, plan, model, gpu, replicas=replicas, router=router,
                                 router_params={k: v for k, v in router_params.items() if k in own}, seed=seed,
-                                latency=plan.latency, keep_requests=False)
+                                keep_requests=False)
         if result.aborted:
             raise TrialError(f"engine aborted: {result.aborted}")
         metrics = summarize(result.requests, result.steps, workload.classes).to_dict()

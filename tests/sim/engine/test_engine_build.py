@@ -65,6 +65,17 @@ def test_one_trial_resolves_sizes_and_picks_latency_once(calls, kv_scale, time_s
     assert counts == {"resolve": 1, "size_kv_cache": 1, "roofline_for": 1}
 
 
+def test_a_fleet_trial_resolves_sizes_and_picks_latency_once(calls):
+    """A trial of several replicas behind a router goes the same one way: its plan, one engine built per replica."""
+    counts, _ = calls
+    backend = SimBackend(WorkloadSpec.from_dict(WORKLOAD), "Llama-2-7B", "L40S", kv_scale=0.8, time_scale=1.25)
+    backend.prepare([0])
+    counts.clear()
+    metrics, _ = backend.run_one({**KNOBS, "replicas": 2, "router": "round_robin"}, 0)
+    assert counts == {"resolve": 1, "size_kv_cache": 1, "roofline_for": 1}
+    assert metrics["fleet.replicas"] == 2
+
+
 def test_scaled_plan_is_what_sizing_again_gives():
     model, gpu = load_model("Llama-2-7B"), load_gpu("L40S")
     plan = resolve_engine(KNOBS, model, gpu)
