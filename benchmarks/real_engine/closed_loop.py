@@ -56,7 +56,7 @@ def study(args) -> dict:
     engine = {"block_size": bench.BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN}
     if args.scale:
         name, blocks, folder = bench.SCALE_LOOP_WORKLOAD, bench.SCALE_BLOCKS, out / "closed-loop-scale"
-        engine["enable_prefix_caching"] = True
+        engine.update(enable_prefix_caching=True, max_model_len=bench.SCALE_MAX_MODEL_LEN)
     workload = WORKLOADS[name]()
     trace = write_trace(workload, folder / f"{name}.csv")
     klass = next(iter(workload.classes.values()))

@@ -77,10 +77,11 @@ class BenchConfig:
     prefix_caching: bool
     #: The workloads replayed on it.
     workloads: tuple[str, ...] = ("azure", "reasoning")
+    max_model_len: int = MAX_MODEL_LEN
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                            block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                            block_size=BLOCK_SIZE, max_model_len=self.max_model_len,
                             enable_prefix_caching=self.prefix_caching, num_gpu_blocks_override=self.num_gpu_blocks)
 
 
@@ -116,11 +117,13 @@ QUICK_CONFIGS = ["default", "s1-b256-ample", "s128-b2048-ample"]
 #: (the recommendation with a quarter and four times its sequences) come from ``<out>/recommended-scale.json``
 #: (``closed_loop.py study --scale``); ``default-ample`` is the default on 1,000 blocks, for ``prefix-scarce`` only
 #: (the +1% side of issue 32's prefix-hit finding).
-SCALE_BLOCKS = 100
+SCALE_BLOCKS = 48
+#: The at-scale configs' context (a cache must hold one request of it: 48 blocks hold 1,536 tokens).
+SCALE_MAX_MODEL_LEN = 512
 SCALE = tuple(SCALE_WORKLOADS)
 SCALE_CONFIGS = [
-    BenchConfig("default", 128, 2048, SCALE_BLOCKS, True, SCALE),
-    BenchConfig("default-ample", 128, 2048, 1000, True, ("prefix-scarce",)),
+    BenchConfig("default", 128, 2048, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN),
+    BenchConfig("default-ample", 128, 2048, 1000, True, ("prefix-scarce",), SCALE_MAX_MODEL_LEN),
 ]
 #: The at-scale closed loop: the study's workload and baseline.
 SCALE_LOOP_WORKLOAD, SCALE_LOOP_BASELINE = "kv-pressure", "default"
@@ -164,9 +167,10 @@ def scale_configs(out: Path) -> list[BenchConfig]:
     rec = json.loads(path.read_text())["recommended"]
     seqs, budget = int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"])
     base = SCALE_CONFIGS[0]
-    extra = [BenchConfig("recommended", seqs, budget, SCALE_BLOCKS, True, SCALE),
-             BenchConfig("rec-fewer", max(1, seqs // 4), budget, SCALE_BLOCKS, True, SCALE),
-             BenchConfig("rec-more", min(base.max_num_seqs, seqs * 4), budget, SCALE_BLOCKS, True, SCALE)]
+    extra = [BenchConfig("recommended", seqs, budget, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN),
+             BenchConfig("rec-fewer", max(1, seqs // 4), budget, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN),
+             BenchConfig("rec-more", min(base.max_num_seqs, seqs * 4), budget, SCALE_BLOCKS, True, SCALE,
+                         SCALE_MAX_MODEL_LEN)]
     knobs = {(base.max_num_seqs, base.max_num_batched_tokens)}
     for cfg in extra:
         if (cfg.max_num_seqs, cfg.max_num_batched_tokens) not in knobs:
@@ -194,14 +198,17 @@ def run_dir(out: Path, cfg: str, workload: str, rep: int) -> Path:
 FAST_START = ("--enforce-eager",)
 
 
-def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
+def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None) -> None:
+    """``prepare(cfg)``: None, or what to run on the config's engine (``(url, pgid)``) before its replays (the
+    quick mode's calibration)."""
     from replay.vllm_env import find_vllm
 
     install = find_vllm(args.vllm_python)
     for cfg in configs:
         todo = [(w, r) for w in workloads if replays(cfg, w) for r in range(repeats_of(args, cfg.name, w))
                 if not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
-        if not todo:
+        first = prepare(cfg) if prepare is not None else None
+        if not todo and first is None:
             continue
         url = f"http://127.0.0.1:{args.port}"
         log = args.out / cfg.name / "engine.log"
@@ -211,6 +218,8 @@ def measure(args, configs: list[BenchConfig], workloads: list[str]) -> None:
         with EngineProcess(argv, url, env=env, log_path=log, startup_timeout_s=900) as eng:
             print(f"[{cfg.name}] engine up in {time.time() - t0:.0f}s", flush=True)
             pgid = eng.proc.pid
+            if first is not None:
+                first(url, pgid)
             for w, rep in todo:
                 workload = WORKLOADS[w]()
                 options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
@@ -389,17 +398,25 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
 
 
 def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
-    """The at-scale report (:mod:`scale`): per config and workload the prediction (the profile as fitted, same
-    seeds) and the measurement with a bootstrap 95% interval; the summary against issue 32's targets; the closed
-    loop (``recommended`` against ``default`` on :data:`SCALE_LOOP_WORKLOAD`)."""
+    """The at-scale report (:mod:`scale`): per config and workload the prediction (same seeds) and the measurement
+    with a bootstrap 95% interval; the summary against issue 32's targets; the closed loop (``recommended``
+    against ``default`` on :data:`SCALE_LOOP_WORKLOAD`).  Two prediction modes as in :func:`report`: ``raw`` (the
+    profile as fitted) and ``normalized`` (at the CPU share the engine had in each run)."""
+    import yaml
+
     prof = read_profile(args.profile)
     model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
     client = ClientLatency(offset_s=prof.client_offset_s)
-    rows = []
+    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
+    from sim.latency import coefficients_from_mapping
+
+    dedicated = fit.get("dedicated_core_coefficients")
+    dedicated = coefficients_from_mapping(dedicated) if dedicated else prof.coefficients
+    rows = {mode: [] for mode in MODES}
     for cfg in configs:
         for w in [w for w in workloads if replays(cfg, w)]:
             workload = WORKLOADS[w]()
-            meas_runs, pred_runs, runs = [], [], []
+            meas_runs, pred_runs, runs = [], {mode: [] for mode in MODES}, []
             for rep in range(args.repeats):
                 path = run_dir(args.out, cfg.name, w, rep)
                 if not (path / "replay.json").is_file():
@@ -408,25 +425,32 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
                 m = measured_metrics(result)
                 m["prefix_hit_tokens"] = float(result.counter_delta("prefix_cache_hits_total"))
                 meas_runs.append({"metrics": m, "requests": result.requests})
-                req = simulate_run(workload, cfg, model, gpu, prof.coefficients, client, rep)
-                p = predicted_metrics(req)
-                p["prefix_hit_tokens"] = float(req["prefix_hit_tokens"].fillna(0).sum())
-                pred_runs.append({"metrics": p, "requests": req})
+                share = cpu_share(result)
+                for mode in MODES:
+                    coefficients = prof.coefficients if mode == "raw" else at_cpu_share(dedicated, share)
+                    req = simulate_run(workload, cfg, model, gpu, coefficients, client, rep)
+                    p = predicted_metrics(req)
+                    p["prefix_hit_tokens"] = float(req["prefix_hit_tokens"].fillna(0).sum())
+                    pred_runs[mode].append({"metrics": p, "requests": req})
                 span = float(result.requests["end_s"].max() - result.requests["arrival_s"].min())
                 runs.append({"rep": rep, "makespan_s": span, "load_avg_1m": result.info.get("load_avg_1m"),
-                             "engine_cpu_share": cpu_share(result), "engine_on_core": contended_share(result)})
+                             "engine_cpu_share": share, "engine_on_core": contended_share(result)})
             if meas_runs:
-                rows.append({"config": cfg.name, "workload": w, "knobs": asdict(cfg), "runs": runs,
-                             **scale.cell(meas_runs, pred_runs)})
+                for mode in MODES:
+                    rows[mode].append({"config": cfg.name, "workload": w, "knobs": asdict(cfg), "runs": runs,
+                                       **scale.cell(meas_runs, pred_runs[mode])})
     doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "device": _profile_device(args.profile),
-           "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "rows": rows,
-           "summary": scale.summarize(rows) if rows else {}, "closed_loop": None}
-    cells = {r["config"]: r for r in rows if r["workload"] == SCALE_LOOP_WORKLOAD}
-    if SCALE_LOOP_BASELINE in cells and "recommended" in cells:
-        doc["closed_loop"] = {"workload": SCALE_LOOP_WORKLOAD, "baseline": SCALE_LOOP_BASELINE,
-                              "recommended": "recommended",
-                              "gains": scale.closed_loop(cells, SCALE_LOOP_BASELINE, "recommended",
-                                                         ("output_tok_s", "e2e_p99", "ttft_p99", "preemptions"))}
+           "calibration_cpu_share": float(fit.get("cpu_share_median") or math.nan),
+           "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "modes": {}}
+    for mode in MODES:
+        part = {"rows": rows[mode], "summary": scale.summarize(rows[mode]) if rows[mode] else {}, "closed_loop": None}
+        cells = {r["config"]: r for r in rows[mode] if r["workload"] == SCALE_LOOP_WORKLOAD}
+        if SCALE_LOOP_BASELINE in cells and "recommended" in cells:
+            part["closed_loop"] = {"workload": SCALE_LOOP_WORKLOAD, "baseline": SCALE_LOOP_BASELINE,
+                                   "recommended": "recommended",
+                                   "gains": scale.closed_loop(cells, SCALE_LOOP_BASELINE, "recommended",
+                                                              ("output_tok_s", "e2e_p99", "ttft_p99", "preemptions"))}
+        doc["modes"][mode] = part
     return doc
 
 
@@ -439,9 +463,16 @@ def _profile_device(path) -> object:
 
 
 def format_scale_report(doc: dict) -> str:
-    lines = scale.format_rows(doc["rows"])
-    if doc["summary"]:
-        lines += [""] + scale.format_summary(doc["summary"], doc["closed_loop"])
+    lines = []
+    for mode, part in doc["modes"].items():
+        lines += [f"### predictions {mode}", ""] + scale.format_rows(part["rows"])
+        if part["summary"]:
+            lines += [""] + scale.format_summary(part["summary"], part["closed_loop"])
+        lines.append("")
+    runs = [(r["config"], r["workload"], x) for r in doc["modes"]["raw"]["rows"] for x in r["runs"]]
+    if runs:
+        lines.append("runs: " + "; ".join(f"{c}/{w}/{x['rep']} {x['makespan_s']:.0f}s load {x['load_avg_1m'] or 0:.1f} "
+                                          f"cpu {x['engine_cpu_share']:.0%}" for c, w, x in runs))
     return "\n".join(lines)
 
 
@@ -516,12 +547,136 @@ def quick_checks(args) -> list[str]:
     if not big > small:
         failures.append(f"throughput order: 128 sequences {big:.1f} tokens per CPU second should exceed one "
                         f"sequence at a time {small:.1f}")
+    if getattr(args, "calibrate", False):
+        value, failure = quick_accuracy(args.out, args.model, args.profile, args.repeats, gpu_ref=args.gpu)
+        print(f"quick: predicted / measured {QUICK_METRIC} median {value:.3f}, bound {list(QUICK_BAND)}")
+        if failure:
+            failures.append(failure)
     return failures
+
+
+# ---- quick mode: a brief calibration and an accuracy bound (issue 32) -------------------------------------------
+#: ``--quick --calibrate``: the engine of this config replays ``kvtune calibrate --quick``'s probes, idle, before its
+#: workload (no engine start of its own), and the profile fitted to them predicts every quick config.
+QUICK_CALIBRATION_CONFIG = "s128-b2048-ample"
+#: What ``--calibrate`` writes under ``--out``: the profile, and the probes' replays (``kvtune calibrate`` refits them).
+QUICK_PROFILE, QUICK_PROBE_RUNS = "quick-profile.yaml", "quick-probes"
+
+
+def quick_profile_path(args) -> Path:
+    return Path(args.profile) if args.profile else args.out / QUICK_PROFILE
+
+
+def quick_calibration(args, cfg: BenchConfig):
+    """With ``--calibrate``, for the calibration config while its profile is not written yet: what to run on its
+    engine before the replays, ``kvtune calibrate --quick --url URL --engine-pgid PGID`` with the engine's config;
+    None otherwise."""
+    path = quick_profile_path(args)
+    if not (args.calibrate and cfg.name == QUICK_CALIBRATION_CONFIG) or path.is_file():
+        return None
+
+    def run(url: str, pgid: int) -> None:
+        from optimizer.cli import main as kvtune
+
+        argv = ["calibrate", "--quick", "--url", url, "--engine-pgid", str(pgid), "--model", args.model,
+                "--gpu", args.gpu or "vllm-cpu-1core", "--save-runs", str(args.out / QUICK_PROBE_RUNS),
+                "--out", str(path)]
+        for knob, value in cfg.engine_config().explicit_knobs().items():
+            argv += ["--set", f"{knob}={value}"]
+        t0 = time.time()
+        rc = kvtune(argv)
+        if rc:
+            raise SystemExit(f"quick calibration failed (kvtune calibrate exit {rc})")
+        print(f"[{cfg.name}] quick calibration in {time.time() - t0:.0f}s: {path}", flush=True)
+
+    return run
+
+
+def quick_ratios(out: Path, model_ref: str, profile, repeats: int = 2, step_scale: float = 1.0,
+                 gpu_ref: str | None = None) -> dict[str, list[float]]:
+    """Per quick run (config x repeat), predicted / measured, with the profile's every step time times
+    ``step_scale`` (2.0: a latency model 2x too slow):
+
+    - ``tpot_raw``: TPOT p50 over finished requests, the profile as fitted (at the calibration's CPU share);
+    - ``tpot_norm``: the same at the run's own CPU share (``cpu_share``: the engine's CPU seconds over the run's
+      busy span, the measure the calibration divided by), which cancels a change of the machine's load between
+      the calibration and the run;
+    - ``tok_cpu``: tokens per engine CPU second, measured against simulated tokens per second on a core of its own.
+    """
+    import yaml
+
+    prof = read_profile(profile)
+    model, gpu = load_model(model_ref), load_gpu(gpu_ref or prof.gpu or "vllm-cpu-1core")
+    fit = (yaml.safe_load(Path(profile).read_text()) or {}).get("fit", {})
+    from sim.latency import coefficients_from_mapping
+
+    dedicated = fit.get("dedicated_core_coefficients")
+    dedicated = coefficients_from_mapping(dedicated) if dedicated else prof.coefficients
+    raw = at_cpu_share(prof.coefficients, 1.0 / step_scale)
+    dedicated = at_cpu_share(dedicated, 1.0 / step_scale)
+    client = ClientLatency(offset_s=prof.client_offset_s)
+    ratios: dict[str, list[float]] = {"tpot_raw": [], "tpot_norm": [], "tok_cpu": [], "served_tok_cpu": []}
+    workload = WORKLOADS[QUICK_WORKLOAD]()
+    for name in QUICK_CONFIGS:
+        cfg = config_by_name(name)
+        for rep in range(repeats):
+            result, _ = ReplayResult.load(run_dir(Path(out), name, QUICK_WORKLOAD, rep))
+            meas = measured_metrics(result)["tpot_p50"]
+            pred = predicted_metrics(simulate_run(workload, cfg, model, gpu, raw, client, rep))["tpot_p50"]
+            ratios["tpot_raw"].append(pred / meas)
+            share = min(1.0, cpu_share(result))
+            pred = predicted_metrics(simulate_run(workload, cfg, model, gpu, at_cpu_share(dedicated, share),
+                                                  client, rep))["tpot_p50"]
+            ratios["tpot_norm"].append(pred / meas)
+            sim = simulate_run(workload, cfg, model, gpu, dedicated, client, rep)
+            span = float(sim["end_s"].max() - sim["arrival_s"].min())
+            ratios["tok_cpu"].append(float(sim["generated_tokens"].sum()) / span / tokens_per_cpu_s(result))
+            served = served_workload(workload, result)
+            sim = simulate(served, cfg.engine_config(), model, gpu, coefficients=dedicated, seed=rep,
+                           record_steps=False).requests
+            span = float(sim["end_s"].max() - sim["arrival_s"].min())
+            ratios["served_tok_cpu"].append(float(sim["generated_tokens"].sum()) / span / tokens_per_cpu_s(result))
+    return ratios
+
+
+
+#: The quick mode's accuracy bound (``--calibrate``): the median over its runs (3 configs x 2 repeats) of
+#: predicted / measured ``served_tok_cpu`` (:func:`quick_ratios`) lies in this band.  Chosen from measured spread
+#: (benchmarks/real_engine/README.md, "Quick mode"); its ends are less than 2x apart, so a profile whose every step
+#: is 2x slower (or faster) than one that passes fails.
+QUICK_METRIC = "served_tok_cpu"
+QUICK_BAND = (0.7, 1.3)
+
+
+def quick_accuracy(out: Path, model_ref: str, profile, repeats: int = 2, step_scale: float = 1.0,
+                   gpu_ref: str | None = None) -> tuple[float, str | None]:
+    """(median ratio of :data:`QUICK_METRIC` over the quick runs, a failure line or None): the accuracy bound."""
+    ratios = quick_ratios(out, model_ref, profile, repeats, step_scale, gpu_ref)[QUICK_METRIC]
+    value = float(np.median(ratios)) if ratios and all(r == r for r in ratios) else math.nan
+    lo, hi = QUICK_BAND
+    if lo <= value <= hi:
+        return value, None
+    return value, (f"accuracy: predicted / measured {QUICK_METRIC} median {value:.3f} over the quick runs "
+                   f"{[round(r, 3) for r in ratios]} is outside [{lo:g}, {hi:g}] (profile {profile}"
+                   + (f", every step x{step_scale:g}" if step_scale != 1.0 else "") + ")")
+
+def served_workload(workload, result: ReplayResult):
+    """What the engine served in a run: each request that got tokens, with the tokens it got as its output and no
+    client timeout (a request that timed out stops in the simulation where it stopped on the engine)."""
+    import dataclasses
+
+    got = workload.requests["request_id"].map(result.requests.set_index("request_id")["generated_tokens"])
+    df = workload.requests.assign(output_tokens=got.fillna(0).astype(int))
+    classes = {k: dataclasses.replace(c, timeout_s=None) for k, c in workload.classes.items()}
+    return dataclasses.replace(workload.with_requests(df[df["output_tokens"] > 0].reset_index(drop=True)),
+                               classes=classes)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", required=True, help="latency profile YAML (kvtune calibrate)")
+    ap.add_argument("--profile", default=None,
+                    help="latency profile YAML (kvtune calibrate); with --quick --calibrate, where the quick "
+                         "calibration writes it (default <out>/quick-profile.yaml; reused when it exists)")
     ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"),
                     help="HF model folder served and simulated (default: $KVTUNE_TINY_MODEL)")
     ap.add_argument("--gpu", default=None, help="device profile (default: the profile's)")
@@ -534,10 +689,19 @@ def main(argv=None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
     ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
     ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="with --quick: calibrate briefly on the engine first (kvtune calibrate --quick's probes) "
+                         "and assert the accuracy bound with that profile")
     ap.add_argument("--scale", action="store_true",
                     help="issue 32's at-scale matrix: 150-request workloads, the default, the recommendation and its "
                          "sides; writes scale-report.json")
     args = ap.parse_args(argv)
+    if args.calibrate and not args.quick:
+        print("--calibrate: only with --quick", file=sys.stderr)
+        return 2
+    if not args.profile and not args.calibrate:
+        print("--profile: required (a latency profile YAML; or --quick --calibrate)", file=sys.stderr)
+        return 2
     if args.scale and args.quick:
         print("--scale and --quick: choose one", file=sys.stderr)
         return 2
@@ -569,7 +733,9 @@ def main(argv=None) -> int:
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        measure(args, configs, workloads)
+        measure(args, configs, workloads, prepare=lambda cfg: quick_calibration(args, cfg))
+    if args.calibrate:
+        args.profile = str(quick_profile_path(args))
     if args.scale:
         doc = scale_report(args, configs, workloads)
         (args.out / "scale-report.json").write_text(json.dumps(doc, indent=1))

@@ -137,18 +137,18 @@ def _rows(klass: str, arrivals, prompt, output) -> pd.DataFrame:
     return _frame([(i, klass, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))])
 
 
-def saturated(num_requests: int = SCALE_REQUESTS, rate: float = 10.0, seed: int = 21) -> Workload:
-    """Short requests (prompts and outputs 32-128 tokens) arriving faster than the engine serves them."""
+def saturated(num_requests: int = SCALE_REQUESTS, rate: float = 8.0, seed: int = 21) -> Workload:
+    """Short requests (prompts 16-48, outputs 8-24 tokens) arriving faster than the engine serves them."""
     rng = np.random.default_rng(seed)
-    prompt, output = _fit_context(rng.integers(32, 129, num_requests), rng.integers(32, 129, num_requests))
+    prompt, output = _fit_context(rng.integers(16, 49, num_requests), rng.integers(8, 25, num_requests))
     return Workload(_rows("short", _poisson(rng, num_requests, rate), prompt, output),
                     {"short": RequestClass("short")}, source=f"saturated: {num_requests} short requests at {rate:g} req/s")
 
 
-def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: int = 10, seed: int = 23) -> Workload:
-    """Bursts of ``burst`` requests (prompts 96-320, outputs 64-256), the bursts Poisson at ``rate / burst``."""
+def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: int = 15, seed: int = 23) -> Workload:
+    """Bursts of ``burst`` requests (prompts 48-96, outputs 12-32), the bursts Poisson at ``rate / burst``."""
     rng = np.random.default_rng(seed)
-    prompt, output = _fit_context(rng.integers(96, 321, num_requests), rng.integers(64, 257, num_requests))
+    prompt, output = _fit_context(rng.integers(48, 97, num_requests), rng.integers(12, 33, num_requests))
     starts = _poisson(rng, -(-num_requests // burst), rate / burst)
     arrivals = np.sort(np.repeat(starts, burst)[:num_requests] + rng.uniform(0, 0.2, num_requests))
     arrivals -= arrivals[0]
@@ -156,26 +156,26 @@ def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: in
                     source=f"kv-pressure: {num_requests} requests in bursts of {burst}, {rate:g} req/s")
 
 
-def reasoning_long(num_requests: int = SCALE_REQUESTS, rate: float = 4.0, timeout_s: float = 12.0,
+def reasoning_long(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, timeout_s: float = 10.0,
                    seed: int = 29) -> Workload:
-    """Short prompts (32-96 tokens), long outputs: ServeGen DeepSeek-R1 output lengths x0.12, cut to 64-480;
+    """Short prompts (16-32 tokens), long outputs: ServeGen DeepSeek-R1 output lengths x0.015, cut to 16-120;
     a ``timeout_s`` client timeout."""
     rng = np.random.default_rng(seed)
     tout, pout = _servegen_lengths("output_tokens")
-    output = np.clip(np.round(rng.choice(tout, size=num_requests, p=pout) * 0.12), 64, 480)
-    prompt, output = _fit_context(rng.integers(32, 97, num_requests), output)
+    output = np.clip(np.round(rng.choice(tout, size=num_requests, p=pout) * 0.015), 16, 120)
+    prompt, output = _fit_context(rng.integers(16, 33, num_requests), output)
     return Workload(_rows("reason", _poisson(rng, num_requests, rate), prompt, output),
                     {"reason": RequestClass("reason", timeout_s=timeout_s)},
                     source=f"reasoning-long: ServeGen DeepSeek-R1 output lengths x0.12, {timeout_s:g} s timeout")
 
 
-#: Tokens per hash id of ``prefix-scarce`` (4 engine blocks of 32).
-PREFIX_HASH_TOKENS = 128
+#: Tokens per hash id of ``prefix-scarce`` (2 engine blocks of 32).
+PREFIX_HASH_TOKENS = 64
 
 
 def prefix_scarce(num_requests: int = SCALE_REQUESTS, rate: float = 5.0, seed: int = 31) -> Workload:
     """6 system prompts of two hash blocks, a third of the requests continuing one of 12 conversations (a third
-    shared block), then a unique suffix of 16-96 tokens; outputs 16-64 tokens."""
+    shared block), then a unique suffix of 8-32 tokens; outputs 8-24 tokens."""
     rng = np.random.default_rng(seed)
     arrivals = _poisson(rng, num_requests, rate)
     rows, hashes = [], []
@@ -184,8 +184,8 @@ def prefix_scarce(num_requests: int = SCALE_REQUESTS, rate: float = 5.0, seed: i
         ids = [2 * system, 2 * system + 1]
         if rng.random() < 1 / 3:
             ids.append(1000 + 10 * system + int(rng.integers(0, 2)))  # one of 2 conversations per system prompt
-        prompt = len(ids) * PREFIX_HASH_TOKENS + int(rng.integers(16, 97))
-        rows.append((i, "chat", float(arrivals[i]), prompt, int(rng.integers(16, 65))))
+        prompt = len(ids) * PREFIX_HASH_TOKENS + int(rng.integers(8, 33))
+        rows.append((i, "chat", float(arrivals[i]), prompt, int(rng.integers(8, 25))))
         hashes.append(ids)
     df = _frame(rows)
     df["hash_ids"] = hashes

@@ -134,7 +134,7 @@ def test_the_scale_workloads_hold_150_requests_and_are_deterministic():
         w = build()
         assert len(w) >= 150, name
         pd.testing.assert_frame_equal(w.requests, build().requests)
-        assert (w.requests["prompt_tokens"] + w.requests["output_tokens"] <= workloads.MAX_MODEL_LEN).all()
+        assert (w.requests["prompt_tokens"] + w.requests["output_tokens"] <= bench.SCALE_MAX_MODEL_LEN).all()
     assert workloads.prefix_scarce().hash_block_tokens == workloads.PREFIX_HASH_TOKENS
     assert next(iter(workloads.reasoning_long().classes.values())).timeout_s > 0
     assert set(workloads.SCALE_WORKLOADS) <= set(bench.WORKLOADS)
@@ -148,6 +148,9 @@ def test_scale_configs_put_the_recommendation_between_its_sides(tmp_path):
     assert list(by) == ["default", "recommended", "rec-fewer", "rec-more", "default-ample"]
     assert (by["rec-fewer"].max_num_seqs, by["recommended"].max_num_seqs, by["rec-more"].max_num_seqs) == (2, 8, 32)
     assert all(c.num_gpu_blocks == bench.SCALE_BLOCKS and c.prefix_caching for n, c in by.items() if n != "default-ample")
+    # the scarce cache holds one request of the configs' context (vLLM refuses a cache that does not)
+    assert bench.SCALE_BLOCKS * bench.BLOCK_SIZE >= bench.SCALE_MAX_MODEL_LEN
+    assert all(c.engine_config().max_model_len == bench.SCALE_MAX_MODEL_LEN for c in by.values())
     # a recommendation equal to the default adds no duplicate config
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 128, "max_num_batched_tokens": 2048}}')
     assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "rec-fewer", "default-ample"]
