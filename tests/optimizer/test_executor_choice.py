@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optimizer_test_helpers import spec_dict, write_spec
+from optimizer_test_helpers import spec_dict, start_slow_tune, write_spec
 
 from optimizer import ProcessExecutor, SimBackend, StudySpec, Tuner, choose_executor, is_finished
 from optimizer._executors import LARGE_STUDY_RUNS
@@ -139,24 +139,7 @@ def test_process_workers_inherit_the_workload_and_stay_warm(tmp_path):
 def test_sigterm_with_worker_processes_resumes_without_rerunning(tmp_path):
     """A study on worker processes stopped by SIGTERM: the trial in flight is interrupted and enqueued again,
     the workers end with the driver, and the same command finishes the budget without re-running what ran."""
-    spec_path = write_spec(tmp_path, spec_dict(budget={"trials": 2}))
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    flag = tmp_path / "started"
-    script = (
-        "import sys\n"
-        "sys.path.insert(0, %r)\n"
-        "from test_study_faults import SlowBackend\n"
-        "from optimizer.cli import main\n"
-        "import optimizer._study as s\n"
-        "s.Tuner.make_backend = lambda self, ctx: SlowBackend(%r)\n"
-        "sys.exit(main(['tune', %r, '--executor', 'process', '--workers', '1', '--storage', %r, '--no-export']))\n"
-    ) % (str(Path(__file__).parent), str(flag), str(spec_path), storage)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 300
-    while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert flag.exists(), proc.communicate()[1]
+    proc, flag, storage, spec_path = start_slow_tune(tmp_path, "--executor", "process", "--workers", "1", cwd=tmp_path)
     worker = int(flag.read_text())
     time.sleep(1.0)  # the driver has asked its trial ahead by now (a stop mid-ask is test_study_faults' business)
     proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optimizer_test_helpers import spec_dict, write_spec
+from optimizer_test_helpers import spec_dict, start_slow_tune, write_spec
 
 from optimizer import (
     Executor,
@@ -178,39 +178,8 @@ def test_crashes_are_retried_then_a_run_of_them_stops_the_study(tmp_path):
     assert sum(is_finished(t) for t in trials) == 1
 
 
-class SlowBackend(TrialBackend):
-    """Test-only: a trial that takes long enough to be stopped in the middle (a file tells it started)."""
-
-    name = "slow"
-
-    def __init__(self, flag: str):
-        self.flag = flag
-
-    def run(self, params, seeds):
-        Path(self.flag).write_text(str(os.getpid()))  # the process the trial runs in
-        time.sleep(120)
-        return {}
-
-
 def test_sigterm_stops_gracefully_and_the_trial_reruns(tmp_path):
-    spec_path = write_spec(tmp_path, spec_dict(budget={"trials": 2}))
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    flag = tmp_path / "started"
-    script = (
-        "import sys; from optimizer import StudySpec, InProcessExecutor, Tuner, load_study_spec\n"
-        "sys.path.insert(0, %r)\n"
-        "from test_study_faults import SlowBackend\n"
-        "from optimizer.cli import main\n"
-        "import optimizer._study as s\n"
-        "s.Tuner.make_backend = lambda self, ctx: SlowBackend(%r)\n"
-        "sys.exit(main(['tune', %r, '--in-process', '--storage', %r, '--no-export']))\n"
-    ) % (str(Path(__file__).parent), str(flag), str(spec_path), storage)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 300
-    while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert flag.exists(), proc.communicate()[1]
+    proc, _, storage, _ = start_slow_tune(tmp_path, "--in-process", cwd=REPO)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
