@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from benchmarks.conformance.conformance import (
-    Case, compare, compare_batched, load_vllm_result, read_trace, run_kvtune, run_kvtune_batched,
-    trace_max_model_len, vllm_request_times,
+    Case, compare, compare_batched, load_vllm_result, run_kvtune, run_kvtune_batched, vllm_request_times,
 )
 from benchmarks.conformance.reference import out_dir
+from benchmarks.conformance.traces import read_trace, trace_max_model_len
 
 def compare_cases(cases: list[Case], trace_paths: dict, work: Path) -> tuple[list[dict], str]:
     """Run kvtune on every case (step by step, and batched as studies run it) and compare it with the reference's

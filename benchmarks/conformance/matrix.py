@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.conformance.conformance import (
-    Case, CaseConfig, azure_slice, shared_prefix_trace, synthetic_trace, with_timeouts, trace_max_model_len,
+from benchmarks.conformance.conformance import Case, CaseConfig
+from benchmarks.conformance.traces import (
+    azure_slice, shared_prefix_trace, synthetic_trace, trace_max_model_len, with_timeouts,
 )
 
 #: The Azure conversation trace the ``azure`` cases slice (skipped when missing).

@@ -9,9 +9,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks.conformance.conformance import Case, trace_max_model_len, write_compact_steps
+from benchmarks.conformance.conformance import Case, write_compact_steps
 from benchmarks.conformance.matrix import RECORD_CASES
 from benchmarks.conformance.reference import out_dir
+from benchmarks.conformance.traces import trace_max_model_len
 
 #: Where ``--record`` keeps the recorded reference that tests/sim/conformance replays without vLLM.
 RECORD_DIR = Path(__file__).resolve().parents[2] / "tests" / "sim" / "conformance" / "data"

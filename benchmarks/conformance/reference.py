@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.conformance.conformance import Case, kvtune_cpu_blocks, trace_max_model_len
+from benchmarks.conformance.conformance import Case, kvtune_cpu_blocks
 from benchmarks.conformance.matrix import needs_driver
+from benchmarks.conformance.traces import trace_max_model_len
 
 HERE = Path(__file__).resolve().parent
 

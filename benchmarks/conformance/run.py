@@ -29,11 +29,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.conformance.compare_cases import compare_cases  # noqa: E402
-from benchmarks.conformance.conformance import write_trace  # noqa: E402
 from benchmarks.conformance.matrix import RECORD_CASES, make_cases, make_fuzz_cases, make_traces  # noqa: E402
 from benchmarks.conformance.record import RECORD_DIR, record_cases  # noqa: E402
 from benchmarks.conformance.reference import DEFAULT_V0_VENV, DEFAULT_VENV, run_reference  # noqa: E402
 from benchmarks.conformance.report_text import NOTES, render_report  # noqa: E402
+from benchmarks.conformance.traces import write_trace  # noqa: E402
 
 
 def main() -> None:

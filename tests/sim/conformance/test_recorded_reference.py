@@ -26,19 +26,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.conformance.conformance import (  # noqa: E402
-    ARRIVAL_NUDGE_S,
     STEP_BASE_S,
     STEP_PER_TOKEN_S,
     compare,
     compare_batched,
     config_from_dict,
     load_vllm_result,
-    on_time_grid,
-    read_trace,
     run_kvtune,
     run_kvtune_batched,
     vllm_request_times,
 )
+from benchmarks.conformance.traces import ARRIVAL_NUDGE_S, on_time_grid, read_trace  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 CASES = json.loads((DATA / "cases.json").read_text())
