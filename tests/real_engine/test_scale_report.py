@@ -154,3 +154,14 @@ def test_scale_configs_put_the_recommendation_between_its_sides(tmp_path):
     # a recommendation equal to the default adds no duplicate config
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 128, "max_num_batched_tokens": 2048}}')
     assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "rec-fewer", "default-ample"]
+
+
+def test_request_interval_widens_when_the_runs_differ(scale):
+    # three runs from the same distribution against three runs shifted apart: the same pooled sample size, but
+    # the interval must carry the runs' difference (two-level bootstrap), not only the requests' sampling
+    rng = np.random.default_rng(2)
+    same = [rng.uniform(1.0, 2.0, 150) for _ in range(3)]
+    apart = [rng.uniform(1.0, 2.0, 150) + shift for shift in (0.0, 1.0, 2.0)]
+    _, lo_same, hi_same = scale.request_interval(same, 0.5, resamples=400)
+    _, lo_apart, hi_apart = scale.request_interval(apart, 0.5, resamples=400)
+    assert hi_apart - lo_apart > 3 * (hi_same - lo_same)
