@@ -128,6 +128,9 @@ class _Record:
     close_lag: float = math.nan
     #: The server (index of the base URL) it was sent to; -1: not sent.
     replica: int = -1
+    #: The server's ``usage.prompt_tokens_details.cached_tokens`` (vLLM's ``num_cached_tokens``: the prefix-cache
+    #: hit of the request's first admission; sent with ``--enable-prompt-tokens-details``); -1: not reported.
+    cached_tokens: int = -1
 
 
 class ServerError(KvtuneError):
@@ -520,6 +523,9 @@ class _Replay:
                     rec.status = "finished" if reason in ("length", "stop") else "unfinished"
                     if rec.status != "finished":
                         rec.error = f"finish_reason {reason}"
+            elif chunk.get("usage") and chunk["usage"].get("prompt_tokens_details"):
+                # The final usage chunk (no choices) carries the request's prefix-cache hit.
+                rec.cached_tokens = int(chunk["usage"]["prompt_tokens_details"].get("cached_tokens") or 0)
             elif "error" in chunk or chunk.get("object") == "error":
                 rec.error = error_message(payload.decode(errors="replace"))[:500]
                 rec.status = "unfinished"
@@ -639,6 +645,9 @@ class _Replay:
                 if r.sent != r.sent and r.error is None:
                     r.error = "not sent: the replay stopped at a client-side failure"
         requests = request_table_from_records(self.workload, records, to_trace)
+        if any(r.cached_tokens >= 0 for r in records):
+            requests["prefix_hit_tokens"] = [float(r.cached_tokens) if r.cached_tokens >= 0 else math.nan
+                                             for r in records]
         if self.routed:
             requests["replica"] = np.array([r.replica for r in records], dtype=np.int64)
         if self.options.record_tokens:

@@ -4,8 +4,10 @@ files.
 Request table: the simulator's columns (``sim.tables.REQUEST_COLUMNS``), then ``reason`` (why a request did not
 finish: a rejection's message, an error; None for finished requests).  What a client cannot see is NaN:
 ``first_scheduled_s``, ``queue_wait_s``, ``resume_wait_s``, ``num_preemptions``, ``recomputed_tokens``,
-``swapped_out_blocks``, ``swapped_in_blocks``, ``kv_blocks_peak``, ``prefix_hit_tokens``.  The run's total of
-preemptions comes from the server's counter (``ReplayResult.preemptions_total``).
+``swapped_out_blocks``, ``swapped_in_blocks``, ``kv_blocks_peak``, and ``prefix_hit_tokens`` unless the server
+reports it (vLLM with ``--enable-prompt-tokens-details``: ``usage.prompt_tokens_details.cached_tokens``, the hit of
+the request's first admission).  The run's total of preemptions comes from the server's counter
+(``ReplayResult.preemptions_total``).
 
 Timeline: one row per interval between two ``/metrics`` samples, in the step table's columns so that
 ``objectives`` reads it like a step table.  ``num_steps`` is the number of engine iterations in the interval

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -82,9 +83,13 @@ class Stub:
                 await resp.write(chunk.encode())
                 self.generated += 1
             if with_usage:
+                # vLLM 0.32 --enable-prompt-tokens-details: the final usage carries the request's num_cached_tokens
+                # (here for prompts of a multiple of 4 tokens: 8 * (prompt // 8)).
+                details = (f',"prompt_tokens_details":{{"cached_tokens":{8 * (n_prompt // 8)}}}'
+                           if n_prompt % 4 == 0 else "")
                 await resp.write(f'data: {{"id":"cmpl-1","object":"text_completion","created":1,"model":"stub",'
                                  f'"choices":[],"usage":{{"prompt_tokens":{n_prompt},"total_tokens":{n_prompt + n},'
-                                 f'"completion_tokens":{n}}}}}\n\n'.encode())
+                                 f'"completion_tokens":{n}{details}}}}}\n\n'.encode())
             await resp.write(b"data: [DONE]\n\n")
             self.finished[n_prompt] = time.monotonic()
             return resp
@@ -153,6 +158,14 @@ def test_latency_counts_from_the_intended_arrival(stub_run):
     assert ok["ttft_s"].to_numpy() == pytest.approx(expected, abs=0.06)
     # Counted from usage where the server sends it, else one per chunk; the usage-only chunk adds nothing.
     assert (ok["generated_tokens"] == 3).all()
+
+
+def test_the_servers_cached_tokens_are_the_request_tables_prefix_hits(stub_run):
+    # Issue 32: per-request prefix-cache hits from the engine, to compare with kvtune's prefix_hit_tokens.
+    _, result, _ = stub_run
+    hits = dict(zip(result.requests["prompt_tokens"], result.requests["prefix_hit_tokens"]))
+    assert hits[12] == 8 and hits[16] == 16
+    assert all(np.isnan(hits[n]) for n in (10, 11, 13, 14, 15, 17, 18, 19)), "not reported: unknown, not 0"
 
 
 def test_engine_rejections_and_failures_become_statuses_with_reasons(stub_run):
