@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Callable
 
@@ -53,11 +54,22 @@ def _tokens(checks: RowChecks, prompt: str, output: str, *, output_minimum: int 
 _SPLIT = re.compile(r"[\s,;]+")
 
 
+def _int64_lists(values: list) -> bool:
+    """Every value a list of Python ints within int64: what the row-by-row check below passes unchanged, checked in
+    one pass over the flattened ints (a quarter of its time on a 20,000-row Mooncake trace)."""
+    if set(map(type, values)) != {list}:
+        return False
+    flat = list(chain.from_iterable(values))
+    return set(map(type, flat)) <= {int} and (not flat or (-2**63 <= min(flat) and max(flat) < 2**63))
+
+
 def _hash_ids(checks: RowChecks, column: str) -> list | None:
     """Block hashes per row as lists of ints; accepts lists (JSON, parquet) or ``"1 2 3"`` / ``"[1, 2]"`` strings."""
     if column not in checks.table.frame.columns:
         return None
     raw = checks.table.frame[column].tolist()
+    if _int64_lists(raw):  # the usual case (JSON Lines lists of integers): all good, the same lists
+        return raw
     out: list = []
     bad = np.zeros(len(raw), dtype=bool)
     for i, value in enumerate(raw):

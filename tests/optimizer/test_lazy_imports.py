@@ -46,3 +46,15 @@ def test_lazy_package_exports_resolve():
     for package in (optimizer, optimizer.report, sim.workload):
         for name in package.__all__:
             assert getattr(package, name) is not None, f"{package.__name__}.{name}"
+
+
+def test_a_builtin_command_loads_no_plugin_and_a_plugin_command_still_parses():
+    """kvtune simulate/tune/... parse without the plugins' subcommands (issue 34: ~0.1 s of a process's start);
+    no command, --help, or any other name builds the whole parser."""
+    probe = ("from optimizer.cli import main\nimport sys\n"
+             "try:\n    main(['{cmd}', '--help'])\nexcept SystemExit:\n    pass\n")
+    for cmd in ("simulate", "tune", "export", "report", "workload"):
+        loaded = _loaded(probe.format(cmd=cmd))
+        assert "replay" not in loaded, cmd
+    assert "replay" in _loaded(probe.format(cmd="twin"))
+    assert "replay" in _loaded("from optimizer.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n")

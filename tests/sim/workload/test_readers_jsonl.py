@@ -1,9 +1,11 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import TraceError
-from sim.workload import detect_format, load_trace
+from sim.workload import _readers, detect_format, load_trace
 
 from .conftest import write
 
@@ -115,3 +117,31 @@ def test_ambiguous_jsonl_is_a_one_line_exit_2(tmp_path, capsys, data_dir):
     good = write(tmp_path, "conversation.jsonl", (data_dir / "mooncake_trace_sample.jsonl").read_text())
     assert main(["workload", "describe", str(good)]) == 0
     assert "(mooncake)" in capsys.readouterr().out
+
+
+# ---- hash_ids checked in one pass give what the row-by-row check gives (issue 34: start-up cost) -----------------
+_IDS = st.one_of(st.integers(min_value=-2**64, max_value=2**64), st.booleans(), st.floats(allow_nan=False),
+                 st.integers(min_value=0, max_value=9))
+_HASHES = st.one_of(st.lists(_IDS, max_size=4), st.lists(st.integers(-3, 2**63 - 1), max_size=4), st.none(),
+                    st.sampled_from(["1 2", "[3, 4]", "", "x"]))
+
+
+def _read(path, *, row_by_row: bool):
+    with pytest.MonkeyPatch.context() as m:
+        if row_by_row:
+            m.setattr(_readers, "_int64_lists", lambda values: False)
+        try:
+            w = load_trace(path, "mooncake", skip_bad_rows=True)
+        except TraceError as exc:
+            return str(exc)
+        return w.requests.to_dict("list"), w.report
+
+
+@settings(max_examples=60, deadline=None)
+@given(hashes=st.lists(_HASHES, min_size=1, max_size=5))
+def test_hash_ids_checked_in_one_pass_are_the_row_by_row_result(tmp_path_factory, hashes):
+    records = [{"timestamp": i, "input_length": 10, "output_length": 5, **({} if h is None else {"hash_ids": h})}
+               for i, h in enumerate(hashes)]
+    p = write(tmp_path_factory.mktemp("h"), "mooncake.jsonl", _lines(*records))
+    assert _read(p, row_by_row=False) == _read(p, row_by_row=True)
+
