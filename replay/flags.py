@@ -3,7 +3,7 @@
 The flag names (``optimizer._knobs.VLLM_FLAGS``) and which release has which flag
 (``optimizer/data/vllm_flags.yaml`` through ``optimizer._versions.VllmTarget``) are the optimizer's, so that the
 engine a replay launches and the config ``kvtune export`` recommends are written the same way; the rules for
-values that need no flag follow ``optimizer._export.vllm_config``.  Differences, because here an engine is
+values that need no flag follow ``optimizer.vllm_config``.  Differences, because here an engine is
 started rather than a file written: only knobs that are set (not ``None``) are passed, so vLLM's own defaults
 apply to the rest as they do in the simulator; and a set knob the target cannot take is an error under
 ``strict`` (the replay would not measure the trial's config), else dropped with a note.

@@ -10,7 +10,7 @@ import yaml
 from optimizer_test_helpers import spec_dict
 
 from optimizer import InProcessExecutor, StudySpec, Tuner, VllmTarget, export_study, vllm_config
-from optimizer._export import render_recommended_yaml
+from optimizer._vllm_config import render_recommended_yaml
 
 SMALL = {"trace": "bundled", "classes": {"conv": {"slo": {"e2e_p99_s": 40.0}}}, "max_requests": 120}
 

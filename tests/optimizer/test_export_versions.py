@@ -13,7 +13,7 @@ import yaml
 from optimizer_test_helpers import spec_dict
 
 from optimizer import StudySpec, vllm_config
-from optimizer._export import render_recommended_yaml, target_validity
+from optimizer._vllm_config import render_recommended_yaml, target_validity
 from sim.engine.config import EngineConfig
 from sim.errors import ConfigError
 from sim.profiles import load_gpu
