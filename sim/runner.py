@@ -24,9 +24,9 @@ import simpy
 
 from sim.engine.config import EngineConfig
 from sim.engine.build import EnginePlan, build_engine, resolve_engine
-from sim.engine.core import EngineCore
+from sim.engine.core import EngineCore, StepResult
 from sim.engine.decode_columns import worth_loading
-from sim.engine.request import Request, Status
+from sim.engine.request import FINAL_STATUSES, Request, Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError, EngineAborted
 from sim.latency import LatencyCoefficients, LatencyModel
@@ -283,10 +283,11 @@ class EngineLoop:
 
     ``feed``: the arrival times it may receive requests at; the arrivals process advances ``feed.next`` and calls
     :meth:`add` for each request that comes here.  ``own_feed`` False (a fleet whose router decides at each arrival
-    which replica gets it): the feed is every fleet arrival, most of which go elsewhere, so a run of decode steps
-    is not bounded by them; an arrival routed here ends the run at that arrival (:meth:`cut`), exactly as a bound
-    known in advance would have (``EngineCore.cut_run``).  The run's end is applied only once no arrival before it
-    can come (or when cut).  ``store``: the run's requests (live state, request table).
+    which replica gets it): no SimPy process; the fleet calls :meth:`advance` up to each arrival, only for engines
+    with a boundary, run end or wake-up before it, so an engine is not stopped by arrivals routed elsewhere; a run
+    of decode steps is not bounded by them, and an arrival routed here ends it at that arrival (:meth:`cut`),
+    exactly as a bound known in advance would have (``EngineCore.cut_run``).  ``store``: the run's requests (live
+    state, request table).
 
     Published for a router (set by the fleet, package-internal): ``ended_pub`` (requests ended by the last
     boundary; with ``dirty`` the engine's ``index`` is appended to it when that count changes) and, when
@@ -310,10 +311,13 @@ class EngineLoop:
         self.aborted: str | None = None
         self.progress: Callable[[Progress], None] | None = None
         self.progress_every_s = 2.0
-        #: The process (for :meth:`cut`) and the end of the run it waits out, if any (else -1).
-        self.process_handle: simpy.Process | None = None
+        #: (``advance``) The engine's own clock: the boundary (or wake-up) it acts at next; the end of a pending run
+        #: of decode steps that an arrival may still cut (else -1); whether it sleeps until an arrival (or
+        #: ``clock``, a deadline) and whether it stopped for good (aborted, or past ``max_sim_time_s``).
+        self.clock = 0.0
         self.pending_end = -1.0
-        self.cut_end = 0.0
+        self.idle = False
+        self.stopped = False
         self.ended_pub = 0
         self.dirty: list[int] | None = None
         self.history: deque | None = None
@@ -335,11 +339,15 @@ class EngineLoop:
             record.adds.append(now)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
+        if self.idle:
+            self.idle = False
+            self.clock = now  # woken by the arrival (``advance``)
 
     def cut(self, now: float) -> None:
-        """An arrival at ``now`` comes here: a run of decode steps still under way ends at the first step boundary at
-        or after it (the engine's clock moves back to that boundary), as if the arrival had been known when the run
-        began.  Called before :meth:`add`; a no-op for a step that ends by then or cannot be cut."""
+        """An arrival at ``now`` comes here (``advance``'s engine): a run of decode steps still under way ends at the
+        first step boundary at or after it (the engine's clock moves back to that boundary), as if the arrival had
+        been known when the run began (``EngineCore.cut_run``).  Called before :meth:`add`; a no-op when no run is
+        pending past ``now``."""
         if self.pending_end <= now:
             return
         core = self.core
@@ -351,16 +359,11 @@ class EngineLoop:
         # The run's end is known now (a later arrival cannot end it sooner): applied before the arrival is added,
         # as the single engine applies a step before the arrivals during it.
         self.pending_end = -1.0
-        if result.num_steps < steps:
-            record = self.run_record
-            if record is not None:
-                record.num_steps = result.num_steps
-            end = start + result.duration_s
-            self.cut_end = end
-            core.end_step(end)
-            self.process_handle.interrupt()
-        else:
-            core.end_step(start + pending.duration_s)
+        record = self.run_record
+        if record is not None and result.num_steps < steps:
+            record.num_steps = result.num_steps
+        self.clock = start + result.duration_s
+        core.end_step(self.clock)
 
     def drain(self) -> None:
         """Ended requests to the request table."""
@@ -407,6 +410,99 @@ class EngineLoop:
                         req.first_token_s = math.nan
         return aborted
 
+    def _begin(self, now: float, next_arrival_s: float) -> StepResult | None:
+        """Ask the core for a step at ``now`` bounded by the next arrival, deadline and load landing (None:
+        nothing to run; when the engine aborted, ``stopped`` is set and ``aborted`` says why)."""
+        deadlines = self.deadlines
+        deadline = deadlines[0][0] if deadlines else math.inf
+        try:
+            return self.core.begin_step(now, min(next_arrival_s, deadline, self.scheduler.next_load_ready_s()),
+                                        deadline)
+        except EngineAborted as exc:
+            self.aborted = str(exc)
+            self.stopped = True
+            return None
+
+    def advance(self, until_s: float) -> float:
+        """Behind a router that decides at each arrival (``own_feed`` False; no SimPy process): run this engine up
+        to the next fleet arrival, at ``until_s`` (every arrival before it routed; ``inf``: none is left).
+
+        Each step that begins before ``until_s`` is taken (an arrival at a boundary joins the step that begins
+        there, as ``cut_run`` and the single engine have it), and each boundary is published for the router
+        (``ended_pub``, ``dirty``, ``history``).  A run of decode steps that ends after ``until_s`` is left pending
+        (an arrival routed here cuts it, :meth:`cut`), its end applied at a later call once no arrival before it
+        remains; arrivals routed elsewhere never stop the engine.  Returns when the engine next acts without an
+        arrival coming here (the boundary or run end it stopped at, the deadline or load landing it sleeps until;
+        ``inf``: it sleeps until an arrival, or it is done or stopped): the fleet calls it again once that time is
+        at or before its next arrival, so only engines with something due are advanced."""
+        if self.stopped:
+            return math.inf
+        core = self.core
+        if self.pending_end >= 0.0:
+            if self.pending_end > until_s:
+                return self.pending_end
+            core.end_step(self.pending_end)
+            self.pending_end = -1.0
+        scheduler = self.scheduler
+        deadlines = self.deadlines
+        finished = scheduler.finished
+        dirty = self.dirty
+        history = self.history
+        pool = scheduler.pool
+        more = until_s < math.inf  # arrivals may still come
+        clock = self.clock
+        self.idle = False
+        while clock < until_s:
+            if not (more or self.done + len(finished) < self.assigned):
+                break
+            if len(finished) > 256:
+                self.drain()
+            now = clock
+            if now > self.max_sim_time_s:
+                self.stopped = True
+                break
+            if deadlines and deadlines[0][0] <= now and core.abort_due is None:
+                self.expire_deadlines(now)
+                if not (more or self.done + len(finished) < self.assigned):
+                    break  # the last requests ended by client deadline
+            ended = self.done + len(finished)
+            if ended != self.ended_pub:
+                self.ended_pub = ended
+                if dirty is not None:
+                    dirty.append(self.index)
+            if history is not None:
+                # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
+                self.run_record = None
+                history.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
+            step = None
+            if scheduler.has_unfinished():
+                step = self._begin(now, math.inf)
+                if self.stopped:
+                    break
+            if step is None:
+                # Idle (or stuck until an arrival or deadline frees something): asleep until the next event; an
+                # arrival routed here wakes it (``add``).
+                nxt = self.next_event_s()
+                if nxt == math.inf and not more:
+                    self.aborted = self.aborted or "no request can make progress"
+                    self.stopped = True
+                    break
+                if nxt >= until_s:
+                    self.clock, self.idle = nxt, True
+                    return nxt
+                clock = nxt
+                continue
+            clock = now + step.duration_s
+            if history is not None and step.num_steps > 1:
+                self._record_run(now, step.num_steps)
+            if step.num_steps > 1 and until_s < clock and not scheduler.arrivals_join_blocked_queue():
+                # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
+                self.pending_end = self.clock = clock
+                return clock
+            core.end_step(clock)
+        self.clock = clock
+        return math.inf if self.stopped or not more else clock
+
     def metrics_at(self, at_s: float) -> tuple[int, int, int]:
         """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
         ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call)."""
@@ -449,10 +545,6 @@ class EngineLoop:
         total = feed.total
         deadlines = self.deadlines
         finished = scheduler.finished
-        own_feed = self.own_feed
-        dirty = self.dirty
-        history = self.history
-        pool = scheduler.pool
         inf = math.inf
         wall0 = time.perf_counter()
         last_report = wall0
@@ -469,28 +561,14 @@ class EngineLoop:
                 self.expire_deadlines(now)
                 if not (feed.next < total or self.done + len(finished) < self.assigned):
                     break  # the last requests ended by client deadline
-            if dirty is not None:
-                ended = self.done + len(finished)
-                if ended != self.ended_pub:
-                    self.ended_pub = ended
-                    dirty.append(self.index)
-                if history is not None:
-                    # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
-                    self.run_record = None
-                    history.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
             step = None
             if scheduler.has_unfinished():
-                deadline = deadlines[0][0] if deadlines else inf
-                nxt = float(times[feed.next]) if own_feed and feed.next < total else inf
-                try:
-                    step = core.begin_step(now, min(nxt, deadline, scheduler.next_load_ready_s()), deadline)
-                except EngineAborted as exc:
-                    self.aborted = str(exc)
+                step = self._begin(now, float(times[feed.next]) if feed.next < total else inf)
+                if self.stopped:
                     break
             if step is None:
-                # Idle (or stuck until an arrival or deadline frees something): sleep until the next event.  Behind
-                # a router that decides at arrival time, through the fleet's arrivals: one that comes here wakes it
-                # (``add``), as an arrival wakes the single engine.
+                # Idle (or stuck until an arrival or deadline frees something): sleep until the next event; an
+                # arrival wakes it (``add``).
                 if env.now < clock:
                     yield env.timeout(clock - env.now)
                 nxt = self.next_event_s()
@@ -507,20 +585,6 @@ class EngineLoop:
                 clock = env.now
                 continue
             clock = now + step.duration_s
-            if history is not None and step.num_steps > 1:
-                self._record_run(now, step.num_steps)
-            if (not own_feed and step.num_steps > 1 and feed.next < total and times[feed.next] < clock
-                    and not scheduler.arrivals_join_blocked_queue()):
-                # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
-                self.pending_end = clock
-                try:
-                    yield env.timeout(clock - env.now)
-                except simpy.Interrupt:
-                    clock = self.cut_end  # cut by an arrival, and ended there (``cut``)
-                    continue
-                if self.pending_end < 0.0:
-                    continue  # ended by ``cut`` (an arrival in its last step)
-                self.pending_end = -1.0
             core.end_step(clock)
             if self.progress is not None:
                 wall = time.perf_counter()
@@ -624,40 +688,56 @@ class Simulation:
         engine = env.process(loop.process(env))
         with FrozenHeap():
             env.run(until=engine)
-        self.core.scheduler.sync_requests()  # requests still running: their state out of the decode columns
-        # The engine may have run ahead of SimPy's clock after the last arrival.
-        self.end_s = max(env.now, self.core.last_step_end)
-        loop.drain()
-        unfinished = [req for req in self._live.values()
-                      if req.status not in (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)]
-        settle = self.core.scheduler.settle
-        for req in unfinished:
-            req.status = Status.UNFINISHED
-            settle(req)
-        self.log.record_all(unfinished)
-        self.core.flush_rows()
-        requests = self.log.table()
-        steps = step_table(self.core.step_rows if self.core.record_steps else [])
-        end = requests["end_s"].max() if len(requests) else 0.0
-        start = requests["arrival_s"].min() if len(requests) else 0.0
-        makespan = float(end - start) if end == end else float(self.end_s - start)
+        requests, makespan, self.end_s = finish_run([loop], self.store, env.now)
         return SimResult(
             requests=requests,
-            steps=steps,
+            steps=step_table(self.core.step_rows if self.core.record_steps else []),
             config=self.config,
             sizing=self.sizing,
             makespan_s=makespan,
             wall_s=time.perf_counter() - wall0,
             num_iterations=self.core.num_iterations,
             aborted=loop.aborted,
-            info={
-                "num_gpu_blocks": self.sizing.num_gpu_blocks,
-                "num_cpu_blocks": self.sizing.num_cpu_blocks,
-                "block_bytes": self.sizing.block_bytes,
-                "model": self.model.name,
-                "gpu": self.gpu.name,
-            },
+            info=run_info(self.sizing, self.model, self.gpu),
         )
+
+
+def finish_run(loops: list[EngineLoop], store: RequestStore, now: float,
+               replica_of: np.ndarray | None = None) -> tuple[pd.DataFrame, float, float]:
+    """End a run of ``loops`` (one engine, or a fleet's replicas) over ``store`` at clock ``now``: requests still
+    running synced out of the decode columns, ended ones recorded, the rest marked unfinished (settled on the
+    engine they came to: ``replica_of[index]``, or the first), each engine's step rows flushed.  Returns the request
+    table, the makespan (first arrival to last end; to the run's end when no request ended) and the run's end (an
+    engine may have run ahead of the clock)."""
+    end_s = now
+    for loop in loops:
+        loop.scheduler.sync_requests()  # requests still running: their state out of the decode columns
+        end_s = max(end_s, loop.core.last_step_end)
+        loop.drain()
+    unfinished = [req for req in store.live.values() if req.status not in FINAL_STATUSES]
+    for req in unfinished:
+        req.status = Status.UNFINISHED
+        owner = 0 if replica_of is None else max(int(replica_of[req.index]), 0)
+        loops[owner].scheduler.settle(req)
+    store.log.record_all(unfinished)
+    for loop in loops:
+        loop.core.flush_rows()
+    requests = store.log.table()
+    end = requests["end_s"].max() if len(requests) else 0.0
+    start = requests["arrival_s"].min() if len(requests) else 0.0
+    makespan = float(end - start) if end == end else float(end_s - start)
+    return requests, makespan, end_s
+
+
+def run_info(sizing: KVSizing, model: ModelProfile, gpu: GpuProfile) -> dict:
+    """A run result's ``info``: the KV sizing and what ran."""
+    return {
+        "num_gpu_blocks": sizing.num_gpu_blocks,
+        "num_cpu_blocks": sizing.num_cpu_blocks,
+        "block_bytes": sizing.block_bytes,
+        "model": model.name,
+        "gpu": gpu.name,
+    }
 
 
 def plan_for(config: EngineConfig | EnginePlan, model: ModelProfile, gpu: GpuProfile,

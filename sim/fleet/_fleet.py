@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -14,13 +15,13 @@ import simpy
 
 from sim.engine.build import EnginePlan
 from sim.engine.config import EngineConfig
-from sim.engine.request import Status
+from sim.engine.request import FINAL_STATUSES, Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
-from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, plan_for,
-                        predicted_output_for)
+from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, finish_run, plan_for,
+                        predicted_output_for, run_info)
 from sim.tables import step_table
 from sim.workload.workload import Workload
 from sim.fleet._routers import Router, make_router
@@ -28,7 +29,6 @@ from sim.fleet._views import ReplicaView, RequestView
 
 #: Workload columns read as a request's session id, the first present.
 SESSION_COLUMNS = ("session_id", "conversation_id")
-_ENDED = (Status.FINISHED, Status.TIMED_OUT, Status.CANCELLED, Status.REJECTED)
 
 
 @dataclass
@@ -145,7 +145,8 @@ class FleetSimulation:
         self._sessions = None if self._sessions is None else [_session(v) for v in self._sessions]
         state = self.router.needs_state
         if state:
-            # Decided at each arrival: every replica may receive any arrival (a shared feed); a replica's run of
+            # Decided at each arrival: every replica may receive any arrival (a shared feed), and each is advanced
+            # to an arrival only when it has something due before it (EngineLoop.advance); a replica's run of
             # decode steps ends at an arrival only when it is routed there (EngineLoop.cut).
             feed = Feed(self.arrivals_s.tolist())
             feeds = [feed] * replicas
@@ -172,6 +173,9 @@ class FleetSimulation:
                     rep.history = deque([(0.0, 0, 0, 0, None)])
         #: In flight per replica, for ``tracks_requests`` routers: request index -> [request, first token seen].
         self._inflight: list[dict[int, list]] = [{} for _ in range(replicas)]
+        #: Replicas that stepped (or were routed a request) since the router was last told of first tokens and ends
+        #: (``_notify``): only those can have news.
+        self._moved: list[int] = []
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def _request_view(self, i: int) -> RequestView:
@@ -199,8 +203,7 @@ class FleetSimulation:
         """Each replica as the router sees it at ``now``: its own counts exact, the engine's metrics as published
         at the last step boundary at or before ``now - lag`` (None for a router that reads none).
 
-        Every boundary a replica published lies at or before ``now`` (it yields before one beyond an arrival it
-        may receive).  A boundary inside a run of decode steps is computed from the run (``RunRecord``).  Without
+        Every boundary a replica published lies before ``now`` (``advance`` stops at the first at or after it).  A boundary inside a run of decode steps is computed from the run (``RunRecord``).  Without
         metrics the views are kept and only those of replicas whose counts changed are made again."""
         views = self._view_list
         replicas = self.replicas
@@ -226,94 +229,128 @@ class FleetSimulation:
         return views
 
     def _notify(self, now: float) -> None:
-        """Tell a ``tracks_requests`` router of its requests' first tokens and ends up to ``now``."""
+        """Tell a ``tracks_requests`` router of its requests' first tokens and ends up to ``now``.  Only replicas
+        that moved since the last call are looked at: a replica's first tokens and ends come at its step ends,
+        which it reaches (``advance``) only at or before the arrival that follows them, or when a request is
+        routed there."""
         router = self.router
-        for r, inflight in enumerate(self._inflight):
+        moved = self._moved
+        seen = set()
+        for r in moved:
+            if r in seen:
+                continue
+            seen.add(r)
+            inflight = self._inflight[r]
             gone = []
             for index, entry in inflight.items():
                 req = entry[0]
                 if not entry[1] and req.first_token_s <= now:
                     entry[1] = True
                     router.on_first_token(index, r, req.first_token_s)
-                if req.end_s <= now or (req.status in _ENDED and req.end_s != req.end_s):
+                if req.end_s <= now or (req.status in FINAL_STATUSES and req.end_s != req.end_s):
                     gone.append(index)
             for index in gone:
                 router.on_complete(index, r, now)
                 del inflight[index]
+        moved.clear()
 
     # ---- processes -------------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
+        """Routed ahead of the run (``needs_state`` false): each request to its replica at its arrival."""
         arrivals = self.arrivals_s.tolist()
         store = self.store
-        router = self.router
         replicas = self.replicas
-        feed = self._feed
-        tracks = router.tracks_requests
-        dirty = self._dirty
+        replica_of = self.replica_of.tolist()
         for i in range(len(arrivals)):
             delay = arrivals[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            now = env.now
-            if feed is not None:
-                if tracks:
-                    self._notify(now)
-                chosen = self._check(router.route(self._request_view(i), self._views(now)), i)
-                self.replica_of[i] = chosen
-                feed.next += 1
-                rep = replicas[chosen]
-                rep.cut(now)  # a run of decode steps under way there ends at this arrival
-                dirty.append(chosen)
-            else:
-                chosen = int(self.replica_of[i])
-                rep = replicas[chosen]
-                rep.feed.next += 1
+            rep = replicas[replica_of[i]]
+            rep.feed.next += 1
+            rep.add(store.request(i), env.now)
+
+    def _route_all(self) -> float:
+        """Routed at each arrival (``needs_state``): the arrivals in order, and before each every replica with a
+        boundary, run end or wake-up at or before it advanced up to it (``EngineLoop.advance``), the rest left as
+        they are (they have nothing due; what the router reads of them is as of their last boundary); then the
+        router decides and the chosen replica gets the request (its pending run cut there).  No SimPy: the replicas
+        are advanced in time order through a heap of when each next acts.  Returns the last arrival's time."""
+        store = self.store
+        router = self.router
+        replicas = self.replicas
+        feed = self._feed
+        assert feed is not None
+        tracks = router.tracks_requests
+        dirty = self._dirty
+        moved = self._moved
+        inflight = self._inflight
+        route, check, request_view, views = router.route, self._check, self._request_view, self._views
+        replica_of = self.replica_of
+        inf = math.inf
+        #: When each replica next acts (a heap entry is live only while it matches this).
+        due = [0.0] * len(replicas)
+        heap = [(0.0, r) for r in range(len(replicas))]
+        heappush, heappop = heapq.heappush, heapq.heappop
+        again: list[int] = []
+        now = 0.0
+        for i, now in enumerate(self._arrival_list):
+            while heap and heap[0][0] <= now:
+                at, r = heappop(heap)
+                if at == due[r]:
+                    due[r] = -1.0  # taken (a second entry at the same time is stale)
+                    again.append(r)
+            for r in again:
+                nxt = due[r] = replicas[r].advance(now)
+                if nxt < inf:
+                    heappush(heap, (nxt, r))
+            if tracks:
+                moved.extend(again)
+                self._notify(now)
+            again.clear()
+            chosen = check(route(request_view(i), views(now)), i)
+            replica_of[i] = chosen
+            feed.next += 1
+            rep = replicas[chosen]
+            rep.cut(now)  # a run of decode steps under way there ends at this arrival
             req = store.request(i)
             rep.add(req, now)
+            dirty.append(chosen)
+            if rep.clock != due[chosen]:
+                due[chosen] = rep.clock
+                heappush(heap, (rep.clock, chosen))
             if tracks:
-                self._inflight[chosen][i] = [req, False]
-        # No more arrivals: a replica asleep until one is routed to it wakes, to end (or to find itself stuck).
-        for rep in replicas:
-            if rep.wake is not None and not rep.wake.triggered:
-                rep.wake.succeed()
+                moved.append(chosen)
+                inflight[chosen][i] = [req, False]
+        return now
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self) -> FleetResult:
         wall0 = time.perf_counter()
-        env = self.env
-        env.process(self._arrivals(env))
-        procs = []
-        for rep in self.replicas:
-            rep.process_handle = env.process(rep.process(env))
-            procs.append(rep.process_handle)
-        with FrozenHeap():
-            env.run(until=simpy.AllOf(env, procs))
-        end_s = env.now
-        for rep in self.replicas:
-            rep.scheduler.sync_requests()  # requests still running: their state out of the decode columns
-            end_s = max(end_s, rep.core.last_step_end)
-            rep.drain()
-        store = self.store
-        unfinished = [req for req in store.live.values() if req.status not in _ENDED]
-        for req in unfinished:
-            req.status = Status.UNFINISHED
-            r = int(self.replica_of[req.index])
-            self.replicas[max(r, 0)].scheduler.settle(req)
-        store.log.record_all(unfinished)
+        if self._feed is not None:
+            with FrozenHeap():
+                now = self._route_all() if len(self._arrival_list) else 0.0
+                for rep in self.replicas:
+                    if rep.idle:
+                        rep.clock = now  # woken by the arrivals' end, to end (or to find itself stuck)
+                    rep.advance(math.inf)
+                    if not rep.stopped:
+                        now = max(now, rep.clock)
+        else:
+            env = self.env
+            env.process(self._arrivals(env))
+            procs = [env.process(rep.process(env)) for rep in self.replicas]
+            with FrozenHeap():
+                env.run(until=simpy.AllOf(env, procs))
+            now = env.now
+        requests, makespan, _ = finish_run(self.replicas, self.store, now, self.replica_of)
+        requests["replica"] = self.replica_of
         steps = []
         for rep in self.replicas:
-            rep.core.flush_rows()
             if rep.core.record_steps:
                 table = step_table(rep.core.step_rows)
                 table.insert(0, "replica", rep.index)
                 steps.append(table)
-        requests = store.log.table()
-        requests["replica"] = self.replica_of
-        end = requests["end_s"].max() if len(requests) else 0.0
-        start = requests["arrival_s"].min() if len(requests) else 0.0
-        makespan = float(end - start) if end == end else float(end_s - start)
         per_replica, fleet = replica_summary(requests, len(self.replicas))
-        aborted = next((rep.aborted for rep in self.replicas if rep.aborted), None)
         return FleetResult(
             requests=requests,
             steps=pd.concat(steps, ignore_index=True) if steps else step_table([]).assign(replica=np.int64(0)),
@@ -326,15 +363,8 @@ class FleetSimulation:
             makespan_s=makespan,
             wall_s=time.perf_counter() - wall0,
             num_iterations=sum(rep.core.num_iterations for rep in self.replicas),
-            aborted=aborted,
-            info={
-                "num_gpu_blocks": self.sizing.num_gpu_blocks,
-                "num_cpu_blocks": self.sizing.num_cpu_blocks,
-                "block_bytes": self.sizing.block_bytes,
-                "model": self.model.name,
-                "gpu": self.gpu.name,
-                "replicas": len(self.replicas),
-            },
+            aborted=next((rep.aborted for rep in self.replicas if rep.aborted), None),
+            info={**run_info(self.sizing, self.model, self.gpu), "replicas": len(self.replicas)},
         )
 
 
