@@ -86,6 +86,11 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
 
         check_format(args.fmt, "--format")
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser(), args.fmt)
+    if args.hash_block_tokens is not None:
+        from sim.workload.workload import check_hash_block_tokens
+
+        workload = workload.with_hash_block_tokens(check_hash_block_tokens(args.hash_block_tokens,
+                                                                           "--hash-block-tokens"))
     df = workload.requests
     if args.start_index:
         df = df.iloc[args.start_index:]
@@ -283,6 +288,10 @@ def add_replay_parsers(subparsers) -> None:
                      help="router parameter, e.g. cache_threshold=0.5 (repeatable)")
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
     add_format_argument(rep)
+    rep.add_argument("--hash-block-tokens", type=int, default=None,
+                     help="prompt tokens per hash_ids entry of a shared-prefix trace (default: the trace's, "
+                          "Mooncake's 512); scale it with the trace's lengths, as a study spec's "
+                          "workload.hash_block_tokens")
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
     rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")

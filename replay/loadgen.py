@@ -59,7 +59,6 @@ from replay.prom import (KV_USAGE, KV_USAGE_V0, RUNNING, SUMMARY_SAMPLES, TWIN_S
                          MetricsSnapshot, parse_metrics)
 from replay.results import ReplayResult, request_table_from_records
 from sim.errors import KvtuneError
-from sim.runner import MOONCAKE_HASH_BLOCK_TOKENS
 from sim.workload.workload import Workload
 
 log = logging.getLogger("kvtune.replay")
@@ -93,8 +92,10 @@ class ReplayOptions:
     send_priority: bool = True
     #: Keep every token's arrival time (``ReplayResult.token_times``).
     record_tokens: bool = True
-    #: Tokens per ``hash_ids`` entry of a shared-prefix workload (the simulator's ``hash_block_tokens``).
-    hash_block_tokens: int = MOONCAKE_HASH_BLOCK_TOKENS
+    #: Tokens per ``hash_ids`` entry of a shared-prefix workload (the simulator's ``hash_block_tokens``); None:
+    #: the workload's own (``Workload.hash_block_tokens``, Mooncake's 512 unless the trace or spec says otherwise),
+    #: so that the replayed prompts share the blocks the simulation of the same workload shares.
+    hash_block_tokens: int | None = None
     #: Extra HTTP headers (e.g. Authorization).
     headers: dict[str, str] = field(default_factory=dict)
     #: Per-request extra body fields.
@@ -205,6 +206,7 @@ class _Replay:
         self.timeout_at, self.cancel_at = timeout_at, cancel_at
         self.priorities = workload.priorities()
         self.hash_ids = df["hash_ids"].to_numpy() if "hash_ids" in df.columns else None
+        self.hash_block_tokens = int(options.hash_block_tokens or workload.hash_block_tokens)
         self.records = [_Record(i) for i in range(len(df))]
         self.samples: list[tuple[float, str]] = []
         self.model = options.model
@@ -352,7 +354,7 @@ class _Replay:
             # Shared prefixes: hash id h names one block of hash_block_tokens tokens, the same for every request
             # that lists it (and, as in Mooncake's traces, everything before it), so the server's prefix cache
             # hits where the simulator's does (sim.runner keys blocks by the same ids).
-            size = opts.hash_block_tokens
+            size = self.hash_block_tokens
             blocks = [np.random.default_rng([opts.seed, 0x5EED, int(h) & 0x7FFFFFFF]).integers(low, high, size=size)
                       for h in hashes]
             shared = np.concatenate(blocks)[:n]
