@@ -13,7 +13,7 @@ running free, against kvtune's prediction, request by request.
 ``measure`` replays the workload ``--repeats`` times (seed = repeat) and saves each run; ``report`` simulates the
 same runs and prints, per run, the engine's ``vllm:prefix_cache_hits`` and preemptions against kvtune's, and per
 request the engine's ``num_cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``, the replay table's
-``prefix_hit_tokens``) against kvtune's ``prefix_hit_tokens``.
+``prefix_hit_tokens``) against kvtune's ``prefix_hit_tokens``; ``<out>/report.json`` keeps the figures.
 
 The workload: 4 system prompts of one 512-token hash block (16 blocks of 32), half the requests continuing one of
 8 conversations (a second shared block), a unique suffix, outputs of 64-256 tokens, Poisson arrivals at 2 req/s:
@@ -23,6 +23,7 @@ a request holds 18-42 blocks, so three or four fill the 100-block cache and the 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def workload(num_requests: int = 40, rate: float = 2.0, seed: int = 32) -> Workl
     return Workload(df, {"chat": RequestClass("chat")}, source="prefix under KV pressure (issue 32)")
 
 
+def config(args) -> EngineConfig:
+    return EngineConfig(**{**CONFIG.explicit_knobs(), "max_num_seqs": args.max_num_seqs})
+
+
 def measure(args) -> None:
     wl = workload(args.requests)
     for rep in range(args.repeats):
@@ -72,7 +77,7 @@ def measure(args) -> None:
         options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
                                 hash_block_tokens=HASH_BLOCK_TOKENS)
         result = replay(args.url, wl, options)
-        result.save(path, extra={"engine": {"config": CONFIG.explicit_knobs()}})
+        result.save(path, extra={"engine": {"config": config(args).explicit_knobs()}})
         print(f"rep {rep}: hits {result.counter_delta('prefix_cache_hits_total'):g} "
               f"preemptions {result.preemptions_total:g}", flush=True)
 
@@ -80,23 +85,34 @@ def measure(args) -> None:
 def simulated(wl: Workload, args, seed: int) -> pd.DataFrame:
     prof = read_profile(args.profile)
     model, gpu = load_model(args.model), load_gpu(prof.gpu or "vllm-cpu-1core")
-    sim = simulate(wl, CONFIG, model, gpu, coefficients=prof.coefficients, seed=seed, record_steps=False,
+    sim = simulate(wl, config(args), model, gpu, coefficients=prof.coefficients, seed=seed, record_steps=False,
                    hash_block_tokens=HASH_BLOCK_TOKENS)
     return with_client_latency(sim.requests, ClientLatency(offset_s=prof.client_offset_s))
 
 
 def report(args) -> None:
     wl = workload(args.requests)
+    runs = []
     for path in sorted(args.out.glob("rep-*")):
         result, _ = ReplayResult.load(path)
         meas = result.requests.set_index("request_id")
         pred = simulated(wl, args, int(path.name.split("-")[1])).set_index("request_id")
         hits_m = result.counter_delta("prefix_cache_hits_total")
         hits_p = float(pred["prefix_hit_tokens"].sum())
-        print(f"{path.name}: prefix-cache hit tokens predicted {hits_p:,.0f} measured {hits_m:,.0f} "
-              f"({hits_p / hits_m - 1:+.0%}); preemptions predicted {pred['num_preemptions'].sum():g} "
-              f"measured {result.preemptions_total:g}; per-request cached tokens summed "
-              f"{meas['prefix_hit_tokens'].sum():,.0f}")
+        # What kvtune counted before issue 32's fix: resumptions' re-hits of their own blocks too.
+        hits_old = hits_p + float(pred["preempted_hit_tokens"].sum())
+        same = int((meas["prefix_hit_tokens"] == pred["prefix_hit_tokens"]).sum())
+        run = {"run": path.name, "requests": len(meas), "hits_measured": hits_m, "hits_predicted": hits_p,
+               "hits_counting_resumptions": hits_old, "requests_same_hit": same,
+               "cached_tokens_measured": float(meas["prefix_hit_tokens"].sum()),
+               "preemptions_measured": result.preemptions_total,
+               "preemptions_predicted": float(pred["num_preemptions"].sum())}
+        runs.append(run)
+        print(f"{path.name} ({len(meas)} requests): prefix-cache hit tokens predicted {hits_p:,.0f} measured "
+              f"{hits_m:,.0f} ({hits_p / hits_m - 1:+.0%}; counting resumptions too {hits_old:,.0f}, "
+              f"{hits_old / hits_m - 1:+.0%}); same hit on {same} of {len(meas)} requests (engine's cached tokens "
+              f"summed {run['cached_tokens_measured']:,.0f}); preemptions predicted "
+              f"{run['preemptions_predicted']:g} measured {result.preemptions_total:g}")
         if args.per_request:
             both = pd.DataFrame({"prompt": meas["prompt_tokens"], "hash_ids": wl.requests.set_index("request_id")
                                  ["hash_ids"].map(lambda ids: " ".join(map(str, ids))),
@@ -104,6 +120,7 @@ def report(args) -> None:
                                  "pre_pred": pred["num_preemptions"], "arrival": meas["arrival_s"].round(2),
                                  "ttft_meas": meas["ttft_s"].round(2), "ttft_pred": pred["ttft_s"].round(2)})
             print(both.to_string())
+    (args.out / "report.json").write_text(json.dumps({"config": config(args).explicit_knobs(), "runs": runs}, indent=1))
 
 
 def main(argv=None) -> int:
@@ -119,6 +136,7 @@ def main(argv=None) -> int:
         q.add_argument("--out", type=Path, required=True)
         q.add_argument("--repeats", type=int, default=2)
         q.add_argument("--requests", type=int, default=40, help="requests per run (the same for report)")
+        q.add_argument("--max-num-seqs", type=int, default=CONFIG.max_num_seqs, help="as the engine was started")
     args = p.parse_args(argv)
     measure(args) if args.cmd == "measure" else report(args)
     return 0
