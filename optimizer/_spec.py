@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from objectives.registry import get_objective, is_bound, parse_bound
+from optimizer._capacity import check_model_fits
 from optimizer._knobs import check_knob
 from optimizer._space import SearchSpace, parse_search_space
 from optimizer._versions import VllmTarget, default_target
@@ -64,98 +65,6 @@ BACKEND_KINDS = ("sim", "replay")
 REPLAY_ENGINES = ("vllm", "twin")
 _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
                  "vllm_python", "vllm_args", "port")
-
-
-def _check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: Any,
-                      gpu_list: list[str] | None = None) -> None:
-    """Refuse a study none of whose trials could start: size the KV cache with the most memory the search can
-    give it (gpu_memory_utilization, weight and KV dtypes and tensor parallelism at their most generous, the
-    tensor parallelism within one node of each device: its ``gpus_per_node``, the KV and weight dtypes among the
-    device's ``kv_cache_dtypes`` / ``quantizations``); if even that cannot hold the weights and one max-length
-    request on any device searched, every trial would fail.  A study whose fixed or searched dtypes no device of
-    it has is one error naming that dtype's field (``engine.kv_cache_dtype``, ``search.quantization``, ...).
-
-    The error names the field to change, and the line names every field involved (model, device, tensor
-    parallelism): the tensor parallelism (``tensor_parallel_size`` or ``search.tensor_parallel_size``) when
-    another one of one node's (1, 2, 4, 8, up to the device's ``gpus_per_node``) holds the weights on some
-    device, saying which; else the device (``gpu``, or ``search.gpu``); a cache that holds the weights but not
-    one max-length request, ``engine.max_model_len`` (or the ``num_gpu_blocks_override`` that the spec fixed or
-    searched)."""
-    from optimizer._knobs import TP_SIZES
-    from sim.engine import resolve_engine
-
-    best: dict[str, Any] = {}
-    for domain in search.domains:
-        if domain.name == "gpu_memory_utilization":
-            best["gpu_memory_utilization"] = float(domain.high if domain.high is not None else max(domain.choices))
-    searched = search.names
-    precisions = {knob: [c or full for c in (search[knob].choices if knob in searched else [getattr(fixed, knob)])]
-                  for knob, full in (("kv_cache_dtype", "auto"), ("quantization", "none"))}
-    tps = (sorted(int(c) for c in search["tensor_parallel_size"].choices) if "tensor_parallel_size" in searched
-           else [fixed.tensor_parallel_size])
-    devices = [load_gpu(ref) for ref in search["gpu"].choices] if "gpu" in searched else [gpu]
-    config = fixed.replace(**best, **{k: "fp8" if "fp8" in c else c[0] for k, c in precisions.items()})
-    tp_field = "search.tensor_parallel_size" if "tensor_parallel_size" in searched else "tensor_parallel_size"
-    gpu_field = "search.gpu" if "gpu" in searched and gpu_list is None else "gpu"
-    problems: list[tuple[Any, int, str, str, Any]] = []  # (device, TP tried or 0, kind, why, config tried)
-    for device in devices:  # the capacity levers: one device that can start some trial is enough
-        usable = [t for t in tps if t <= device.gpus_per_node]
-        if not usable:
-            problems.append((device, 0, "node", f"TP {tps[0]} spans more GPUs than one {device.name} node holds "
-                                                f"({device.gpus_per_node}: its gpus_per_node)", config))
-            continue
-        own = {knob: [c for c in choices if not device.lacks(knob, c)] for knob, choices in precisions.items()}
-        lacking = [knob for knob, can in own.items() if not can]
-        if lacking:  # every precision the study allows is one the device lacks (its kv_cache_dtypes/quantizations)
-            knob = lacking[0]
-            problems.append((device, 0, f"precision:{knob}", f"lacks {knob} {', '.join(precisions[knob])} (its "
-                             f"{knob}s: {', '.join(getattr(device, knob + 's'))})", config))
-            continue
-        at_device = config.replace(**{k: "fp8" if "fp8" in c else c[0] for k, c in own.items()})
-        try:
-            resolve_engine(at_device.replace(tensor_parallel_size=usable[-1]), model, device)
-            return
-        except ConfigError as exc:
-            why = exc.message.split("; raise ")[0].split("; lower ")[0]
-            kind = "weights" if exc.field == "gpu_memory_utilization" else exc.field
-            problems.append((device, usable[-1], kind, f"at TP {usable[-1]}: {why}", at_device))
-    details = "; ".join(f"on {device.name} {why}" for device, _, _, why, _ in problems)
-    if all(kind.startswith("precision:") for _, _, kind, _, _ in problems):
-        knob = problems[0][2].split(":")[1]
-        field_name = f"search.{knob}" if knob in searched else f"engine.{knob}"
-        raise ConfigError(field_name, f"vLLM cannot start {knob} {', '.join(precisions[knob])} on any device of "
-                                      f"this study ({field_name}, {gpu_field}): {details}; choose a {knob} the "
-                                      f"device has or another {gpu_field}")
-    problems = [p for p in problems if not p[2].startswith("precision:")]
-    cache = [kind for _, _, kind, _, _ in problems if kind not in ("weights", "node")]
-    if cache:  # the weights fit somewhere, one max-length request does not
-        field_name = f"search.{cache[0]}" if cache[0] in searched else f"engine.{cache[0]}"
-        hint = (f"lower {field_name} (now {config.max_model_len}) or give the cache more memory (a larger "
-                f"{tp_field} or {gpu_field})" if cache[0] == "max_model_len" else
-                f"give {field_name} enough blocks for one max-length request ({config.max_model_len} tokens)")
-        raise ConfigError(field_name, f"{model.name}'s KV cache cannot hold one max-length request on any device "
-                                      f"of this study ({field_name}, {gpu_field}, {tp_field}): {details}; {hint}")
-    fits_at = []
-    for device, tried, _, _, tried_config in problems:
-        for size in (s for s in TP_SIZES if tried < s <= device.gpus_per_node):
-            try:
-                resolve_engine(tried_config.replace(tensor_parallel_size=size), model, device)
-            except ConfigError:
-                continue
-            fits_at.append(f"TP {size} on {device.name}")
-            break
-    more = "" if config.quantization == "fp8" else " or FP8 weights (quantization)"
-    if fixed.gpu_memory_utilization is not None and "gpu_memory_utilization" not in searched:
-        more = f", a higher engine.gpu_memory_utilization (now {fixed.gpu_memory_utilization:g})" + more
-    if fits_at:
-        field_name = tp_field
-        hint = (", ".join(fits_at) + " would hold them: " + ("add it to " if tp_field.startswith("search.") else
-                "set ") + f"{tp_field}; else a larger {gpu_field}, a smaller model{more}")
-    else:
-        field_name = gpu_field
-        hint = f"no tensor parallelism within one node holds them: a larger {gpu_field}, a smaller model{more}"
-    raise ConfigError(field_name, f"{model.name} cannot start on any device of this study at the tensor "
-                                  f"parallelism it allows (model, {gpu_field}, {tp_field}): {details}; {hint}")
 
 
 def _with_device_lever(search: SearchSpace, gpu_list: list[str] | None, base_dir: Path | None) -> SearchSpace:
@@ -562,7 +471,7 @@ class StudySpec:
             _check_full_precision(engine, search)
         if not len(search):
             raise ConfigError("search", "no knob left to search")
-        _check_model_fits(fixed, search, model, device, gpu_list)
+        check_model_fits(fixed, search, model, device, gpu_list)
         objectives = d.get("objectives", ["output_tokens_per_s"])
         if isinstance(objectives, str):
             objectives = [objectives]
