@@ -69,3 +69,28 @@ def test_every_yaml_read_goes_through_sim_safe_yaml() -> None:
              if str(path.relative_to(ROOT)) not in YAML_OWN | YAML_PENDING]
     found = [hit for path in files for hit in _yaml_parses(path)]
     assert not found, "YAML parsed outside sim.safe_yaml:\n" + "\n".join(found)
+
+
+#: The arrows run one way: a layer imports only the layers before it (sim <- objectives <- optimizer <- replay <-
+#: benchmarks), at module level or inside a function.
+LAYERS = ("sim", "objectives", "optimizer", "replay", "benchmarks")
+
+
+def _imports_above(path: Path, layer: int) -> list[str]:
+    above = set(LAYERS[layer + 1:])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        else:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in modules if m.split(".")[0] in above]
+    return found
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS) - 1), ids=LAYERS[:-1])
+def test_arrows_run_one_way(layer: int) -> None:
+    found = [hit for path in sorted((ROOT / LAYERS[layer]).rglob("*.py")) for hit in _imports_above(path, layer)]
+    assert not found, f"{LAYERS[layer]} imports a layer above it:\n" + "\n".join(found)
