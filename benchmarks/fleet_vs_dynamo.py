@@ -17,9 +17,11 @@ Subcommands (the one-side commands are what a whole-process timer runs, A B A B)
     python benchmarks/fleet_vs_dynamo.py kvtune T.jsonl [--workers 8] [--router round_robin|dynamo_kv]
     ~/.cache/kvtune/dynamo-venv/bin/python benchmarks/fleet_vs_dynamo.py dynamo T.jsonl [--workers 8]
                                            [--router round_robin|kv_router] [--per-request]
-    python benchmarks/fleet_vs_dynamo.py compare T.jsonl [--workers 8] [--repeats 3]
+    python benchmarks/fleet_vs_dynamo.py compare T.jsonl [--workers 8] [--repeats 3] [--no-bytecode-cache]
 
-``compare`` runs each side as its own process, A B A B (kvtune, Dynamo) ``--repeats`` times per router, and prints
+``compare`` runs each side as its own process, once untimed, then A B A B (kvtune, Dynamo) ``--repeats`` times per
+router (kvtune's modules compiled to bytecode once, as Dynamo's were by ``pip install``: ``whole_process.py``;
+``--no-bytecode-cache`` leaves the environment's ``PYTHONDONTWRITEBYTECODE`` as it is), and prints
 each side's median whole-process wall time (``proc s``: start-up, imports, trace, simulation) and in-process wall time
 (``sim s``: reading the trace and simulating, which Dynamo's ``run_trace_replay`` call does in one), the ratio of whole-process times pair by pair, the
 prefix reuse ratio (prompt tokens served from the prefix cache over prompt tokens) and the requests per worker.
@@ -145,24 +147,34 @@ def run_dynamo(trace: Path, workers: int, mode: str, per_request: bool) -> dict:
 
 
 # ---- the paired comparison ---------------------------------------------------------------------------------------
-def _whole(cmd: list[str]) -> tuple[float, dict]:
+def _whole(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, dict]:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "RUST_LOG": "error"})
+    proc = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                          env={**(os.environ if env is None else env), "RUST_LOG": "error"})
     return time.perf_counter() - t0, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def compare(trace: Path, workers: int, repeats: int, dynamo_py: str) -> None:
+def compare(trace: Path, workers: int, repeats: int, dynamo_py: str, bytecode: bool = True) -> None:
+    import tempfile
+
+    from whole_process import kvtune_env
+
     me = str(Path(__file__).resolve())
     print(f"trace {trace}; {workers} workers; engine {ENGINE}; {repeats} pairs A B per router "
-          f"(A: kvtune, B: Dynamo 1.6.1)")
+          f"(A: kvtune, B: Dynamo 1.6.1) after one untimed run of each; load average {os.getloadavg()[0]:.1f}")
+    # kvtune's modules compiled to bytecode once (by the untimed run), as Dynamo's venv was by pip (whole_process.py)
+    cache = tempfile.TemporaryDirectory(prefix="fvd_pycache_")  # removed when compare returns
+    a_env = kvtune_env(dict(os.environ), Path(cache.name)) if bytecode else None
     print(f"{'router':<24} {'side':<7} {'proc s':>7} {'sim s':>7} {'A/B proc':>8} {'reuse':>6} {'done':>6}  "
           f"requests per worker")
     for router, mode in ROUTERS.items():
         a_cmd = [sys.executable, me, "kvtune", str(trace), "--workers", str(workers), "--router", router]
         b_cmd = [dynamo_py, me, "dynamo", str(trace), "--workers", str(workers), "--router", mode]
         rows: dict[str, list] = {"kvtune": [], "dynamo": []}
+        _whole(a_cmd, a_env)  # untimed, each side once: bytecode, the page cache, numba's kernel cache
+        _whole(b_cmd)
         for _ in range(repeats):
-            rows["kvtune"].append(_whole(a_cmd))
+            rows["kvtune"].append(_whole(a_cmd, a_env))
             rows["dynamo"].append(_whole(b_cmd))
         _, dyn_counts = _whole(b_cmd + ["--per-request"])  # per-worker counts (untimed: capture slows it)
         ratios = [a[0] / b[0] for a, b in zip(rows["kvtune"], rows["dynamo"])]
@@ -175,7 +187,8 @@ def compare(trace: Path, workers: int, repeats: int, dynamo_py: str) -> None:
             ratio = f"{statistics.median(ratios):8.2f}" if side == "kvtune" else f"{'':>8}"
             print(f"{router + ' / ' + mode:<24} {side:<7} {proc:7.2f} {sim:7.2f} {ratio} "
                   f"{info['prefix_reuse_ratio']:6.3f} {info['completed']:6d}  {per_worker}", flush=True)
-        print(f"{'':<24} A/B whole-process ratios: {', '.join(f'{r:.2f}' for r in ratios)}")
+        print(f"{'':<24} A/B whole-process ratios: {', '.join(f'{r:.2f}' for r in ratios)}; "
+              f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dynamo-python", default=str(DYNAMO_PY))
+    p.add_argument("--no-bytecode-cache", action="store_true",
+                   help="leave PYTHONDONTWRITEBYTECODE as it is for kvtune's side (whole_process.py)")
     opts = parser.parse_args(argv)
     if opts.cmd == "trace":
         write_trace(opts.out, opts.requests, opts.seed, opts.rate)
@@ -205,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     elif opts.cmd == "dynamo":
         print(json.dumps(run_dynamo(opts.trace, opts.workers, opts.router, opts.per_request)))
     else:
-        compare(opts.trace, opts.workers, opts.repeats, opts.dynamo_python)
+        compare(opts.trace, opts.workers, opts.repeats, opts.dynamo_python, not opts.no_bytecode_cache)
 
 
 if __name__ == "__main__":

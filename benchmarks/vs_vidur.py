@@ -9,8 +9,10 @@ predictor grid; 1,612 requests are cut).  kvtune: ``python -m optimizer.cli simu
 vidur.main`` plus phase timings), with the restart patch (0.0.26 asserts on any preemption otherwise).
 
 Each run is a fresh process; its wall seconds, user+sys CPU seconds and peak RSS are the operating system's
-(``os.wait4``).  One warm-up run of each side, then ``--pairs`` pairs in the order A (kvtune) B (Vidur) A B ...;
-the ratio is Vidur's figure over kvtune's, pair by pair.  Vidur needs its predictors trained once per (profiles,
+(``os.wait4``).  kvtune's modules are compiled to bytecode once, by its warm-up run, as Vidur's were by ``pip
+install`` (``whole_process.py``; ``--no-bytecode-cache``: as the environment has it).  One warm-up run of each
+side, then ``--pairs`` pairs in the order A (kvtune) B (Vidur) A B ...; the ratio is Vidur's figure over kvtune's,
+pair by pair.  Vidur needs its predictors trained once per (profiles,
 TP, block size, grid), cached in ``--vidur-cache`` (make it with ../shared/tools/vidur/make_vidur_hf_cache.py and
 run vidur_direct.sh once with the same grid): ~16.5 min on 2 quiet cores with Vidur's default grid of 27 random
 forests per operator, much less with ``--forest`` one point (the default: 500 trees, depth 16, split 2, the point
@@ -19,7 +21,7 @@ event loop's cost: Vidur tabulates every operator's predicted time over its grid
 them up while simulating.
 
     python benchmarks/vs_vidur.py --vidur-python VENV/bin/python --vidur-cache CACHE [--pairs 3] [--flavor vllm-v0]
-                                  [--forest 500,16,2] [--no-vidur-warmup] [--max-requests N]
+                                  [--forest 500,16,2] [--no-vidur-warmup] [--max-requests N] [--no-bytecode-cache]
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from whole_process import kvtune_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT.parent / "shared" / "tools" / "vidur"
@@ -106,9 +110,12 @@ def timed(cmd: list[str], env: dict, cwd: Path, log: Path) -> dict:
     return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_mb": ru.ru_maxrss / 1024}
 
 
-def run_kvtune(trace: Path, folder: Path, flavor: str, n: int) -> dict:
+def run_kvtune(trace: Path, folder: Path, flavor: str, n: int, bytecode: bool = True) -> dict:
     out = folder / f"kv{n}"
-    r = timed(kvtune_cmd(trace, out, flavor), {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, folder / f"kv{n}.log")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if bytecode:  # compiled once, as Vidur's venv was by pip (whole_process.py)
+        env = kvtune_env(env, folder / "pycache")
+    r = timed(kvtune_cmd(trace, out, flavor), env, ROOT, folder / f"kv{n}.log")
     summary = json.loads((out / "summary.json").read_text())
     r["sim_req_per_wall_s"] = summary.get("simulated_requests_per_wall_s")
     r["makespan_s"] = summary.get("metrics", {}).get("makespan_s")
@@ -142,16 +149,20 @@ def main() -> int:
                    help="Vidur's random-forest grid: one point 'trees,depth,split' (its predictors train ~27x faster "
                         "than on the full grid) or 'full' (Vidur's default 3x3x3 grid)")
     p.add_argument("--max-requests", type=int, default=None, help="the first N requests of the trace (default all)")
+    p.add_argument("--no-bytecode-cache", action="store_true",
+                   help="leave PYTHONDONTWRITEBYTECODE as it is: where it is set, every kvtune run compiles its "
+                        "modules from source (by default they are compiled once, whole_process.py)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="vs_vidur_") as tmp:
         folder = Path(tmp)
         kv_trace, vidur_trace, n_req = write_traces(folder, args.max_requests)
         print(f"{n_req} requests; kvtune --flavor {args.flavor}; load average {os.getloadavg()[0]:.1f}", flush=True)
         rows = []
+        bytecode = not args.no_bytecode_cache
         if args.no_vidur_warmup:  # Vidur's caches were just read by its training run; kvtune's kernels warm once
-            run_kvtune(kv_trace, folder, args.flavor, 99)
+            run_kvtune(kv_trace, folder, args.flavor, 99, bytecode)
         for i in range(1 if args.no_vidur_warmup else 0, args.pairs + 1):
-            a = run_kvtune(kv_trace, folder, args.flavor, i)
+            a = run_kvtune(kv_trace, folder, args.flavor, i, bytecode)
             b = run_vidur(args.vidur_python, args.vidur_cache, vidur_trace, folder, i, args.forest, args.vidur_tools)
             pair = {"pair": "warm-up" if i == 0 else i, "kvtune": a, "vidur": b,
                     "wall_ratio": b["wall_s"] / a["wall_s"], "cpu_ratio": b["cpu_s"] / a["cpu_s"],
