@@ -2,7 +2,7 @@
 calibrated latency profile, and print per config and metric the prediction, the measurement and the error.
 
     python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine            # full
-    python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine-quick --quick
+    python benchmarks/real_engine/run.py --out runs/real-engine-quick --quick --calibrate
     python benchmarks/real_engine/run.py --profile PROFILE.yaml --out runs/real-engine --report-only
 
 The engine is started once per config (``--num-gpu-blocks-override``, ``--max-num-seqs``,
@@ -29,10 +29,12 @@ writes it) on the at-scale workloads (``workloads.SCALE_WORKLOADS``, 150 request
 (``scale-report.json``, :mod:`scale`) gives each measurement a bootstrap 95% interval, the decision agreement over
 the config pairs the engine separates, and the closed loop, against issue 32's targets.
 
-``--quick`` (CI): 3 configs, the ``reasoning-burst`` workload, 2 repeats; it asserts only what cannot flake (see
-:func:`quick_checks`): the scarce cache preempts and the ample one does not, and two configs far apart (one
-sequence at a time vs 128 sequences, both on the ample cache) order by tokens per engine CPU second; exit 1 if a
-check fails.
+``--quick`` (CI): 3 configs, the ``reasoning-burst`` workload, 2 repeats; with ``--calibrate`` the engine of the
+first config first replays ``kvtune calibrate --quick``'s probes and the profile fitted to them predicts every run
+(``<out>/quick-profile.yaml``; no ``--profile`` needed).  It asserts (see :func:`quick_checks`) what cannot flake:
+the scarce cache preempts and the ample one does not, two configs far apart (one sequence at a time vs 128
+sequences, both on the ample cache) order by tokens per engine CPU second, and with ``--calibrate`` the accuracy
+bound :data:`QUICK_BAND` (:func:`quick_accuracy`); exit 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ CONFIGS = [
     BenchConfig("s128-b2048-k150-pc", 128, 2048, 150, True, BOTH),
     BenchConfig("s1-b256-ample", 1, 256, 2000, False, BOTH),
 ]
-QUICK_CONFIGS = ["default", "s1-b256-ample", "s128-b2048-ample"]
+#: The quick mode's configs, the calibration's first (``--calibrate`` calibrates on its engine before its replays).
+QUICK_CONFIGS = ["s128-b2048-ample", "default", "s1-b256-ample"]
 #: The at-scale matrix (``--scale``): every config replays every at-scale workload.  100 KV blocks of 32 tokens
 #: (3,200 tokens: a scarce cache for ``kv-pressure`` and ``prefix-scarce``), prefix caching on (the CPU engine's
 #: default).  ``default`` is the CPU engine's own batch defaults; ``recommended``, ``rec-fewer`` and ``rec-more``
@@ -601,7 +604,10 @@ def quick_ratios(out: Path, model_ref: str, profile, repeats: int = 2, step_scal
     - ``tpot_norm``: the same at the run's own CPU share (``cpu_share``: the engine's CPU seconds over the run's
       busy span, the measure the calibration divided by), which cancels a change of the machine's load between
       the calibration and the run;
-    - ``tok_cpu``: tokens per engine CPU second, measured against simulated tokens per second on a core of its own.
+    - ``tok_cpu``: tokens per engine CPU second, measured against simulated tokens per second on a core of its own;
+    - ``served_tok_cpu`` (the bound's): the same for what the engine served (:func:`served_workload`: a request
+      that timed out on the engine ends where it ended), so that neither the machine's speed nor the timeouts it
+      causes move the ratio; the calibration measured its CPU share with the same counters.
     """
     import yaml
 
@@ -642,10 +648,11 @@ def quick_ratios(out: Path, model_ref: str, profile, repeats: int = 2, step_scal
 
 #: The quick mode's accuracy bound (``--calibrate``): the median over its runs (3 configs x 2 repeats) of
 #: predicted / measured ``served_tok_cpu`` (:func:`quick_ratios`) lies in this band.  Chosen from measured spread
-#: (benchmarks/real_engine/README.md, "Quick mode"); its ends are less than 2x apart, so a profile whose every step
-#: is 2x slower (or faster) than one that passes fails.
+#: (benchmarks/real_engine/README.md, "Quick mode", 2026-12-06: medians 1.02-1.18, single runs 0.95-1.30, at load
+#: average 10-29, with a CPU hog on the engine's core after the calibration); its ends are less than 2x apart, so a
+#: profile whose every step is 2x slower (or faster) than one that passes fails.
 QUICK_METRIC = "served_tok_cpu"
-QUICK_BAND = (0.7, 1.3)
+QUICK_BAND = (0.75, 1.45)
 
 
 def quick_accuracy(out: Path, model_ref: str, profile, repeats: int = 2, step_scale: float = 1.0,
