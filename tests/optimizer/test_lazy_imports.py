@@ -58,3 +58,22 @@ def test_a_builtin_command_loads_no_plugin_and_a_plugin_command_still_parses():
         assert "replay" not in loaded, cmd
     assert "replay" in _loaded(probe.format(cmd="twin"))
     assert "replay" in _loaded("from optimizer.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n")
+
+
+def test_the_program_skips_the_exit_collections_and_an_in_process_call_does_not():
+    """kvtune run as a program freezes the collector's objects before exit (optimizer/cli.py, issue 34: ~0.13 CPU s
+    of a simulate process); main(argv) in-process (tests, embedding) leaves the collector as it was."""
+    import gc
+    from pathlib import Path
+
+    from optimizer.cli import main
+
+    trace = Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "mooncake_trace_sample.jsonl"
+    frozen = gc.get_freeze_count()
+    assert main(["workload", "describe", str(trace)]) == 0
+    assert gc.get_freeze_count() == frozen
+    code = ("import gc, sys\nfrom optimizer.cli import main\n"
+            f"sys.argv = ['kvtune', 'workload', 'describe', {str(trace)!r}]\n"
+            "assert main() == 0\nprint(gc.get_freeze_count() > 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "True"
