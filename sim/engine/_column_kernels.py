@@ -169,8 +169,8 @@ def run_block_limit(ints, n, rest, block_size, free, limit):
     """Steps of a decode run (at most ``limit``) before its block demand exceeds ``free``: the running requests
     are the segment's ``n`` (tokens ``c + 1``) and then those of ``rest`` (their token counts).  Step ``j >= 1``
     needs a new block for a request of ``t`` tokens where ``(t + j - 1) % B == 0``; the run stops before the
-    first step whose demand, summed from step 1, exceeds ``free``.  The same count as the numpy statement
-    ``sim.engine.scheduler_base.block_limit`` (bincount of first crossing steps by residue, cumsum, searchsorted)."""
+    first step whose demand, summed from step 1, exceeds ``free``.  The same count as the closed form
+    ``sim.engine.scheduler_base.block_limit`` (the crossings by residue, summed in whole periods)."""
     per_residue = np.zeros(block_size, dtype=np.int64)
     for i in range(n):
         per_residue[((-(ints[_C, i] + 1)) % block_size + 1) % block_size] += 1

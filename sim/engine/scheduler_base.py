@@ -738,10 +738,10 @@ class BaseScheduler(ABC):
         cols = self._columns
         seg = len(cols) if cols is not None else 0
         rest = self.running[seg:] if seg else self.running
-        tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
         if seg:
+            tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
             return cols.run_block_limit(tokens, free, limit)
-        return block_limit(tokens, self.block_size, free, limit)
+        return block_limit([r.num_tokens for r in rest], self.block_size, free, limit)
 
     def min_remaining_outputs(self) -> int:
         """Fewest outputs any running request still has to produce."""
@@ -761,14 +761,32 @@ class BaseScheduler(ABC):
         return free - need >= self.headroom_blocks
 
 
-def block_limit(tokens: np.ndarray, block_size: int, free: int, limit: int) -> int:
+def block_limit(tokens: list[int], block_size: int, free: int, limit: int) -> int:
     """Steps of a decode run (at most ``limit``) before the running requests' block demand exceeds ``free``
     (``tokens``: their token counts at the run's first step).  Steps j >= 1 need a new block where
     ``(tokens + j - 1) % block_size == 0``: first at ``(-tokens) % block_size + 1``, then every ``block_size``
     steps.  (With decode columns :meth:`BaseScheduler.run_block_limit` asks the compiled
-    ``_column_kernels.run_block_limit`` instead: the same count in one pass.)"""
-    first_cross = (-tokens) % block_size + 1
-    per_residue = np.bincount(first_cross % block_size, minlength=block_size)
-    demand = np.cumsum(per_residue[np.arange(1, limit) % block_size])
-    over = int(np.searchsorted(demand, free, side="right"))  # first step index whose demand exceeds
-    return over + 1 if over < len(demand) else limit
+    ``_column_kernels.run_block_limit`` instead: the same count in one pass.)
+
+    Fast path (the slow one summed the demand step by step, up to ``limit`` steps, with numpy: ~4,000-element
+    arrays per run): the demand is periodic, each ``block_size`` steps every request crosses once, so after
+    ``j = q * block_size + r`` steps it is ``q * len(tokens) + S[r]`` (``S``: the first ``r`` steps' crossings),
+    and the first step whose demand exceeds ``free`` is found in whole periods, then within one period."""
+    num = len(tokens)
+    if free < 0 or num == 0:
+        # Every step needs >= 0 blocks: the first exceeds a negative ``free``; with no request none ever does.
+        first = 1 if free < 0 else limit
+        return first if first < limit else limit
+    per_residue = [0] * block_size
+    for t in tokens:
+        per_residue[((-t) % block_size + 1) % block_size] += 1
+    periods = free // num  # whole periods whose demand stays within ``free``
+    left = free - periods * num
+    step = periods * block_size
+    demand = 0
+    for r in range(1, block_size + 1):
+        demand += per_residue[r % block_size]
+        if demand > left:  # (the period's whole demand, ``num``, exceeds ``left``)
+            step += r
+            break
+    return step if step < limit else limit

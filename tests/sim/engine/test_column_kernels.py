@@ -51,12 +51,12 @@ def test_scan_is_the_longest_fitting_prefix(seg, free, limit, touch_one):
        limit=st.integers(1, 200))
 def test_run_block_limit_is_the_numpy_block_bound(seg, rest, free, limit):
     """A decode run's block bound over the segment (tokens ``c + 1``) and the requests after it, against the
-    engine's numpy statement (``block_limit``, used when no columns are live)."""
+    engine's closed form (``block_limit``, used when no columns are live)."""
     ints, _, n, block_size = seg
     rest = np.array(rest, dtype=np.int64)
     tokens = np.concatenate((ints[0, :n] + 1, rest))
-    assert kernels.run_block_limit(ints, n, rest, block_size, free, limit) == block_limit(tokens, block_size, free,
-                                                                                           limit)
+    assert kernels.run_block_limit(ints, n, rest, block_size, free, limit) == block_limit(tokens.tolist(), block_size,
+                                                                                           free, limit)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
