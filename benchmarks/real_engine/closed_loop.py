@@ -138,6 +138,17 @@ def report(args) -> dict:
 
 
 def main(argv=None) -> int:
+    """Bad input (a profile, model or spec that cannot be read or is invalid): one line naming it, exit 2."""
+    from sim.errors import ConfigError
+
+    try:
+        return _main(argv)
+    except ConfigError as exc:
+        print(f"{Path(sys.argv[0]).name}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("study", "report"))
     ap.add_argument("--profile", required=True)

@@ -165,3 +165,11 @@ def test_request_interval_widens_when_the_runs_differ(scale):
     _, lo_same, hi_same = scale.request_interval(same, 0.5, resamples=400)
     _, lo_apart, hi_apart = scale.request_interval(apart, 0.5, resamples=400)
     assert hi_apart - lo_apart > 3 * (hi_same - lo_same)
+
+
+def test_an_unreadable_profile_is_one_line_and_exit_2(tmp_path, capsys):
+    bench = _run_module()
+    missing = tmp_path / "nope.yaml"
+    assert bench.main(["--scale", "--report-only", "--profile", str(missing), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0] and "cannot read" in err[0]
