@@ -42,7 +42,7 @@ class Request:
         "prefix_hit_tokens", "preempted_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids",
         "blocks_freed", "appended_tokens",
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
-        "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s",
+        "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s", "decode_entry",
     )
 
     def __init__(
@@ -120,6 +120,10 @@ class Request:
         self.time_overhead_s = 0.0
         #: V0: tokens appended to the request's block table (vllm/core/block/block_table.py ``_num_full_slots``).
         self.appended_tokens = 0
+        #: Its ``(self, 1)`` entry of ``SchedulerOutput.scheduled`` as a decode of the fast path, made once and
+        #: reused every step (``BaseScheduler._schedule_decode_prefix``); dropped when it ends (the tuple refers to
+        #: the request).  Typed ``object``: mypyc keeps it boxed, the same tuple, instead of an unboxed pair.
+        self.decode_entry: object = None
 
     @property
     def num_tokens(self) -> int:
