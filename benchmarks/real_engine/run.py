@@ -66,6 +66,7 @@ from sim.engine.config import EngineConfig  # noqa: E402
 from sim.latency import read_profile  # noqa: E402
 from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.runner import simulate  # noqa: E402
+from sim.safe_yaml import read_yaml  # noqa: E402
 
 BLOCK_SIZE = 32
 
@@ -334,11 +335,9 @@ MODES = ("raw", "normalized")
 
 
 def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
-    import yaml
-
     prof = read_profile(args.profile)
     model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
-    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
+    fit = _profile_fit(args.profile)
     client = ClientLatency(offset_s=prof.client_offset_s)  # as kvtune simulate --profile adds it
     cal_share = float(fit.get("cpu_share_median") or math.nan)
     dedicated = fit.get("dedicated_core_coefficients")
@@ -405,12 +404,10 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
     with a bootstrap 95% interval; the summary against issue 32's targets; the closed loop (``recommended``
     against ``default`` on :data:`SCALE_LOOP_WORKLOAD`).  Two prediction modes as in :func:`report`: ``raw`` (the
     profile as fitted) and ``normalized`` (at the CPU share the engine had in each run)."""
-    import yaml
-
     prof = read_profile(args.profile)
     model, gpu = load_model(args.model), load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core")
     client = ClientLatency(offset_s=prof.client_offset_s)
-    fit = (yaml.safe_load(Path(args.profile).read_text()) or {}).get("fit", {})
+    fit = _profile_fit(args.profile)
     from sim.latency import coefficients_from_mapping
 
     dedicated = fit.get("dedicated_core_coefficients")
@@ -457,11 +454,14 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
     return doc
 
 
+def _profile_fit(path) -> dict:
+    """The profile's ``fit`` section (what the calibration measured beside the coefficients)."""
+    return (read_yaml(path) or {}).get("fit", {})
+
+
 def _profile_device(path) -> object:
     """What the profile says about the machine it was fitted on (None when it records nothing)."""
-    import yaml
-
-    doc = yaml.safe_load(Path(path).read_text()) or {}
+    doc = read_yaml(path) or {}
     return doc.get("device") or (doc.get("fit") or {}).get("device")
 
 
@@ -609,11 +609,9 @@ def quick_ratios(out: Path, model_ref: str, profile, repeats: int = 2, step_scal
       that timed out on the engine ends where it ended), so that neither the machine's speed nor the timeouts it
       causes move the ratio; the calibration measured its CPU share with the same counters.
     """
-    import yaml
-
     prof = read_profile(profile)
     model, gpu = load_model(model_ref), load_gpu(gpu_ref or prof.gpu or "vllm-cpu-1core")
-    fit = (yaml.safe_load(Path(profile).read_text()) or {}).get("fit", {})
+    fit = _profile_fit(profile)
     from sim.latency import coefficients_from_mapping
 
     dedicated = fit.get("dedicated_core_coefficients")

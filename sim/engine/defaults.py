@@ -12,12 +12,10 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from sim.errors import ConfigError
+from sim.safe_yaml import read_package_yaml
 
 GIB = 1024**3
 #: The release whose defaults a config gets when it names none: the newest listed for V1, the last V0 one.
@@ -82,9 +80,8 @@ class EngineDefaults:
 @functools.cache
 def defaults_table() -> tuple[ReleaseDefaults, ...]:
     """Every listed release, oldest first."""
-    text = resources.files("sim").joinpath("data", "vllm_defaults.yaml").read_text()
     rows = []
-    for version, entry in yaml.safe_load(text)["releases"].items():
+    for version, entry in read_package_yaml("sim", "data", "vllm_defaults.yaml")["releases"].items():
         cpu = entry.get("cpu") or {}
         rows.append(ReleaseDefaults(
             version=str(version),
