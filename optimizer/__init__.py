@@ -8,7 +8,8 @@ The command line is :mod:`optimizer.cli`; packages that extend it (the replay pa
 backends (:func:`register_backend`) and subcommands (:func:`register_commands`) and share its argument types and
 its shared arguments, each defined once in ``optimizer/_cli_args.py`` (:func:`add_engine_arguments` for
 ``--model/--gpu/--set``, :func:`add_format_argument`, :func:`add_latency_arguments`, :func:`add_seed_argument`,
-:func:`add_rate_scale_argument`, :func:`add_vllm_arguments`, :func:`add_log_level_argument`, :func:`parse_pairs`).
+:func:`add_rate_scale_argument`, :func:`add_hash_block_tokens_argument` (with :func:`apply_hash_block_tokens`),
+:func:`add_vllm_arguments`, :func:`add_log_level_argument`, :func:`parse_pairs`).
 
 Names are imported lazily (Optuna, SQLAlchemy, pandas and Ray load on first use), so that ``kvtune --help``
 and ``kvtune simulate`` stay cheap.
@@ -21,11 +22,13 @@ from sim import lazy_getattr
 _EXPORTS = {
     "add_engine_arguments": "optimizer._cli_args",
     "add_format_argument": "optimizer._cli_args",
+    "add_hash_block_tokens_argument": "optimizer._cli_args",
     "add_latency_arguments": "optimizer._cli_args",
     "add_log_level_argument": "optimizer._cli_args",
     "add_rate_scale_argument": "optimizer._cli_args",
     "add_seed_argument": "optimizer._cli_args",
     "add_vllm_arguments": "optimizer._cli_args",
+    "apply_hash_block_tokens": "optimizer._cli_args",
     "Budget": "optimizer._spec",
     "choose": "optimizer._export",
     "default_search_space": "optimizer._space",

@@ -11,6 +11,8 @@ Which subcommands take which:
 - ``--profile --coef``: :func:`add_latency_arguments` (simulate without --coef, twin, replay);
 - ``--seed``: :func:`add_seed_argument` (simulate; replay, repeatable);
 - ``--rate-scale``: :func:`add_rate_scale_argument` (simulate, replay);
+- ``--hash-block-tokens``: :func:`add_hash_block_tokens_argument` (simulate, replay; applied with
+  :func:`apply_hash_block_tokens`);
 - ``--vllm-python --vllm-arg``: :func:`add_vllm_arguments` (replay, calibrate);
 - ``--log-level``: :func:`add_log_level_argument` (twin, replay);
 - ``SPEC --storage --study-out --out --favor``: :func:`add_study_arguments` (export, report).
@@ -27,10 +29,10 @@ from pathlib import Path
 
 from sim.workload.cli import add_format_argument
 
-__all__ = ["add_engine_arguments", "add_format_argument", "add_latency_arguments", "add_log_level_argument",
-           "add_rate_scale_argument", "add_seed_argument", "add_study_arguments", "add_vllm_arguments",
-           "finite_float", "non_negative_float", "non_negative_int", "parse_pairs", "port", "positive_float",
-           "positive_int", "seed_int"]
+__all__ = ["add_engine_arguments", "add_format_argument", "add_hash_block_tokens_argument", "add_latency_arguments",
+           "add_log_level_argument", "add_rate_scale_argument", "add_seed_argument", "add_study_arguments",
+           "add_vllm_arguments", "apply_hash_block_tokens", "finite_float", "non_negative_float", "non_negative_int",
+           "parse_pairs", "port", "positive_float", "positive_int", "seed_int"]
 
 #: Seeds go to numpy's generators, which take 0 <= seed < 2**32.
 SEED_LIMIT = 2**32
@@ -146,6 +148,28 @@ def add_rate_scale_argument(p: argparse.ArgumentParser, *, default: float = 1.0,
     """``--rate-scale X`` (> 0, default 1; a benchmark may start from another): the trace's arrivals compressed
     X-fold."""
     p.add_argument("--rate-scale", type=positive_float, default=default, help=help)
+
+
+#: ``--hash-block-tokens``'s help (simulate and replay: the same trace must share the same blocks in both).
+HASH_BLOCK_TOKENS_HELP = ("prompt tokens per hash_ids entry of a shared-prefix trace (default: the trace's, "
+                          "Mooncake's 512); scale it with the trace's lengths, as a study spec's "
+                          "workload.hash_block_tokens")
+
+
+def add_hash_block_tokens_argument(p: argparse.ArgumentParser) -> None:
+    """``--hash-block-tokens N``: the prompt tokens each ``hash_ids`` entry of a shared-prefix trace stands for
+    (default None: the trace's own); checked and applied by :func:`apply_hash_block_tokens`."""
+    p.add_argument("--hash-block-tokens", type=int, default=None, metavar="N", help=HASH_BLOCK_TOKENS_HELP)
+
+
+def apply_hash_block_tokens(workload, value: int | None):
+    """``workload`` with ``--hash-block-tokens`` applied (itself when the flag was not given); a value outside
+    [1, 10**8] is a ConfigError naming the flag."""
+    if value is None:
+        return workload
+    from sim.workload.workload import check_hash_block_tokens
+
+    return workload.with_hash_block_tokens(check_hash_block_tokens(value, "--hash-block-tokens"))
 
 
 def add_vllm_arguments(p: argparse.ArgumentParser) -> None:

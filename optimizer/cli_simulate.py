@@ -8,8 +8,9 @@ import math
 import sys
 from pathlib import Path
 
-from optimizer._cli_args import (add_engine_arguments, add_format_argument, add_latency_arguments,
-                                 add_rate_scale_argument, add_seed_argument, parse_pairs, positive_int)
+from optimizer._cli_args import (add_engine_arguments, add_format_argument, add_hash_block_tokens_argument,
+                                 add_latency_arguments, add_rate_scale_argument, add_seed_argument,
+                                 apply_hash_block_tokens, parse_pairs, positive_int)
 from sim.errors import ConfigError
 from sim.outputs import atomic_write, atomic_write_text, probe_out_dir
 
@@ -27,6 +28,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trace", help="trace file (default: the bundled Azure 2023 conversation trace)")
     add_format_argument(p)
+    add_hash_block_tokens_argument(p)
     add_engine_arguments(p, model_help="model profile name or HF folder (default: the --profile's model, else "
                                        "Llama-3-8B)",
                          gpu_help="GPU/device profile name or YAML (default: the --profile's device, else H100-SXM)",
@@ -65,7 +67,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     gpu = load_gpu(args.gpu or (profile and profile.gpu) or "H100-SXM", field="--gpu")
     out = probe_out_dir(args.out)  # before the simulation: a folder that cannot be written fails at once
     trace = Path(args.trace) if args.trace else bundled_trace_path()
-    workload = load_trace(trace, args.fmt, seed=args.seed)
+    workload = apply_hash_block_tokens(load_trace(trace, args.fmt, seed=args.seed), args.hash_block_tokens)
     if args.max_requests is not None:
         if args.max_requests < 1:
             raise ConfigError("--max-requests", f"must be >= 1, got {args.max_requests}")

@@ -14,9 +14,10 @@ import os
 import sys
 from pathlib import Path
 
-from optimizer import (add_engine_arguments, add_format_argument, add_latency_arguments, add_log_level_argument,
-                       add_rate_scale_argument, add_seed_argument, add_vllm_arguments, non_negative_float,
-                       non_negative_int, parse_pairs as _pairs, port, positive_float, positive_int)
+from optimizer import (add_engine_arguments, add_format_argument, add_hash_block_tokens_argument, add_latency_arguments,
+                       add_log_level_argument, add_rate_scale_argument, add_seed_argument, add_vllm_arguments,
+                       apply_hash_block_tokens, non_negative_float, non_negative_int, parse_pairs as _pairs, port,
+                       positive_float, positive_int)
 from replay.calibration.cli import add_calibrate_parser, cmd_calibrate  # noqa: F401 (kvtune calibrate)
 from replay.engine_options import coefficients as _coefficients, engine_config as _engine_config
 from sim.errors import ConfigError
@@ -86,11 +87,7 @@ def _load_workload(args: argparse.Namespace, knobs: dict | None = None):
 
         check_format(args.fmt, "--format")
     workload = load_trace(bundled_trace_path() if args.trace == "bundled" else Path(args.trace).expanduser(), args.fmt)
-    if args.hash_block_tokens is not None:
-        from sim.workload.workload import check_hash_block_tokens
-
-        workload = workload.with_hash_block_tokens(check_hash_block_tokens(args.hash_block_tokens,
-                                                                           "--hash-block-tokens"))
+    workload = apply_hash_block_tokens(workload, args.hash_block_tokens)
     df = workload.requests
     if args.start_index:
         df = df.iloc[args.start_index:]
@@ -288,10 +285,7 @@ def add_replay_parsers(subparsers) -> None:
                      help="router parameter, e.g. cache_threshold=0.5 (repeatable)")
     rep.add_argument("--trace", default="bundled", help="trace file, or 'bundled' (Azure conversation 2023)")
     add_format_argument(rep)
-    rep.add_argument("--hash-block-tokens", type=int, default=None,
-                     help="prompt tokens per hash_ids entry of a shared-prefix trace (default: the trace's, "
-                          "Mooncake's 512); scale it with the trace's lengths, as a study spec's "
-                          "workload.hash_block_tokens")
+    add_hash_block_tokens_argument(rep)
     rep.add_argument("--probe", action="store_true",
                      help="replay kvtune's calibration probe (prefill and batch sweeps) instead of a trace")
     rep.add_argument("--start-index", type=non_negative_int, default=0, help="skip this many requests first")

@@ -30,6 +30,7 @@ def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | Non
 SHARED = {
     "--format": ["simulate", "replay", "workload describe", "workload fit"],
     "--rate-scale": ["simulate", "replay"],
+    "--hash-block-tokens": ["simulate", "replay"],
     "--coef": ["twin", "replay"],
     "--vllm-python": ["replay", "calibrate"],
     "--vllm-arg": ["replay", "calibrate"],
