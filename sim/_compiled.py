@@ -33,6 +33,8 @@ COMPILED = (
     "sim.engine.scheduler_v1",
     "sim.engine.scheduler_v0",
     "sim.engine.core",
+    "sim.request_store",
+    "sim.run_loop",
     "sim.runner",
     "sim.engine.decode_columns",
     "sim.engine.prefix_pool",

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import sim.engine.core as core_module
-import sim.runner as runner_module
+import sim.request_store as runner_module
 from objectives import StepTotals, step_stats, summarize
 from optimizer.cli import main
 from sim.engine import EngineConfig

@@ -1,5 +1,5 @@
 """The shared-prefix block pool's fast paths (sim/engine/prefix_pool.py) and the runner's vectorized prefix hashes
-(sim/runner.py) against their straightforward versions: random sequences of the scheduler's pool calls (admission
+(sim/request_store.py) against their straightforward versions: random sequences of the scheduler's pool calls (admission
 with lookup and touch, growth with hashing, preemption and end frees, eviction) leave both pools in the same
 state, and the one-pass hashes equal the per-request loop's."""
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sim.engine.prefix_pool import PrefixBlockPool, block_hash
 from sim.engine.request import Request
-from sim.runner import _int64_keys, _prefix_hashes, _prefix_hashes_loop
+from sim.request_store import _int64_keys, _prefix_hashes, _prefix_hashes_loop
 
 BLOCK = 4
 

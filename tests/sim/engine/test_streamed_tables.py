@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.engine.core as core_module
-import sim.runner as runner_module
+import sim.request_store as runner_module
 from objectives import StepTotals, step_stats, summarize
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model

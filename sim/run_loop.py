@@ -1,0 +1,456 @@
+"""One engine's SimPy run loop (:class:`EngineLoop`) and what it needs: the arrival times it may receive requests
+at (:class:`Feed`), a run of identical decode steps as its published metrics see it (:class:`RunRecord`), the
+progress callback's argument (:class:`Progress`) and the end of a run (:func:`finish_run`).  The single engine
+(``sim.runner.Simulation``) and each replica of a fleet (``sim.fleet``) run this same loop over one
+:class:`~sim.request_store.RequestStore`."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.engine.core import EngineCore, StepResult
+from sim.engine.request import FINAL_STATUSES, Request, Status
+from sim.errors import EngineAborted
+from sim.request_store import RequestStore
+
+
+#: Statuses of a request a client deadline can still abort.
+_LIVE = (Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.LOADING)
+
+
+@dataclass
+class Progress:
+    """Passed to the progress callback every ``progress_every_s`` of wall time."""
+
+    sim_time_s: float
+    requests_done: int
+    requests_total: int
+    wall_s: float
+
+
+class Feed:
+    """The arrival times an engine may receive requests at, in order, and how many of them have arrived (``next``:
+    the arrivals process advances it).  One engine's own (the single engine's: the workload's), or shared by the
+    replicas of a fleet whose router decides at arrival time (any arrival may come to any of them)."""
+
+    def __init__(self, times: np.ndarray | list[float]) -> None:
+        #: A numpy array or a list of floats (indexed one at a time).
+        self.times = times
+        self.next = 0
+        self.total = len(times)
+
+
+class RunRecord:
+    """A run of identical decode steps as an engine's published metrics see it (``EngineLoop.history``): what
+    stepping one iteration at a time would have published at the run's inner boundaries (steps 1 to ``k - 1``;
+    step 0's boundary and the run's end are published as they come).  Queue lengths are those after the run's
+    first ``schedule()`` (a steady decode admits and preempts nothing, and no request finishes before the run's
+    end) plus the requests added to the waiting queue during the run (arrivals that do not end it, see
+    ``EngineLoop.cut``), and the blocks in use grow by each step's new blocks (a request needs one where its
+    token count crosses a block boundary)."""
+
+    def __init__(self, start_s: float, num_steps: int, affine: tuple[float, float] | None,
+                 durations: np.ndarray | None, waiting: int, running: int, used: int, cumulative: list[int],
+                 batch: int) -> None:
+        self.start_s = start_s
+        #: Steps of the run (less when it was cut).
+        self.num_steps = num_steps
+        self.affine = affine
+        self.starts: np.ndarray | None = None
+        if affine is None and durations is not None:
+            self.starts = start_s + np.concatenate(([0.0], np.cumsum(durations[:num_steps])))
+        self.waiting = waiting
+        self.running = running
+        self.used = used
+        #: ``cumulative[r]``: new blocks of steps ``1..r`` (r < block size); each further block size of steps
+        #: adds ``batch``.
+        self.cumulative = cumulative
+        self.batch = batch
+        #: When each request added to the waiting queue during the run was added.
+        self.adds: list[float] = []
+
+    def boundary_s(self, j: int) -> float:
+        """When step ``j`` of the run starts."""
+        if self.affine is not None:
+            first, increment = self.affine
+            return self.start_s + (j * first + increment * j * (j - 1) / 2)
+        assert self.starts is not None
+        return float(self.starts[j])
+
+    def last_boundary(self, at_s: float) -> int:
+        """The last step of the run (0 to ``num_steps - 1``) that starts at or before ``at_s``."""
+        k = self.num_steps
+        if self.affine is None:
+            assert self.starts is not None
+            return max(0, min(k - 1, int(np.searchsorted(self.starts[:k], at_s, side="right")) - 1))
+        first = self.affine[0]
+        j = min(k - 1, max(0, int((at_s - self.start_s) / first))) if first > 0 else k - 1
+        while j > 0 and self.boundary_s(j) > at_s:
+            j -= 1
+        while j < k - 1 and self.boundary_s(j + 1) <= at_s:
+            j += 1
+        return j
+
+    def metrics(self, j: int, block_size: int) -> tuple[int, int, int]:
+        """(waiting, running, blocks in use) published at step ``j >= 1``'s boundary."""
+        m = j - 1  # the steps after the first whose blocks are in use by then
+        used = self.used + (m // block_size) * self.batch + self.cumulative[m % block_size]
+        at = self.boundary_s(j)
+        return self.waiting + sum(1 for t in self.adds if t <= at), self.running, used
+
+
+class EngineLoop:
+    """One engine's SimPy process and its per-engine state: the single engine's (``Simulation``) and each
+    replica's of a fleet (``sim.fleet``), the same loop.
+
+    The engine keeps its own clock and hands control back to SimPy only when an arrival it may receive is due (or
+    it must sleep): deadlines are the engine's own, so steps between two arrivals need no SimPy event.  At each
+    step boundary it expires client deadlines, asks the core for a step (or a run of identical decode steps that
+    ends before the next event) and holds the clock for its duration.
+
+    ``feed``: the arrival times it may receive requests at; the arrivals process advances ``feed.next`` and calls
+    :meth:`add` for each request that comes here.  ``own_feed`` False (a fleet whose router decides at each arrival
+    which replica gets it): no SimPy process; the fleet calls :meth:`advance` up to each arrival, only for engines
+    with a boundary, run end or wake-up before it, so an engine is not stopped by arrivals routed elsewhere; a run
+    of decode steps is not bounded by them, and an arrival routed here ends it at that arrival (:meth:`cut`),
+    exactly as a bound known in advance would have (``EngineCore.cut_run``).  ``store``: the run's requests (live
+    state, request table).
+
+    Published for a router (set by the fleet, package-internal): ``ended_pub`` (requests ended by the last
+    boundary; with ``dirty`` the engine's ``index`` is appended to it when that count changes) and, when
+    ``history`` is a deque, (time, waiting, running, blocks in use, run) at each boundary, ``run`` a
+    :class:`RunRecord` for a run's inner boundaries or None."""
+
+    def __init__(self, core: EngineCore, store: RequestStore, feed: Feed, max_sim_time_s: float = math.inf,
+                 own_feed: bool = True, index: int = 0) -> None:
+        self.core = core
+        self.scheduler = core.scheduler
+        self.store = store
+        self.feed = feed
+        self.own_feed = own_feed
+        self.index = index
+        self.max_sim_time_s = max_sim_time_s
+        #: Requests added here, and those of them ended (recorded in ``store``) or in ``scheduler.finished``.
+        self.assigned = 0
+        self.done = 0
+        self.deadlines: list[tuple[float, int]] = []
+        self.wake: simpy.Event | None = None
+        self.aborted: str | None = None
+        self.progress: Callable[[Progress], None] | None = None
+        self.progress_every_s = 2.0
+        #: (``advance``) The engine's own clock: the boundary (or wake-up) it acts at next; the end of a pending run
+        #: of decode steps that an arrival may still cut (else -1); whether it sleeps until an arrival (or
+        #: ``clock``, a deadline) and whether it stopped for good (aborted, or past ``max_sim_time_s``).
+        self.clock = 0.0
+        self.pending_end = -1.0
+        self.idle = False
+        self.stopped = False
+        self.ended_pub = 0
+        self.dirty: list[int] | None = None
+        self.history: deque | None = None
+        self.run_record: RunRecord | None = None
+        if self.scheduler.async_scheduling:
+            # vLLM 0.33's async engine core takes the aborts after schedule(N+1), before update_from_output(N)
+            # (v1/engine/core.py step_with_batch_queue): the core calls this then, instead of the loop before.
+            core.abort_due = self.expire_deadlines
+
+    def add(self, req: Request, now: float) -> None:
+        """A request that comes here arrives (after ``feed.next`` was advanced past it)."""
+        self.assigned += 1
+        scheduler = self.scheduler
+        scheduler.add_request(req, now)
+        if req.deadline < math.inf:
+            heapq.heappush(self.deadlines, (req.deadline, req.index))
+        record = self.run_record
+        if record is not None and req.status == Status.WAITING:
+            record.adds.append(now)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+        if self.idle:
+            self.idle = False
+            self.clock = now  # woken by the arrival (``advance``)
+
+    def cut(self, now: float) -> None:
+        """An arrival at ``now`` comes here (``advance``'s engine): a run of decode steps still under way ends at the
+        first step boundary at or after it (the engine's clock moves back to that boundary), as if the arrival had
+        been known when the run began (``EngineCore.cut_run``).  Called before :meth:`add`; a no-op when no run is
+        pending past ``now``."""
+        if self.pending_end <= now:
+            return
+        core = self.core
+        pending = core._pending
+        assert pending is not None
+        steps = pending.num_steps
+        start = core._pending_start
+        result = core.cut_run(now)
+        # The run's end is known now (a later arrival cannot end it sooner): applied before the arrival is added,
+        # as the single engine applies a step before the arrivals during it.
+        self.pending_end = -1.0
+        record = self.run_record
+        if record is not None and result.num_steps < steps:
+            record.num_steps = result.num_steps
+        self.clock = start + result.duration_s
+        core.end_step(self.clock)
+
+    def drain(self) -> None:
+        """Ended requests to the request table."""
+        finished = self.scheduler.finished
+        if finished:
+            self.done += len(finished)
+            self.store.record(finished)
+
+    def pending(self) -> bool:
+        """Requests may still come, or some that came have not ended."""
+        feed = self.feed
+        return feed.next < feed.total or self.done + len(self.scheduler.finished) < self.assigned
+
+    def next_event_s(self) -> float:
+        """The next arrival (of the own feed), client deadline or load landing."""
+        feed = self.feed
+        nxt = float(feed.times[feed.next]) if self.own_feed and feed.next < feed.total else math.inf
+        if self.deadlines and self.deadlines[0][0] < nxt:
+            nxt = self.deadlines[0][0]
+        # An asynchronous load from the CPU tier landing makes its request schedulable.
+        return min(nxt, self.scheduler.next_load_ready_s())
+
+    def expire_deadlines(self, now: float) -> list[Request]:
+        """Abort every live request whose client deadline has come; returns them.  Called at each step boundary
+        before ``schedule()``, or with async scheduling by the engine core right after it (``EngineCore.abort_due``)."""
+        scheduler = self.scheduler
+        live = self.store.live
+        aborted: list[Request] = []
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, index = heapq.heappop(self.deadlines)
+            req = live.get(index)
+            if req is None:
+                continue  # it ended already
+            status = Status.TIMED_OUT if req.timeout_at <= req.cancel_at else Status.CANCELLED
+            was_live = req.status in _LIVE
+            scheduler.abort(req, status, deadline)
+            if was_live:
+                aborted.append(req)
+                if scheduler.async_scheduling and req.last_token_s == now and req.num_output_tokens > 0:
+                    # The token of the step that just ended is not delivered: vLLM's update_from_output, after
+                    # the aborts, skips finished requests (0.33.0 v1/core/sched/scheduler.py).
+                    req.num_output_tokens -= 1
+                    if req.num_output_tokens == 0:
+                        req.first_token_s = math.nan
+        return aborted
+
+    def _begin(self, now: float, next_arrival_s: float) -> StepResult | None:
+        """Ask the core for a step at ``now`` bounded by the next arrival, deadline and load landing (None:
+        nothing to run; when the engine aborted, ``stopped`` is set and ``aborted`` says why)."""
+        deadlines = self.deadlines
+        deadline = deadlines[0][0] if deadlines else math.inf
+        try:
+            return self.core.begin_step(now, min(next_arrival_s, deadline, self.scheduler.next_load_ready_s()),
+                                        deadline)
+        except EngineAborted as exc:
+            self.aborted = str(exc)
+            self.stopped = True
+            return None
+
+    def advance(self, until_s: float) -> float:
+        """Behind a router that decides at each arrival (``own_feed`` False; no SimPy process): run this engine up
+        to the next fleet arrival, at ``until_s`` (every arrival before it routed; ``inf``: none is left).
+
+        Each step that begins before ``until_s`` is taken (an arrival at a boundary joins the step that begins
+        there, as ``cut_run`` and the single engine have it), and each boundary is published for the router
+        (``ended_pub``, ``dirty``, ``history``).  A run of decode steps that ends after ``until_s`` is left pending
+        (an arrival routed here cuts it, :meth:`cut`), its end applied at a later call once no arrival before it
+        remains; arrivals routed elsewhere never stop the engine.  Returns when the engine next acts without an
+        arrival coming here (the boundary or run end it stopped at, the deadline or load landing it sleeps until;
+        ``inf``: it sleeps until an arrival, or it is done or stopped): the fleet calls it again once that time is
+        at or before its next arrival, so only engines with something due are advanced."""
+        if self.stopped:
+            return math.inf
+        core = self.core
+        if self.pending_end >= 0.0:
+            if self.pending_end > until_s:
+                return self.pending_end
+            core.end_step(self.pending_end)
+            self.pending_end = -1.0
+        scheduler = self.scheduler
+        deadlines = self.deadlines
+        finished = scheduler.finished
+        dirty = self.dirty
+        history = self.history
+        pool = scheduler.pool
+        more = until_s < math.inf  # arrivals may still come
+        clock = self.clock
+        self.idle = False
+        while clock < until_s:
+            if not (more or self.done + len(finished) < self.assigned):
+                break
+            if len(finished) > 256:
+                self.drain()
+            now = clock
+            if now > self.max_sim_time_s:
+                self.stopped = True
+                break
+            if deadlines and deadlines[0][0] <= now and core.abort_due is None:
+                self.expire_deadlines(now)
+                if not (more or self.done + len(finished) < self.assigned):
+                    break  # the last requests ended by client deadline
+            ended = self.done + len(finished)
+            if ended != self.ended_pub:
+                self.ended_pub = ended
+                if dirty is not None:
+                    dirty.append(self.index)
+            if history is not None:
+                # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
+                self.run_record = None
+                history.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
+            step = None
+            if scheduler.has_unfinished():
+                step = self._begin(now, math.inf)
+                if self.stopped:
+                    break
+            if step is None:
+                # Idle (or stuck until an arrival or deadline frees something): asleep until the next event; an
+                # arrival routed here wakes it (``add``).
+                nxt = self.next_event_s()
+                if nxt == math.inf and not more:
+                    self.aborted = self.aborted or "no request can make progress"
+                    self.stopped = True
+                    break
+                if nxt >= until_s:
+                    self.clock, self.idle = nxt, True
+                    return nxt
+                clock = nxt
+                continue
+            clock = now + step.duration_s
+            if history is not None and step.num_steps > 1:
+                self._record_run(now, step.num_steps)
+            if step.num_steps > 1 and until_s < clock and not scheduler.arrivals_join_blocked_queue():
+                # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
+                self.pending_end = self.clock = clock
+                return clock
+            core.end_step(clock)
+        self.clock = clock
+        return math.inf if self.stopped or not more else clock
+
+    def metrics_at(self, at_s: float) -> tuple[int, int, int]:
+        """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
+        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call)."""
+        history = self.history
+        assert history is not None
+        while len(history) > 1 and history[1][0] <= at_s:
+            history.popleft()
+        t, waiting, running, used, run = history[0]
+        if run is not None and run.num_steps > 1:
+            j = run.last_boundary(at_s)
+            if j >= 1:
+                return run.metrics(j, self.scheduler.block_size)
+        return waiting, running, used
+
+    def _record_run(self, now: float, num_steps: int) -> None:
+        """A run of ``num_steps`` decode steps began at ``now``: its inner boundaries for ``history``."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        cols = scheduler._columns
+        seg = len(cols) if cols is not None else 0
+        rest = np.fromiter((r.num_tokens for r in (running[seg:] if seg else running)), dtype=np.int64,
+                           count=len(running) - seg)
+        tokens = np.concatenate((cols.computed + 1, rest)) if seg else rest
+        bs = scheduler.block_size
+        per_residue = np.bincount(((-tokens) % bs + 1) % bs, minlength=bs)
+        steps = per_residue[np.arange(1, bs) % bs]
+        cumulative = [0, *np.cumsum(steps).tolist()]
+        affine, durations = self.core.run_starts()
+        record = RunRecord(now, num_steps, affine, durations, len(scheduler.waiting), len(running),
+                           scheduler.pool.num_used, cumulative, len(running))
+        self.run_record = record
+        self.history.append((record.boundary_s(1), record.waiting, record.running, record.used, record))
+
+    def process(self, env: simpy.Environment):
+        """The engine's SimPy process: steps until every request that came (and may still come) ended."""
+        core = self.core
+        scheduler = self.scheduler
+        feed = self.feed
+        times = feed.times
+        total = feed.total
+        deadlines = self.deadlines
+        finished = scheduler.finished
+        inf = math.inf
+        wall0 = time.perf_counter()
+        last_report = wall0
+        clock = env.now
+        while feed.next < total or self.done + len(finished) < self.assigned:
+            if len(finished) > 256:
+                self.drain()
+            if env.now < clock and feed.next < total and times[feed.next] <= clock:
+                yield env.timeout(clock - env.now)
+            now = clock
+            if now > self.max_sim_time_s:
+                break
+            if deadlines and deadlines[0][0] <= now and core.abort_due is None:
+                self.expire_deadlines(now)
+                if not (feed.next < total or self.done + len(finished) < self.assigned):
+                    break  # the last requests ended by client deadline
+            step = None
+            if scheduler.has_unfinished():
+                step = self._begin(now, float(times[feed.next]) if feed.next < total else inf)
+                if self.stopped:
+                    break
+            if step is None:
+                # Idle (or stuck until an arrival or deadline frees something): sleep until the next event; an
+                # arrival wakes it (``add``).
+                if env.now < clock:
+                    yield env.timeout(clock - env.now)
+                nxt = self.next_event_s()
+                if nxt == inf:
+                    if feed.next >= total:
+                        self.aborted = self.aborted or "no request can make progress"
+                        break
+                self.wake = env.event()
+                if nxt < inf:
+                    yield self.wake | env.timeout(nxt - now)
+                else:
+                    yield self.wake
+                self.wake = None
+                clock = env.now
+                continue
+            clock = now + step.duration_s
+            core.end_step(clock)
+            if self.progress is not None:
+                wall = time.perf_counter()
+                if wall - last_report >= self.progress_every_s:
+                    last_report = wall
+                    self.progress(Progress(clock, self.done + len(finished), total, wall - wall0))
+
+
+def finish_run(loops: list[EngineLoop], store: RequestStore, now: float,
+               replica_of: np.ndarray | None = None) -> tuple[pd.DataFrame, float, float]:
+    """End a run of ``loops`` (one engine, or a fleet's replicas) over ``store`` at clock ``now``: requests still
+    running synced out of the decode columns, ended ones recorded, the rest marked unfinished (settled on the
+    engine they came to: ``replica_of[index]``, or the first), each engine's step rows flushed.  Returns the request
+    table, the makespan (first arrival to last end; to the run's end when no request ended) and the run's end (an
+    engine may have run ahead of the clock)."""
+    end_s = now
+    for loop in loops:
+        loop.scheduler.sync_requests()  # requests still running: their state out of the decode columns
+        end_s = max(end_s, loop.core.last_step_end)
+        loop.drain()
+    unfinished = [req for req in store.live.values() if req.status not in FINAL_STATUSES]
+    for req in unfinished:
+        req.status = Status.UNFINISHED
+        owner = 0 if replica_of is None else max(int(replica_of[req.index]), 0)
+        loops[owner].scheduler.settle(req)
+    store.log.record_all(unfinished)
+    for loop in loops:
+        loop.core.flush_rows()
+    requests = store.log.table()
+    end = requests["end_s"].max() if len(requests) else 0.0
+    start = requests["arrival_s"].min() if len(requests) else 0.0
+    makespan = float(end - start) if end == end else float(end_s - start)
+    return requests, makespan, end_s
