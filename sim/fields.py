@@ -38,7 +38,7 @@ from typing import Any, Collection, Iterable
 from sim.errors import ConfigError, short_repr
 
 __all__ = ["MAX_INT", "REQUIRED", "at", "boolean", "check_keys", "fail", "file_error", "float_in", "in_file", "int_in",
-           "integer", "mapping", "message_of", "number", "one_of", "reroot", "string", "to_bool", "to_float", "to_int",
+           "integer", "mapping", "message_of", "kind_words", "number", "one_of", "reroot", "string", "to_bool", "to_float", "to_int",
            "to_string", "unknown"]
 
 #: Whole numbers beyond this are refused (none is meaningful; larger ones overflow numpy and SQLite).
@@ -68,6 +68,25 @@ def _bound(value: float) -> str:
 def fail(field: str, expected: str, value: Any) -> ConfigError:
     """The one error form: ``<field>: must be <expected>, got <value>`` (the value cut to one line's worth)."""
     return ConfigError(field, f"must be {expected}, got {short_repr(value)}")
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null"}
+
+
+def kind_words(annotation: str) -> str:
+    """A field's type annotation as its error says what was expected: ``"int | None"`` -> ``"an integer or
+    null"``, ``"bool | None"`` -> ``"true or false, or null"``, ``"Literal['a', 'b']"`` -> ``"one of ['a', 'b']"``
+    (a kind it does not know stays as written)."""
+    words = []
+    for part in (p.strip() for p in annotation.split("|")):
+        if part.startswith("Literal[") and part.endswith("]"):
+            words.append(f"one of [{part[len('Literal['):-1]}]")
+        else:
+            words.append(_KIND_WORDS.get(part, part))
+    if len(words) == 1:
+        return words[0]
+    head = ", ".join(words[:-1])
+    return f"{head}, or {words[-1]}" if any(" or " in w for w in words[:-1]) else f"{head} or {words[-1]}"
 
 
 def message_of(exc: ConfigError) -> str:

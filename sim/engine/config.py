@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sim.errors import ConfigError
-from sim.fields import check_keys, fail, float_in, int_in, one_of, to_bool
+from sim.fields import check_keys, fail, float_in, int_in, kind_words, one_of, to_bool
 
 Flavor = Literal["vllm-v1", "vllm-v0"]
 FLAVORS = ("vllm-v1", "vllm-v0")
@@ -251,5 +251,5 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if kind.startswith("float"):
             return float(text)
     except ValueError:
-        raise fail(f"{where}.{key}", f"readable as {kind}", value) from None
+        raise fail(f"{where}.{key}", kind_words(kind), value) from None
     return text

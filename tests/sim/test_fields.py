@@ -152,6 +152,30 @@ def test_value_checks_pass_good_values():
     fields.one_of("flag", True, (True, False))
 
 
+@pytest.mark.parametrize("annotation, words", [
+    ("int | None", "an integer or null"),
+    ("float", "a number"),
+    ("bool | None", "true or false, or null"),
+    ("Literal['recompute', 'swap'] | None", "one of ['recompute', 'swap'] or null"),
+])
+def test_kind_words(annotation, words):
+    assert fields.kind_words(annotation) == words
+
+
+@pytest.mark.parametrize("key, value, text", [
+    ("max_num_seqs", "abc", "engine.max_num_seqs: must be an integer or null, got 'abc'"),
+    ("enable_prefix_caching", "maybe", "engine.enable_prefix_caching: must be true or false, or null, got 'maybe'"),
+    ("swap_space_gb", "lots", "engine.swap_space_gb: must be a number or null, got 'lots'"),
+])
+def test_an_engine_knob_that_cannot_be_read_says_what_it_must_be_in_words(key, value, text):
+    """``--set`` strings and YAML scalars of an EngineConfig: no Python annotation (``int | None``) in the error."""
+    from sim.engine.config import EngineConfig
+
+    with pytest.raises(ConfigError) as err:
+        EngineConfig.from_dict({key: value})
+    assert str(err.value) == text
+
+
 # ---- re-rooting and files ------------------------------------------------------------------------------------------
 
 
