@@ -1,15 +1,15 @@
 """Argument types and the arguments that several ``kvtune`` subcommands share, each defined once here
 (``optimizer/cli.py``, ``optimizer/cli_simulate.py``, ``optimizer/report/cli.py`` and the replay package's
 ``twin`` / ``replay`` / ``calibrate`` all import them, so none imports another; the public names are exported by
-``optimizer``).  ``--format`` is defined by ``kvtune workload`` (``sim.workload.cli.add_format_argument``), the
-lowest layer that reads it, and re-exported here.
+``optimizer``).  ``--format`` and ``--seed`` are defined by ``kvtune workload`` (``sim.workload.cli``'s
+``add_format_argument`` and ``add_seed_argument``), the lowest layer that reads them, and re-exported here.
 
 Which subcommands take which:
 
 - ``--model --gpu --set``: :func:`add_engine_arguments` (simulate, twin, replay, calibrate);
 - ``--format``: :func:`add_format_argument` (simulate, replay, workload describe / fit);
 - ``--profile --coef``: :func:`add_latency_arguments` (simulate without --coef, twin, replay);
-- ``--seed``: :func:`add_seed_argument` (simulate; replay, repeatable);
+- ``--seed``: :func:`add_seed_argument` (simulate; replay, repeatable; workload generate, default the spec's);
 - ``--rate-scale``: :func:`add_rate_scale_argument` (simulate, replay);
 - ``--hash-block-tokens``: :func:`add_hash_block_tokens_argument` (simulate, replay; applied with
   :func:`apply_hash_block_tokens`);
@@ -27,16 +27,12 @@ import argparse
 import math
 from pathlib import Path
 
-from sim.workload.cli import add_format_argument
+from sim.workload.cli import SEED_LIMIT, add_format_argument, add_seed_argument, seed_int  # noqa: F401
 
 __all__ = ["add_engine_arguments", "add_format_argument", "add_hash_block_tokens_argument", "add_latency_arguments",
            "add_log_level_argument", "add_rate_scale_argument", "add_seed_argument", "add_study_arguments",
            "add_vllm_arguments", "apply_hash_block_tokens", "finite_float", "non_negative_float", "non_negative_int",
            "parse_pairs", "port", "positive_float", "positive_int", "seed_int"]
-
-#: Seeds go to numpy's generators, which take 0 <= seed < 2**32.
-SEED_LIMIT = 2**32
-
 
 def _int_at_least(text: str, low: int) -> int:
     try:
@@ -56,14 +52,6 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number >= 0."""
     return _int_at_least(text, 0)
-
-
-def seed_int(text: str) -> int:
-    """argparse type: a seed, 0 <= seed < 2**32."""
-    value = non_negative_int(text)
-    if value >= SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be < 2**32, got {value}")
-    return value
 
 
 def finite_float(text: str) -> float:
@@ -132,15 +120,6 @@ def add_latency_arguments(p: argparse.ArgumentParser, *, profile_help: str = LAT
     if coef:
         p.add_argument("--coef", action="append", metavar="NAME=VALUE",
                        help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
-
-
-def add_seed_argument(p: argparse.ArgumentParser, *, help: str, repeatable: bool = False) -> None:
-    """``--seed`` (0 <= S < 2**32): one seed, default 0; or, ``repeatable``, a list (default None: the caller's
-    default)."""
-    if repeatable:
-        p.add_argument("--seed", type=seed_int, action="append", default=None, help=help)
-    else:
-        p.add_argument("--seed", type=seed_int, default=0, help=help)
 
 
 def add_rate_scale_argument(p: argparse.ArgumentParser, *, default: float = 1.0,

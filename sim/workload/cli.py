@@ -19,7 +19,7 @@ from sim.outputs import atomic_write_text, probe_out_dir
 if TYPE_CHECKING:
     from sim.workload._spec import WorkloadSpec
 
-__all__ = ["add_format_argument", "add_workload_parser"]
+__all__ = ["SEED_LIMIT", "add_format_argument", "add_seed_argument", "add_workload_parser", "seed_int"]
 
 # The readers (pandas, numpy, YAML) are imported by the handlers, so that building the CLI stays cheap.
 
@@ -30,6 +30,35 @@ def add_format_argument(p: argparse.ArgumentParser) -> None:
     (``sim.workload._detect.check_format``)."""
     p.add_argument("--format", dest="fmt", default=None,
                    help="trace format: normalized, azure, burstgpt, mooncake, timed-jsonl, sharegpt, ... (default: detected)")
+
+
+#: Seeds go to numpy's generators, which take 0 <= seed < 2**32.
+SEED_LIMIT = 2**32
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, 0 <= seed < 2**32."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be < 2**32, got {value}")
+    return value
+
+
+def add_seed_argument(p: argparse.ArgumentParser, *, help: str, repeatable: bool = False,
+                      default: int | None = 0) -> None:
+    """``--seed`` (0 <= S < 2**32, :func:`seed_int`) of every subcommand that takes one (``workload generate``,
+    ``kvtune simulate`` and ``kvtune replay`` through ``optimizer.add_seed_argument``): one seed (``default``: 0,
+    or None where the caller has its own, as ``workload generate`` the spec's); or, ``repeatable``, a list (default
+    None: the caller's default)."""
+    if repeatable:
+        p.add_argument("--seed", type=seed_int, action="append", default=None, help=help)
+    else:
+        p.add_argument("--seed", type=seed_int, default=default, help=help)
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +88,7 @@ def add_workload_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="build the workload of a spec (or a study spec's workload:) as a trace")
     p.add_argument("spec", type=Path, help="YAML workload spec (e.g. from 'workload fit')")
     p.add_argument("--out", type=Path, required=True, help="trace to write (.csv, .csv.gz or .parquet)")
-    p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's)")
+    add_seed_argument(p, help="seed (default: the spec's)", default=None)
     p.set_defaults(func=cmd_generate, handler=cmd_generate)
     return parser
 
@@ -172,8 +201,6 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     spec = load_spec_file(args.spec)
     probe_out_dir(Path(args.out).parent)
-    if args.seed is not None and not 0 <= args.seed < 2**32:
-        raise ConfigError("--seed", f"must be in [0, 2**32), got {args.seed}")
     workload = spec.build(args.seed)
     write_trace(workload, args.out)
     print(f"wrote {args.out}: {len(workload)} requests over {workload.span_s:.1f} s", file=out)
