@@ -258,3 +258,255 @@ def format_summary(summary: dict, loop: dict | None) -> list[str]:
             lines.append(f"  closed loop tok/s gain: measured/predicted - 1 = {g['gain_ratio_error']:.0%} (target <= "
                          f"{GAIN_TARGET:.0%}): {'met' if g['met'] else 'both within noise' if g['both_within_noise'] else 'MISSED'}")
     return lines
+
+
+# ---- diagnosis: where the E2E p50 error comes from (issue 32) --------------------------------------------------------
+#: A cell is engine-bound when its predicted throughput moves in proportion to the step speed (elasticity in this
+#: range): then its measured throughput says how fast the engine really stepped.  Below it (an under-loaded cell)
+#: throughput is the offered load; above it (client timeouts) it is set by which requests time out.
+ENGINE_BOUND_ELASTICITY = (0.8, 1.25)
+#: The step-speed factors the diagnosis searches for the one that reproduces a cell's measured throughput.
+SPEED_RANGE = (0.4, 2.5)
+#: The relative step of the finite-difference elasticities.
+ELASTICITY_STEP = 1.1
+DIAGNOSED = ("output_tok_s", "ttft_p50", "e2e_p50", "e2e_p99")
+
+
+def elasticity(predict, metric: str, step: float = ELASTICITY_STEP) -> float:
+    """d log(metric) / d log(step speed) by a central difference: ``predict(speed)`` gives the predicted metrics
+    with every step ``speed`` times as fast.  About 1 for an engine-bound throughput, negative for a latency; a
+    latency whose magnitude is well above 1 amplifies any error in the speed."""
+    up, down = predict(step)[metric], predict(1.0 / step)[metric]
+    if not (up > 0 and down > 0):
+        return math.nan
+    return (math.log(up) - math.log(down)) / (2.0 * math.log(step))
+
+
+def matched_speed(predict, metric: str, target: float, lo: float = SPEED_RANGE[0], hi: float = SPEED_RANGE[1],
+                  iterations: int = 24) -> float:
+    """The step-speed factor at which ``predict(speed)[metric]`` (increasing in the speed) equals ``target``, by
+    bisection on its logarithm; NaN when ``target`` lies outside what the range gives."""
+    f_lo, f_hi = predict(lo)[metric] - target, predict(hi)[metric] - target
+    if not (f_lo <= 0 <= f_hi):
+        return math.nan
+    for _ in range(iterations):
+        mid = math.sqrt(lo * hi)
+        if predict(mid)[metric] < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+def diagnose_cell(row: dict, predict) -> dict:
+    """One config x workload of a report's rows: ``predict(speed, client_offset)`` gives its pooled predicted
+    metrics (:data:`DIAGNOSED`, plus ``batch``: the time-weighted running batch) with every step ``speed`` times as
+    fast as at each run's measured CPU share, and the given client latency (None: the report's).  Returns the
+    elasticities, whether the cell is engine-bound, the speed that reproduces its measured throughput (engine-bound
+    cells only) and the errors there, and the errors without the client latency."""
+    base = predict(1.0, None)
+    at = lambda s: predict(s, None)  # noqa: E731
+    el = {m: elasticity(at, m) for m in DIAGNOSED}
+    bound = bool(ENGINE_BOUND_ELASTICITY[0] <= el["output_tok_s"] <= ENGINE_BOUND_ELASTICITY[1])
+    meas = {m: row[m]["meas"] for m in DIAGNOSED}
+    out = {"config": row["config"], "workload": row["workload"], "batch": base.get("batch", math.nan),
+           "shares": [r["engine_cpu_share"] for r in row.get("runs", [])],
+           "err": {m: error(base[m], meas[m], m) for m in DIAGNOSED}, "elasticity": el, "engine_bound": bound,
+           "speed": math.nan, "err_at_speed": {}, "pred_at_speed": {}}
+    if bound:
+        k = matched_speed(at, "output_tok_s", meas["output_tok_s"])
+        out["speed"] = k
+        if k == k:
+            p = at(k)
+            out["pred_at_speed"] = {m: p[m] for m in DIAGNOSED}
+            out["err_at_speed"] = {m: error(p[m], meas[m], m) for m in DIAGNOSED}
+    no_client = predict(1.0, 0.0)
+    out["err_no_client"] = {m: error(no_client[m], meas[m], m) for m in DIAGNOSED}
+    # Per run, measured over predicted throughput: how far each run's own CPU share is from the speed it got.
+    per_run_meas = row.get("output_tok_s", {}).get("per_run") or []
+    per_run_pred = base.get("per_run_tok_s") or []
+    same = len(per_run_meas) == len(per_run_pred)
+    out["per_run_tok_ratio"] = [m / p if p and m == m and p == p else math.nan
+                                for m, p in zip(per_run_meas, per_run_pred)] if same else []
+    return out
+
+
+def _within_sd(groups) -> float:
+    """The pooled within-group standard deviation of the logarithms (root mean of each group's variance)."""
+    var = [float(np.var(np.log(g), ddof=1)) for g in ([x for x in g if x == x and x > 0] for g in groups) if len(g) > 1]
+    return float(math.sqrt(np.mean(var))) if var else math.nan
+
+
+def _median_abs(values) -> float:
+    v = [abs(x) for x in values if x == x]
+    return float(np.median(v)) if v else math.nan
+
+
+def diagnose_summary(cells: list[dict], rows: list[dict]) -> dict:
+    """Medians over the diagnosed cells: the report's E2E p50 |error|, and over the engine-bound cells the same at
+    their throughput-matched speed; the spread of those speeds and their rank correlation with the batch; the E2E
+    p99 decision agreement with those cells' predictions at their matched speed (the others as reported)."""
+    bound = [c for c in cells if c["engine_bound"] and c["speed"] == c["speed"]]
+    ratios = [x for c in bound for x in c.get("per_run_tok_ratio", []) if x == x]
+    ks = [c["speed"] for c in bound]
+    out = {"cells": len(cells), "engine_bound": len(bound),
+           "median_abs_err": {m: _median_abs(c["err"][m] for c in cells) for m in DIAGNOSED},
+           "engine_bound_median_abs_err": {m: _median_abs(c["err"][m] for c in bound) for m in DIAGNOSED},
+           "engine_bound_median_abs_err_at_speed": {m: _median_abs(c["err_at_speed"][m] for c in bound)
+                                                    for m in DIAGNOSED},
+           "median_abs_err_no_client": {m: _median_abs(c["err_no_client"][m] for c in cells) for m in DIAGNOSED},
+           "median_e2e_p50_elasticity": float(np.median([c["elasticity"]["e2e_p50"] for c in cells])),
+           "speeds": [c["speed"] for c in bound],
+           "per_run_tok_ratio_range": [min(ratios), max(ratios)] if ratios else [math.nan, math.nan],
+           "per_run_log_sd_within_cells": _within_sd([c["per_run_tok_ratio"] for c in bound]),
+           "cell_speed_log_sd": float(np.std(np.log(ks), ddof=1)) if len(ks) > 1 else math.nan,
+           "spearman_speed_batch": spearman([c["speed"] for c in bound], [c["batch"] for c in bound]),
+           "spearman_speed_share": spearman([c["speed"] for c in bound],
+                                            [float(np.mean(c["shares"])) if c["shares"] else math.nan for c in bound])}
+    matched = {(c["config"], c["workload"]): c for c in bound}
+    swapped = []
+    for r in rows:
+        c = matched.get((r["config"], r["workload"]))
+        r2 = dict(r)
+        if c:
+            for m in DIAGNOSED:
+                r2[m] = dict(r[m], pred=c["pred_at_speed"][m], err=c["err_at_speed"][m])
+        swapped.append(r2)
+    s = summarize(swapped)
+    out["agreement_at_speed"] = {m: {k: s["decision_agreement"][m][k] for k in ("agree", "separable")}
+                                 for m in DECISION_METRICS}
+    out["disagreeing_at_speed"] = {w: {m: p["agreement"][m]["disagreeing"] for m in DECISION_METRICS}
+                                   for w, p in s["per_workload"].items()}
+    return out
+
+
+def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
+    lines = ["| config | workload | batch | E2E50 elasticity | tok/s err | E2E50 err | engine-bound: speed | "
+             "E2E50 err at speed | E2E99 err at speed | E2E50 err, no client latency |", "|" + "---|" * 10]
+    pct = lambda x: f"{x:+.0%}" if x == x else "-"  # noqa: E731
+    for c in cells:
+        sp = f"{c['speed']:.2f}" if c["speed"] == c["speed"] else "no" if not c["engine_bound"] else "-"
+        lines.append(f"| {c['config']} | {c['workload']} | {c['batch']:.1f} | {c['elasticity']['e2e_p50']:+.2f} | "
+                     f"{pct(c['err']['output_tok_s'])} | {pct(c['err']['e2e_p50'])} | {sp} | "
+                     f"{pct(c['err_at_speed'].get('e2e_p50', math.nan))} | "
+                     f"{pct(c['err_at_speed'].get('e2e_p99', math.nan))} | {pct(c['err_no_client']['e2e_p50'])} |")
+    s = summary
+    lines += ["", f"median |error| over {s['cells']} cells: E2E p50 {s['median_abs_err']['e2e_p50']:.1%}, "
+                  f"tok/s {s['median_abs_err']['output_tok_s']:.1%}; median E2E p50 elasticity to the step speed "
+                  f"{s['median_e2e_p50_elasticity']:+.2f}",
+              f"engine-bound cells ({s['engine_bound']}): median |error| E2E p50 "
+              f"{s['engine_bound_median_abs_err']['e2e_p50']:.1%} as reported, "
+              f"{s['engine_bound_median_abs_err_at_speed']['e2e_p50']:.1%} at the speed that matches their measured "
+              f"throughput (E2E p99 {s['engine_bound_median_abs_err']['e2e_p99']:.1%} -> "
+              f"{s['engine_bound_median_abs_err_at_speed']['e2e_p99']:.1%}, TTFT p50 "
+              f"{s['engine_bound_median_abs_err']['ttft_p50']:.1%} -> "
+              f"{s['engine_bound_median_abs_err_at_speed']['ttft_p50']:.1%})",
+              f"matched speeds {min(s['speeds']):.2f}-{max(s['speeds']):.2f} (sd of their log "
+              f"{s['cell_speed_log_sd']:.3f}); Spearman with the running batch {s['spearman_speed_batch']:+.2f}, with "
+              f"the runs' CPU share {s['spearman_speed_share']:+.2f}",
+              f"per run, measured / predicted tok/s {s['per_run_tok_ratio_range'][0]:.2f}-"
+              f"{s['per_run_tok_ratio_range'][1]:.2f}; sd of its log within a cell "
+              f"{s['per_run_log_sd_within_cells']:.3f}",
+              f"without the client latency: median |error| E2E p50 {s['median_abs_err_no_client']['e2e_p50']:.1%}, "
+              f"TTFT p50 {s['median_abs_err_no_client']['ttft_p50']:.1%} (as reported: "
+              f"{s['median_abs_err']['ttft_p50']:.1%})",
+              "decision agreement with the engine-bound cells at their matched speed: " + ", ".join(
+                  f"{SHORT[m]} {a['agree']}/{a['separable']}" for m, a in s["agreement_at_speed"].items())]
+    return lines
+
+
+def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu):
+    """``predict(speed, client_offset)`` for :func:`diagnose_cell`: each run of ``row`` simulated as ``run.py
+    --scale`` does (same seeds, the dedicated-core coefficients at the run's CPU share), every step ``speed`` times
+    as fast, pooled as :func:`cell` pools them; ``batch`` from the step table."""
+    import run as bench  # the benchmark's simulation of a run (run.py imports this module; this is the other way)
+    from replay.calibrate import ClientLatency, at_cpu_share, with_client_latency
+    from sim.runner import simulate
+
+    knobs = dict(row["knobs"], workloads=tuple(row["knobs"]["workloads"]))
+    cfg, workload = bench.BenchConfig(**knobs), bench.WORKLOADS[row["workload"]]()
+    memo: dict = {}
+
+    def predict(speed: float, client: float | None) -> dict:
+        key = (speed, client)
+        if key not in memo:
+            runs, batch = [], []
+            for run in row["runs"]:
+                res = simulate(workload, cfg.engine_config(), model, gpu, seed=run["rep"], record_steps=True,
+                               coefficients=at_cpu_share(dedicated, run["engine_cpu_share"] * speed),
+                               hash_block_tokens=workload.hash_block_tokens)
+                req = with_client_latency(res.requests, ClientLatency(offset_s=offset_s if client is None else client))
+                runs.append({"metrics": bench.predicted_metrics(req), "requests": req})
+                d = res.steps["duration_s"]
+                batch.append(float((res.steps["num_running"] * d).sum() / d.sum()) if d.sum() > 0 else math.nan)
+            out = {}
+            for m in DIAGNOSED:
+                if m in REQUEST_METRICS:
+                    column, q = REQUEST_METRICS[m]
+                    out[m] = request_interval([r["requests"].loc[r["requests"]["status"] == "finished", column]
+                                               .to_numpy(dtype=float) for r in runs], q, resamples=1)[0]
+                else:
+                    out[m] = run_interval([r["metrics"].get(m, math.nan) for r in runs], resamples=1)[0]
+            out["batch"] = float(np.mean(batch))
+            out["per_run_tok_s"] = [r["metrics"].get("output_tok_s", math.nan) for r in runs]
+            memo[key] = out
+        return memo[key]
+
+    return predict
+
+
+def diagnose_main(argv=None) -> int:
+    """``python benchmarks/real_engine/scale.py --model MODEL_DIR``: the diagnosis of a saved at-scale report (its
+    ``normalized`` rows), re-predicted with the simulator; no engine."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parents[1])]
+    from sim.errors import ConfigError
+
+    ap = argparse.ArgumentParser(description="Where the at-scale report's E2E p50 error comes from (issue 32): "
+                                             "re-predicts the saved report's cells with the simulator, no engine.")
+    ap.add_argument("--report", type=Path, default=here / "measurements" / "scale-report.json",
+                    help="the at-scale report (default measurements/scale-report.json)")
+    ap.add_argument("--profile", type=Path, default=here / "measurements" / "scale-profile.yaml",
+                    help="the profile the report used (default measurements/scale-profile.yaml)")
+    ap.add_argument("--model", required=True, help="the HF model folder the report simulated (its config.json)")
+    ap.add_argument("--out", type=Path, default=None, help="write the diagnosis as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        try:
+            doc = json.loads(args.report.read_text())
+            rows = doc["modes"]["normalized"]["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(str(args.report), f"not an at-scale report with normalized rows ({exc})") from None
+        from sim.latency import coefficients_from_mapping, read_profile
+        from sim.profiles import load_gpu, load_model
+        from sim.safe_yaml import read_yaml
+
+        prof = read_profile(args.profile)
+        fit = (read_yaml(args.profile) or {}).get("fit") or {}
+        if not fit.get("dedicated_core_coefficients"):
+            raise ConfigError(f"{args.profile}: fit.dedicated_core_coefficients",
+                              "missing (a kvtune calibrate profile)")
+        dedicated = coefficients_from_mapping(fit["dedicated_core_coefficients"])
+        model, gpu = load_model(args.model, field="--model"), load_gpu(prof.gpu or "vllm-cpu-1core")
+    except ConfigError as exc:
+        print(f"scale.py: {exc}", file=sys.stderr)
+        return 2
+    offset = float(doc.get("client_offset_s") or 0.0)
+    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu)) for r in rows]
+    summary = diagnose_summary(cells, rows)
+    print("\n".join(format_diagnosis(cells, summary)))
+    if args.out:
+        args.out.write_text(json.dumps({"report": str(args.report), "profile": str(args.profile),
+                                        "client_offset_s": offset, "cells": cells, "summary": summary},
+                                       indent=1, default=float) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(diagnose_main())
