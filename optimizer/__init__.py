@@ -7,7 +7,7 @@ resume a study), :func:`export_study` (Pareto front and recommended config), the
 The command line is :mod:`optimizer.cli`; packages that extend it (the replay package) register their trial
 backends (:func:`register_backend`) and subcommands (:func:`register_commands`) and share its argument types and
 its shared arguments, each defined once in ``optimizer/_cli_args.py`` (:func:`add_engine_arguments` for
-``--model/--gpu/--set``, :func:`add_format_argument`, :func:`add_latency_arguments`, :func:`add_seed_argument`,
+``--model/--gpu/--set`` (:func:`add_model_argument` for ``--model`` alone), :func:`add_format_argument`, :func:`add_latency_arguments`, :func:`add_seed_argument`,
 :func:`add_rate_scale_argument`, :func:`add_hash_block_tokens_argument` (with :func:`apply_hash_block_tokens`),
 :func:`add_vllm_arguments`, :func:`add_log_level_argument`, :func:`parse_pairs`).
 
@@ -25,6 +25,7 @@ _EXPORTS = {
     "add_hash_block_tokens_argument": "optimizer._cli_args",
     "add_latency_arguments": "optimizer._cli_args",
     "add_log_level_argument": "optimizer._cli_args",
+    "add_model_argument": "optimizer._cli_args",
     "add_rate_scale_argument": "optimizer._cli_args",
     "add_seed_argument": "optimizer._cli_args",
     "add_vllm_arguments": "optimizer._cli_args",

@@ -6,7 +6,8 @@
 
 Which subcommands take which:
 
-- ``--model --gpu --set``: :func:`add_engine_arguments` (simulate, twin, replay, calibrate);
+- ``--model --gpu --set``: :func:`add_engine_arguments` (simulate, twin, replay, calibrate; ``--model`` alone:
+  :func:`add_model_argument`);
 - ``--format``: :func:`add_format_argument` (simulate, replay, workload describe / fit);
 - ``--profile --coef``: :func:`add_latency_arguments` (simulate without --coef, twin, replay);
 - ``--seed``: :func:`add_seed_argument` (simulate; replay, repeatable; workload generate, default the spec's);
@@ -30,7 +31,7 @@ from pathlib import Path
 from sim.workload.cli import SEED_LIMIT, add_format_argument, add_seed_argument, seed_int  # noqa: F401
 
 __all__ = ["add_engine_arguments", "add_format_argument", "add_hash_block_tokens_argument", "add_latency_arguments",
-           "add_log_level_argument", "add_rate_scale_argument", "add_seed_argument", "add_study_arguments",
+           "add_log_level_argument", "add_model_argument", "add_rate_scale_argument", "add_seed_argument", "add_study_arguments",
            "add_vllm_arguments", "apply_hash_block_tokens", "finite_float", "non_negative_float", "non_negative_int",
            "parse_pairs", "port", "positive_float", "positive_int", "seed_int"]
 
@@ -100,12 +101,21 @@ def add_study_arguments(p: argparse.ArgumentParser, out_help: str) -> None:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, model_help: str, gpu_help: str,
-                         set_help: str = "engine knob (repeatable)", required: bool = False) -> None:
+                         set_help: str = "engine knob (repeatable)", required: bool = False,
+                         knobs: bool = True) -> None:
     """The engine a subcommand runs: ``--model`` (profile name or HF folder), ``--gpu`` (device profile name or
-    YAML) and ``--set KNOB=VALUE`` (repeatable; read with :func:`parse_pairs`); ``required``: --model and --gpu."""
-    p.add_argument("--model", required=required, default=None, help=model_help)
+    YAML) and, with ``knobs``, ``--set KNOB=VALUE`` (repeatable; read with :func:`parse_pairs`); ``required``:
+    --model and --gpu.  A script with defaults of its own sets them with ``p.set_defaults(model=...)``."""
+    add_model_argument(p, help=model_help, required=required)
     p.add_argument("--gpu", required=required, default=None, help=gpu_help)
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=set_help)
+    if knobs:
+        p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=set_help)
+
+
+def add_model_argument(p: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
+    """``--model`` alone (profile name or HF folder), for a script whose device comes from elsewhere (its latency
+    profile); :func:`add_engine_arguments` adds it with ``--gpu``."""
+    p.add_argument("--model", required=required, default=None, help=help)
 
 
 #: ``--profile``'s help where the subcommand says nothing more.
@@ -113,10 +123,11 @@ LATENCY_PROFILE_HELP = "latency profile YAML written by kvtune calibrate"
 
 
 def add_latency_arguments(p: argparse.ArgumentParser, *, profile_help: str = LATENCY_PROFILE_HELP,
-                          coef: bool = True) -> None:
-    """The latency model's coefficients: ``--profile`` (a profile YAML written by ``kvtune calibrate``) and, with
-    ``coef``, ``--coef NAME=VALUE`` overrides (repeatable; read with :func:`parse_pairs`)."""
-    p.add_argument("--profile", default=None, help=profile_help)
+                          coef: bool = True, required: bool = False) -> None:
+    """The latency model's coefficients: ``--profile`` (a profile YAML written by ``kvtune calibrate``;
+    ``required``: it must be given) and, with ``coef``, ``--coef NAME=VALUE`` overrides (repeatable; read with
+    :func:`parse_pairs`)."""
+    p.add_argument("--profile", required=required, default=None, help=profile_help)
     if coef:
         p.add_argument("--coef", action="append", metavar="NAME=VALUE",
                        help="latency coefficient override, e.g. overhead_s=0.004 (repeatable)")
@@ -151,13 +162,15 @@ def apply_hash_block_tokens(workload, value: int | None):
     return workload.with_hash_block_tokens(check_hash_block_tokens(value, "--hash-block-tokens"))
 
 
-def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
-    """The vLLM a subcommand launches: ``--vllm-python`` (its environment) and ``--vllm-arg`` (repeatable)."""
+def add_vllm_arguments(p: argparse.ArgumentParser, *, extra_args: bool = True) -> None:
+    """The vLLM a subcommand launches: ``--vllm-python`` (its environment) and, with ``extra_args``,
+    ``--vllm-arg`` (repeatable)."""
     p.add_argument("--vllm-python", default=None,
                    help="python of the environment where vLLM is installed (or the venv folder); default "
                         "$KVTUNE_VLLM_PYTHON.  The engine runs as PYTHON -m vllm.entrypoints.openai.api_server "
                         "with the flags of the release installed there")
-    p.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
+    if extra_args:
+        p.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vllm serve (repeatable)")
 
 
 #: ``--log-level``'s values (Python logging's level names).

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import run as bench  # noqa: E402
 from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
 
+from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
 from sim.latency import read_profile  # noqa: E402
 from sim.workload import write_trace  # noqa: E402
@@ -151,10 +152,11 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("study", "report"))
-    ap.add_argument("--profile", required=True)
+    add_latency_arguments(ap, coef=False, required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"))
-    ap.add_argument("--gpu", default="vllm-cpu-1core")
+    add_engine_arguments(ap, knobs=False, model_help="HF model folder (default: $KVTUNE_TINY_MODEL)",
+                         gpu_help="device profile (default vllm-cpu-1core)")
+    ap.set_defaults(model=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"), gpu="vllm-cpu-1core")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--scale", action="store_true", help="study: the at-scale matrix's (run.py --scale) scenario")
     args = ap.parse_args(argv)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN  # noqa: E402
 
+from optimizer import add_latency_arguments, add_model_argument  # noqa: E402
 from replay.calibrate import ClientLatency, with_client_latency  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
@@ -129,8 +130,10 @@ def main(argv=None) -> int:
     m = sub.add_parser("measure")
     m.add_argument("--url", required=True)
     r = sub.add_parser("report")
-    r.add_argument("--model", required=True, help="the tiny Llama's folder (its config.json)")
-    r.add_argument("--profile", type=Path, default=Path(__file__).parent / "profiles" / "tiny-llama-vllm-cpu.yaml")
+    add_model_argument(r, required=True, help="the tiny Llama's folder (its config.json)")
+    add_latency_arguments(r, coef=False, profile_help="latency profile YAML (default: "
+                                                      "profiles/tiny-llama-vllm-cpu.yaml beside this script)")
+    r.set_defaults(profile=Path(__file__).parent / "profiles" / "tiny-llama-vllm-cpu.yaml")
     r.add_argument("--per-request", action="store_true")
     for q in (m, r):
         q.add_argument("--out", type=Path, required=True)

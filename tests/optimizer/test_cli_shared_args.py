@@ -101,8 +101,10 @@ OWN_FLAG = {
     ("benchmarks/summarize_speed.py", "--profile"): "a cProfile switch, not a latency profile",
     ("benchmarks/fleet_vs_dynamo.py", "--seed"): "the script also runs in Dynamo's environment, without kvtune",
 }
-#: Not yet moved (issue 33): benchmarks another engineer is changing now.
-PENDING = ("benchmarks/real_engine/",)
+
+
+#: Not yet moved (issue 33): a benchmark another engineer is changing now; its next change takes them from optimizer.
+PENDING = ("benchmarks/real_engine/scale.py",)
 
 
 def _flags_added(path: Path) -> list[tuple[str, int]]:
@@ -122,7 +124,7 @@ def test_shared_flags_are_added_only_by_their_home():
     for package in ("sim", "objectives", "optimizer", "replay", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
-            if rel == HOME or rel.startswith(PENDING):
+            if rel == HOME or rel in PENDING:
                 continue
             found += [f"{rel}:{line}: {flag}" for flag, line in _flags_added(path)
                       if flag in shared and (rel, flag) not in OWN_FLAG and LOWER_HOME.get(flag) != rel]
