@@ -269,7 +269,7 @@ ENGINE_BOUND_ELASTICITY = (0.8, 1.25)
 SPEED_RANGE = (0.4, 2.5)
 #: The relative step of the finite-difference elasticities.
 ELASTICITY_STEP = 1.1
-DIAGNOSED = ("output_tok_s", "ttft_p50", "e2e_p50", "e2e_p99")
+DIAGNOSED = ("output_tok_s", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
 
 
 def elasticity(predict, metric: str, step: float = ELASTICITY_STEP) -> float:
@@ -311,7 +311,8 @@ def diagnose_cell(row: dict, predict) -> dict:
     meas = {m: row[m]["meas"] for m in DIAGNOSED}
     out = {"config": row["config"], "workload": row["workload"], "batch": base.get("batch", math.nan),
            "shares": [r["engine_cpu_share"] for r in row.get("runs", [])],
-           "err": {m: error(base[m], meas[m], m) for m in DIAGNOSED}, "elasticity": el, "engine_bound": bound,
+           "pred": {m: base[m] for m in DIAGNOSED}, "err": {m: error(base[m], meas[m], m) for m in DIAGNOSED},
+           "elasticity": el, "engine_bound": bound,
            "speed": math.nan, "err_at_speed": {}, "pred_at_speed": {}}
     if bound:
         k = matched_speed(at, "output_tok_s", meas["output_tok_s"])
@@ -363,6 +364,16 @@ def diagnose_summary(cells: list[dict], rows: list[dict]) -> dict:
            "spearman_speed_batch": spearman([c["speed"] for c in bound], [c["batch"] for c in bound]),
            "spearman_speed_share": spearman([c["speed"] for c in bound],
                                             [float(np.mean(c["shares"])) if c["shares"] else math.nan for c in bound])}
+    # As re-predicted (the profile given, each run at its CPU share): the report's summary for these metrics.
+    by_cell = {(c["config"], c["workload"]): c for c in cells}
+    again = []
+    for r in rows:
+        c = by_cell.get((r["config"], r["workload"]))
+        again.append({**r, **{m: dict(r[m], pred=c["pred"][m], err=c["err"][m]) for m in DIAGNOSED}} if c else r)
+    s = summarize(again)
+    out["repredicted"] = {"median_abs_error": {m: s["median_abs_error"][m] for m in DIAGNOSED},
+                          "agreement": {m: {k: s["decision_agreement"][m][k] for k in ("agree", "separable")}
+                                        for m in DECISION_METRICS}}
     matched = {(c["config"], c["workload"]): c for c in bound}
     swapped = []
     for r in rows:
@@ -391,9 +402,11 @@ def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
                      f"{pct(c['err_at_speed'].get('e2e_p50', math.nan))} | "
                      f"{pct(c['err_at_speed'].get('e2e_p99', math.nan))} | {pct(c['err_no_client']['e2e_p50'])} |")
     s = summary
-    lines += ["", f"median |error| over {s['cells']} cells: E2E p50 {s['median_abs_err']['e2e_p50']:.1%}, "
-                  f"tok/s {s['median_abs_err']['output_tok_s']:.1%}; median E2E p50 elasticity to the step speed "
-                  f"{s['median_e2e_p50_elasticity']:+.2f}",
+    rp = s["repredicted"]
+    errs = ", ".join(f"{SHORT[m]} {v:.1%}" for m, v in rp["median_abs_error"].items())
+    agree = ", ".join(f"{SHORT[m]} {a['agree']}/{a['separable']}" for m, a in rp["agreement"].items())
+    lines += ["", f"re-predicted, {s['cells']} cells: median |error| {errs}; decision agreement {agree}",
+              f"median E2E p50 elasticity to the step speed {s['median_e2e_p50_elasticity']:+.2f}",
               f"engine-bound cells ({s['engine_bound']}): median |error| E2E p50 "
               f"{s['engine_bound_median_abs_err']['e2e_p50']:.1%} as reported, "
               f"{s['engine_bound_median_abs_err_at_speed']['e2e_p50']:.1%} at the speed that matches their measured "
@@ -496,7 +509,7 @@ def diagnose_main(argv=None) -> int:
     except ConfigError as exc:
         print(f"scale.py: {exc}", file=sys.stderr)
         return 2
-    offset = float(doc.get("client_offset_s") or 0.0)
+    offset = float(prof.client_offset_s)  # the profile's, as run.py --scale adds it
     cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu)) for r in rows]
     summary = diagnose_summary(cells, rows)
     print("\n".join(format_diagnosis(cells, summary)))

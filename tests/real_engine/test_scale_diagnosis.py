@@ -30,7 +30,8 @@ def _queue(offered: float, engine_bound: bool = True):
         rate = 100.0 * speed
         wait = 10.0 / (rate - offered)
         c = 0.1 if client is None else client
-        return {"output_tok_s": rate if engine_bound else offered, "ttft_p50": wait + c, "e2e_p50": 2 * wait + c,
+        return {"output_tok_s": rate if engine_bound else offered, "ttft_p50": wait + c, "ttft_p99": 3 * wait + c,
+                "e2e_p50": 2 * wait + c,
                 "e2e_p99": 6 * wait + c, "batch": 4.0, "per_run_tok_s": [rate if engine_bound else offered] * 3}
     return predict
 
@@ -90,6 +91,8 @@ def test_the_summary_recomputes_the_agreement_at_the_matched_speeds(scale):
     assert after["agreement_at_speed"]["e2e_p99"] == {"agree": 1, "separable": 1}
     assert after["engine_bound"] == 2 and after["engine_bound_median_abs_err_at_speed"]["e2e_p50"] < 1e-3
     assert after["per_run_log_sd_within_cells"] == pytest.approx(0.1003, rel=0.01)
+    # As re-predicted (the cells' own predictions): the report's disagreement stands.
+    assert after["repredicted"]["agreement"]["e2e_p99"] == {"agree": 0, "separable": 1}
 
 
 def test_a_report_that_cannot_be_read_is_one_line_and_exit_2(scale, tmp_path, capsys):
