@@ -130,7 +130,7 @@ class Simulation:
         if scheduler.pool.enable_caching and any(self.store.keys):
             scheduler.share_prefixes()
         if decode_columns is None:
-            decode_columns = worth_loading(len(workload), scheduler.blocks_hashed or scheduler.write_through)
+            decode_columns = worth_loading(len(workload))
         if decode_columns:
             # Running requests' steady decodes may live as arrays (the core stops that under an observer).
             scheduler.use_decode_columns()

@@ -221,14 +221,14 @@ COLD_MIN_REQUESTS = 100_000
 _loaded: list[bool] = [False]  # the kernels were loaded in this process (join or warm_up)
 
 
-def worth_loading(num_requests: int, numba_anyway: bool = False) -> bool:
+def worth_loading(num_requests: int) -> bool:
     """Whether a run of ``num_requests`` should keep decode columns in this process.  Loading their kernels costs
     ~0.3 CPU s once per process (numba's first kernel sets up LLVM; benchmarks/speed/README.md, "Loading the
     kernels"), two to three times a 4,000-request incident run's simulation; the columns save 0-25% of a run's
-    CPU.  So: yes where they are loaded already (a study's worker loads them at its warm-up, :func:`warm_up`),
-    where numba loads anyway (``numba_anyway``: the shared-prefix pool's kernels, and the CPU tier's store kernel
-    under V1 offload's write-through; V0 swap loads none), and from :data:`COLD_MIN_REQUESTS` requests."""
-    return _loaded[0] or numba_anyway or num_requests >= COLD_MIN_REQUESTS
+    CPU.  So: yes where they are loaded already (a study's worker loads them at its warm-up, :func:`warm_up`), and
+    from :data:`COLD_MIN_REQUESTS` requests.  Nothing else in the engine loads numba (the shared-prefix pool and
+    the CPU tier are mypyc-compiled lists since issue 34)."""
+    return _loaded[0] or num_requests >= COLD_MIN_REQUESTS
 
 
 def _kernels():
@@ -240,14 +240,8 @@ def _kernels():
 
 def warm_up() -> None:
     """Load the compiled kernels now (numba: ~1 s the first time in a process, compiling them once per machine),
-    so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it.
-    The CPU KV tier's store kernel (sim/engine/_lru_kernels.py) and the shared-prefix pool's
-    (sim/engine/_prefix_kernels.py) too."""
-    from sim.engine import _lru_kernels, _prefix_kernels
-
+    so that a timed or latency-bound run does not pay it: a study worker's warm-up and the benchmarks call it."""
     _kernels().warm_up()
-    _lru_kernels.warm_up()
-    _prefix_kernels.warm_up()
 
 
 __all__ = ["COLD_MIN_REQUESTS", "DecodeColumns", "STALE_ATTRIBUTES", "STALE_FLOAT", "STALE_INT", "warm_up",

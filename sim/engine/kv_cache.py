@@ -120,97 +120,162 @@ class GpuBlockPool:
 
 
 class CpuBlockTier:
-    """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks, of per-request counts of leading full
-    blocks as :class:`LruBlockStore` keeps them, held as arrays over request indices with a compiled store pass
-    (``sim/engine/_lru_kernels.py``)."""
+    """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks, of per-request leading full blocks as
+    :class:`LruBlockStore` keeps them, held as a doubly linked list over request indices (lists, compiled by mypyc).
 
-    __slots__ = ("capacity", "_count", "_prev", "_next", "_copied", "_state", "_news", "_k")
+    Write-through offload stores every scheduled request's full blocks after every step (``BaseScheduler.
+    _store_computed_blocks``): one put per request, and when the tier holds fewer blocks than the running batch,
+    each put evicts other requests' entries; as an ``OrderedDict`` that was most of an offload run's time (py-spy).
+    A numba kernel over arrays did these loops until issue 34, but loading numba cost a cold process more than a
+    4,000-request run (benchmarks/speed/README.md).  tests/sim/engine/test_cpu_tier.py checks the tier against
+    ``LruBlockStore``."""
+
+    __slots__ = ("capacity", "_count", "_prev", "_next", "_copied", "_head", "_tail", "_total")
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._count = np.zeros(0, dtype=np.int64)  # blocks held per key (0: no entry)
-        self._prev = np.zeros(0, dtype=np.int64)  # the next older entry's key (-1: none)
-        self._next = np.zeros(0, dtype=np.int64)  # the next newer entry's key (-1: none)
+        self._count: list[int] = []  # blocks held per key (0: no entry)
+        self._prev: list[int] = []  # the next older entry's key (-1: none)
+        self._next: list[int] = []  # the next newer entry's key (-1: none)
         #: Blocks copied per key since :meth:`take_copied` last took them: the scheduler adds them to
         #: ``Request.swapped_out_blocks`` when the request ends, instead of one Python update per stored request
         #: per step.
-        self._copied = np.zeros(0, dtype=np.int64)
-        self._state = np.array([-1, -1, 0], dtype=np.int64)  # oldest key, newest key, total blocks
-        self._news = np.zeros(256, dtype=np.int64)  # the kernel's per-key output for :meth:`store`
-        self._k: Any = None  # sim.engine._lru_kernels, imported at the first store (numba loads then)
+        self._copied: list[int] = []
+        self._head = -1  # the oldest entry's key
+        self._tail = -1  # the newest entry's key
+        self._total = 0  # blocks held
 
     @property
     def num_blocks(self) -> int:
-        return int(self._state[2])
+        return self._total
 
     def offload(self, key: int, num_full_blocks: int) -> int:
         """Keep ``num_full_blocks`` leading blocks of ``key`` on the CPU; returns blocks newly copied."""
         return self.store([key], [num_full_blocks])
 
-    def offload_many(self, keys, fulls) -> np.ndarray:
-        """:meth:`offload` for each ``(key, full)`` in turn (sequences of ints); returns the blocks newly copied for
-        each (the scheduler needs only their total, :meth:`store`; tests compare these with the reference tier)."""
-        keys = np.asarray(keys, dtype=np.int64)
-        news = np.zeros(len(keys), dtype=np.int64)
-        if self.capacity > 0 and len(keys):
+    def offload_many(self, keys: Any, fulls: Any) -> np.ndarray:
+        """:meth:`offload` for each ``(key, full)`` in turn (sequences or int64 arrays); returns the blocks newly
+        copied for each (the scheduler needs only their total, :meth:`store`; tests compare these with the reference
+        tier)."""
+        keys, fulls = _ints(keys), _ints(fulls)
+        news = [0] * len(keys)
+        if self.capacity > 0 and keys:
             self._run(keys, fulls, news)
-        return news
+        return np.array(news, dtype=np.int64)
 
-    def store(self, keys, fulls) -> int:
+    def store(self, keys: Any, fulls: Any) -> int:
         """:meth:`offload_many` returning only the blocks newly copied in all (the scheduler's store after each
         step: each key's copies are kept for :meth:`take_copied`)."""
         if self.capacity <= 0 or not len(keys):
             return 0
-        keys = np.asarray(keys, dtype=np.int64)
-        if len(keys) > len(self._news):
-            self._news = np.zeros(2 * len(keys), dtype=np.int64)
-        return self._run(keys, fulls, self._news)
+        return self._run(_ints(keys), _ints(fulls), None)
 
-    def _run(self, keys: np.ndarray, fulls, news: np.ndarray) -> int:
-        if self._k is None:
-            from sim.engine import _lru_kernels
-
-            self._k = _lru_kernels
-        fulls = np.asarray(fulls, dtype=np.int64)
-        stored = self._k.offload_many(keys, fulls, news, self._count, self._prev, self._next, self._state,
-                                      self.capacity, self._copied)
-        if stored < -1:  # a key beyond the arrays (checked before any change): grow them, then store
-            self._grow(-stored - 1)
-            stored = self._k.offload_many(keys, fulls, news, self._count, self._prev, self._next, self._state,
-                                          self.capacity, self._copied)
-        if stored < 0:
-            raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+    def _run(self, keys: list[int], fulls: list[int], news: list[int] | None) -> int:
+        """For each ``(keys[i], fulls[i])`` in turn: keep ``min(fulls[i], capacity)`` leading blocks of the key as
+        the newest entry, evicting the oldest entries' blocks (the last one perhaps in part, which stays the
+        oldest) to stay within ``capacity``; blocks newly copied (beyond what the key held before) go to
+        ``news[i]`` and to the key's copies (:meth:`take_copied`).  Returns the blocks newly copied in all."""
+        top = max(keys)
+        if top >= len(self._count):
+            self._grow(top + 1)
+        count, prev, nxt, copied = self._count, self._prev, self._next, self._copied
+        capacity = self.capacity
+        head, tail, total = self._head, self._tail, self._total
+        stored = 0
+        for i in range(len(keys)):
+            key = keys[i]
+            n = fulls[i]
+            if n <= 0:
+                if news is not None:
+                    news[i] = 0
+                continue
+            if n > capacity:
+                n = capacity
+            have = count[key]
+            if have > 0:  # take the key's entry out (it becomes the newest below)
+                p, q = prev[key], nxt[key]
+                if p >= 0:
+                    nxt[p] = q
+                else:
+                    head = q
+                if q >= 0:
+                    prev[q] = p
+                else:
+                    tail = p
+                count[key] = 0
+                total -= have
+            overflow = total + n - capacity
+            while overflow > 0:
+                old = head
+                held = count[old] if old >= 0 else 0
+                if held <= 0:
+                    raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+                if held > overflow:  # the oldest entry loses its tail blocks and stays the oldest
+                    count[old] = held - overflow
+                    total -= overflow
+                    break
+                q = nxt[old]
+                head = q
+                if q >= 0:
+                    prev[q] = -1
+                else:
+                    tail = -1
+                count[old] = 0
+                total -= held
+                overflow -= held
+            count[key] = n
+            prev[key] = tail
+            nxt[key] = -1
+            if tail >= 0:
+                nxt[tail] = key
+            else:
+                head = key
+            tail = key
+            total += n
+            new = n - have if n > have else 0
+            if news is not None:
+                news[i] = new
+            copied[key] += new
+            stored += new
+        self._head, self._tail, self._total = head, tail, total
         return stored
 
     def _grow(self, size: int) -> None:
-        size = max(size, 2 * len(self._count), 1024)
-        old = len(self._count)
-        count = np.zeros(size, dtype=np.int64)
-        prev = np.full(size, -1, dtype=np.int64)
-        nxt = np.full(size, -1, dtype=np.int64)
-        copied = np.zeros(size, dtype=np.int64)
-        count[:old], prev[:old], nxt[:old], copied[:old] = self._count, self._prev, self._next, self._copied
-        self._count, self._prev, self._next, self._copied = count, prev, nxt, copied
+        more = max(size, 2 * len(self._count), 1024) - len(self._count)
+        self._count.extend([0] * more)
+        self._prev.extend([-1] * more)
+        self._next.extend([-1] * more)
+        self._copied.extend([0] * more)
 
     def take_copied(self, key: int) -> int:
         """Blocks copied for ``key`` since the last call (0 if none), and forget them."""
         copied = self._copied
         if key >= len(copied):
             return 0
-        n = int(copied[key])
+        n = copied[key]
         if n:
             copied[key] = 0
         return n
 
     def cached_prefix(self, key: int) -> int:
-        return int(self._count[key]) if key < len(self._count) else 0
+        return self._count[key] if key < len(self._count) else 0
 
     def entries(self) -> list[tuple[int, int]]:
         """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries`` would list them)."""
-        out, key = [], int(self._state[0])
+        out: list[tuple[int, int]] = []
+        key = self._head
         while key >= 0:
-            out.append((key, int(self._count[key])))
-            key = int(self._next[key])
+            out.append((key, self._count[key]))
+            key = self._next[key]
             if len(out) > len(self._count):
                 raise AssertionError("CpuBlockTier: its entry list has a cycle")
         return out
+
+
+def _ints(values: Any) -> list[int]:
+    """A sequence of ints (a list as it is, an int64 array or another sequence as a new list of ints)."""
+    if isinstance(values, list):
+        return values
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return [int(v) for v in values]

@@ -17,17 +17,17 @@ It follows vLLM 0.33.0's ``BlockPool`` (vllm/v1/core/block_pool.py) and ``FullAt
   (``BlockPool.get_new_blocks``); a hit on a free block takes it out of the queue (``BlockPool.touch``).
 
 Blocks without a hash are interchangeable, so they are only counted (``num_empty``); hashed blocks have ids, the
-slots of the arrays that hold their state, and the loops over them are compiled (``sim/engine/_prefix_kernels.py``:
-the free queue a linked list, the hash -> copies map an open-addressing table).  Keys are int64 (the runner renames
-trace keys beyond it).
+*slots* ``[0, num_blocks)`` of the lists that hold their state (hashed blocks, used or cached, never outnumber the
+pool's blocks): per slot its hash, its reference count (0: in the free queue; -1: the slot carries no block), its
+serial (when it was hashed: the pool's running count of hashed blocks; orders copies, names blocks in tests), its
+free queue neighbours (a doubly linked list, front = next evicted) and the next younger copy of its hash; a stack of
+the slots carrying no block; and a dict from each hash to its oldest and its youngest copy.  The loops over them
+are compiled by mypyc (sim/_compiled.py): numba kernels over arrays did the same, but loading numba cost a cold
+process more than a 4,000-request run (benchmarks/speed/README.md, issue 34).  Keys are Python ints.
 The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for prompts that share nothing.
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-import numpy as np
 
 from sim.engine.request import Request
 
@@ -52,13 +52,15 @@ def own_key(req: Request) -> int:
 class PrefixBlockPool:
     """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash.
 
-    Hashed blocks are slots of arrays, their loops compiled (``sim/engine/_prefix_kernels.py`` describes the
-    layout); a request's ``block_ids`` are its hashed blocks' slots, or ``~serial`` for own blocks hashed before
-    its first free, which stay out of the arrays until it frees them (see :meth:`cache_blocks`).  :meth:`blocks`,
-    :meth:`unmapped`, :meth:`free_queue` and :meth:`all_copies` show the state as plain Python values (tests)."""
+    Hashed blocks are slots of lists (the module docstring describes them); a request's ``block_ids`` are its hashed
+    blocks' slots, or ``~serial`` for own blocks hashed before its first free, which stay out of the map until it
+    frees them (see :meth:`cache_blocks`).  :meth:`blocks`, :meth:`unmapped`, :meth:`free_queue` and
+    :meth:`all_copies` show the state as plain Python values (tests).  Every operation raises ``RuntimeError`` where
+    it finds the state broken (never, while the invariants hold)."""
 
-    __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "_blk", "_tab", "_state",
-                 "_out", "_next_id", "block_size", "_k")
+    __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "block_size", "_next_id",
+                 "_key", "_ref", "_serial", "_qprev", "_qnext", "_cnext", "_stack", "_top", "_qhead", "_qtail",
+                 "_oldest", "_youngest")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -67,14 +69,25 @@ class PrefixBlockPool:
         self.num_empty = num_blocks
         self.num_cached = 0
         self.enable_caching = True
-        # The kernels' module, imported with the first pool (numba with it: ~0.13 CPU s that a run without
-        # shared prefixes does not pay).
-        self._k: Any = _kernels()
-        self._blk, self._tab, self._state = self._k.new_state(num_blocks)
-        #: The kernels' output (cache_blocks hashes at most num_blocks blocks; lookup grows it).
-        self._out = np.empty(max(num_blocks, 1), dtype=np.int64)
         #: Blocks hashed so far (the next one's serial).
         self._next_id = 0
+        n = max(num_blocks, 1)
+        # Per slot: its hash, reference count (-1: carries no block), serial, free queue links (-1: none) and the
+        # next younger copy of its hash (-1: none).
+        self._key: list[int] = [-1] * n
+        self._ref: list[int] = [-1] * n
+        self._serial: list[int] = [-1] * n
+        self._qprev: list[int] = [-1] * n
+        self._qnext: list[int] = [-1] * n
+        self._cnext: list[int] = [-1] * n
+        #: The slots carrying no block: the first ``_top``, the last one popped first (slot 0 first).
+        self._stack: list[int] = list(range(n - 1, -1, -1))
+        self._top = num_blocks
+        self._qhead = -1  # the free queue's front (next evicted) and back
+        self._qtail = -1
+        #: Hash -> the slot of its oldest copy (the one a lookup hits) and of its youngest.
+        self._oldest: dict[int, int] = {}
+        self._youngest: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -92,40 +105,102 @@ class PrefixBlockPool:
         # Eviction pops the free queue's front and drops the block's hash (BlockPool.get_new_blocks and
         # _maybe_evict_cached_block, vllm/v1/core/block_pool.py, 0.33.0).
         evicted = num_blocks - from_empty
-        if self._k.evict(self._blk, self._tab, self._state, evicted) < 0:
-            raise RuntimeError("prefix pool: fewer cached blocks than evicted")
+        self._evict(evicted)
         self.num_cached -= evicted
 
-    def lookup(self, req: Request, limit: int) -> np.ndarray:
-        """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries, as an
-        int64 array: :meth:`num_evictable` and :meth:`touch` take it as it is (converting a list there, twice per
-        admission, was ~35% of the elements the prefix case of benchmarks/sim_speed.py turned into arrays)."""
+    def _evict(self, count: int) -> None:
+        """Take ``count`` blocks from the free queue's front and drop their hashes (their slots carry nothing)."""
+        cnext, ref, keys = self._cnext, self._ref, self._key
+        oldest, youngest = self._oldest, self._youngest
+        for _ in range(count):
+            s = self._qhead
+            if s < 0:
+                raise RuntimeError("prefix pool: fewer cached blocks than evicted")
+            self._unlink(s)
+            key = keys[s]
+            head = oldest.get(key, -1)
+            if head < 0:
+                raise RuntimeError("prefix pool: a cached block's hash is not in the map")
+            nxt = cnext[s]
+            if head == s:
+                if nxt == -1:  # its last copy
+                    del oldest[key]
+                    del youngest[key]
+                else:
+                    oldest[key] = nxt
+            else:
+                p = head
+                while cnext[p] != s:
+                    p = cnext[p]
+                    if p < 0:
+                        raise RuntimeError("prefix pool: a cached block is not on its hash's copies")
+                cnext[p] = nxt
+                if youngest[key] == s:
+                    youngest[key] = p
+            ref[s] = -1
+            self._stack[self._top] = s
+            self._top += 1
+
+    def _unlink(self, s: int) -> None:
+        """Take slot ``s`` out of the free queue."""
+        p, q = self._qprev[s], self._qnext[s]
+        if p >= 0:
+            self._qnext[p] = q
+        else:
+            self._qhead = q
+        if q >= 0:
+            self._qprev[q] = p
+        else:
+            self._qtail = p
+
+    def lookup(self, req: Request, limit: int) -> list[int]:
+        """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries (a new
+        list: :meth:`num_evictable` and :meth:`touch` take it)."""
+        out: list[int] = []
         if limit <= 0:
-            return _NONE
-        if limit > len(self._out):  # (a repeated key hits one block at several positions)
-            self._out = np.empty(limit, dtype=np.int64)
+            return out
+        keys = req.prefix_keys
+        num_shared = len(keys)
+        own = own_key(req)
+        oldest = self._oldest
         # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
-        n = self._k.lookup(self._tab, self._state, _shared(req), own_key(req), limit, self._out)
+        for p in range(limit):
+            s = oldest.get(keys[p] if p < num_shared else own + 2 * p, -1)
+            if s < 0:
+                break
+            out.append(s)
+        n = len(out)
         ids = req.block_ids
-        if n < limit and len(ids) > n and not req.blocks_freed and n >= len(req.prefix_keys):
+        if n < limit and len(ids) > n and not req.blocks_freed and n >= num_shared:
             # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
             # scheduler looks a request up when it holds none).
-            return np.concatenate((self._out[:n], np.array(ids[n:limit], dtype=np.int64)))
-        return self._out[:n].copy()
+            out.extend(ids[n:limit])
+        return out
 
-    def num_evictable(self, ids: np.ndarray) -> int:
+    def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks (:meth:`lookup`'s) are free (taking them still costs a free block)."""
-        return self._k.num_evictable(self._blk, ids) if len(ids) else 0
+        ref = self._ref
+        n = 0
+        for s in ids:
+            if s >= 0 and ref[s] == 0:
+                n += 1
+        return n
 
-    def touch(self, req: Request, ids: np.ndarray) -> None:
+    def touch(self, req: Request, ids: list[int]) -> None:
         """``req`` (holding nothing yet) takes these hit blocks (:meth:`lookup`'s) as its leading blocks."""
-        if len(ids):
-            taken = self._k.touch(self._blk, self._state, ids)
-            if taken < 0:
+        ref = self._ref
+        taken = 0
+        for s in ids:
+            count = ref[s] if s >= 0 else -1
+            if count < 0:
                 raise RuntimeError("prefix pool: touched a block that carries no hash")
-            self.num_cached -= taken
-            self.num_used += taken
-        req.block_ids = ids.tolist()
+            if count == 0:
+                self._unlink(s)
+                taken += 1
+            ref[s] = count + 1
+        self.num_cached -= taken
+        self.num_used += taken
+        req.block_ids = list(ids)
         req.blocks = len(ids)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
@@ -149,30 +224,85 @@ class PrefixBlockPool:
                     ids.extend(range(~bid, ~(bid + full - position), -1))
                 return
             if full > num_shared:
-                self._cache(req, ids, _shared(req), position, num_shared, bid)
+                self._cache(req, ids, position, num_shared, bid)
                 ids.extend(range(~(bid + num_shared - position), ~(bid + full - position), -1))
                 return
         # Its shared keys (prefix_keys): other requests may hold copies, and a repeated key gets a second one; then
         # its own keys, which only its own earlier blocks may carry (once the pool has freed them).
-        self._cache(req, ids, _shared(req) if position < num_shared else _NONE, position, full, bid)
+        self._cache(req, ids, position, full, bid)
 
-    def _cache(self, req: Request, ids: list[int], shared: np.ndarray, position: int, full: int, bid: int) -> None:
-        first = self._k.cache(self._blk, self._tab, self._state, shared, position, full, own_key(req), bid, self._out)
-        if first < 0:
-            raise RuntimeError("prefix pool: more hashed blocks than blocks")
-        if full == position + 1:
-            ids.append(first)
-        else:
-            ids.extend(self._out[:full - position].tolist())
+    def _cache(self, req: Request, ids: list[int], position: int, full: int, bid: int) -> None:
+        """Hash blocks ``position .. full - 1`` of ``req`` (shared keys, then its own): each gets a free slot,
+        reference count 1 and the next serial, and becomes its hash's youngest copy; their slots go to ``ids``."""
+        shared = req.prefix_keys
+        num_shared = len(shared)
+        own = own_key(req)
+        keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
+        oldest, youngest = self._oldest, self._youngest
+        for p in range(position, full):
+            top = self._top - 1
+            if top < 0:
+                raise RuntimeError("prefix pool: more hashed blocks than blocks")
+            self._top = top
+            s = stack[top]
+            key = shared[p] if p < num_shared else own + 2 * p
+            keys[s] = key
+            ref[s] = 1
+            serial[s] = bid + p - position
+            cnext[s] = -1
+            last = youngest.get(key, -1)
+            if last >= 0:
+                cnext[last] = s
+            else:
+                oldest[key] = s
+            youngest[key] = s
+            ids.append(s)
 
     def free(self, req: Request) -> None:
-        """``req`` gives back all its blocks, in reverse order (see the module docstring)."""
+        """``req`` gives back all its blocks, in reverse order (SingleTypeKVCacheManager.free,
+        vllm/v1/core/single_type_kv_cache_manager.py, 0.33.0); a block left unreferenced goes to the free queue's
+        back (BlockPool.free_blocks).  An id ``~serial`` at position ``p`` is one of its own blocks not in the map
+        yet (see :meth:`cache_blocks`): it gets a slot and its key ``own_key + 2 * p`` first."""
         ids = req.block_ids
         unhashed = req.blocks - len(ids)
-        freed = (self._k.free(self._blk, self._tab, self._state, np.array(ids, dtype=np.int64), own_key(req))
-                 if ids else 0)
-        if freed < 0:
-            raise RuntimeError("prefix pool: freed a block nobody holds")
+        freed = 0
+        if ids:
+            own = own_key(req)
+            keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
+            qprev, qnext = self._qprev, self._qnext
+            oldest, youngest = self._oldest, self._youngest
+            for i in range(len(ids) - 1, -1, -1):
+                s = ids[i]
+                if s < 0:
+                    top = self._top - 1
+                    if top < 0:
+                        raise RuntimeError("prefix pool: more hashed blocks than blocks")
+                    self._top = top
+                    number = ~s
+                    s = stack[top]
+                    key = own + 2 * i
+                    if key in oldest:
+                        raise RuntimeError("prefix pool: a request's own key has a copy before its first free")
+                    oldest[key] = s
+                    youngest[key] = s
+                    keys[s] = key
+                    ref[s] = 1
+                    serial[s] = number
+                    cnext[s] = -1
+                count = ref[s] - 1
+                if count < 0:
+                    raise RuntimeError("prefix pool: freed a block nobody holds")
+                ref[s] = count
+                if count == 0:
+                    tail = self._qtail
+                    qprev[s] = tail
+                    qnext[s] = -1
+                    if tail >= 0:
+                        qnext[tail] = s
+                    else:
+                        self._qhead = s
+                    self._qtail = s
+                    freed += 1
         self.num_cached += freed
         self.num_used -= unhashed + freed
         self.num_empty += unhashed
@@ -190,61 +320,35 @@ class PrefixBlockPool:
 
     def blocks(self) -> dict[int, tuple[int, int, int]]:
         """Every hashed block in the map: slot -> (hash, reference count, serial)."""
-        blk = self._blk
-        return {s: (int(blk[self._k.KEY, s]), int(blk[self._k.REF, s]), int(blk[self._k.SERIAL, s]))
-                for s in np.flatnonzero(blk[self._k.REF] >= 0).tolist()}
+        return {s: (self._key[s], self._ref[s], self._serial[s]) for s in range(len(self._ref)) if self._ref[s] >= 0}
 
     def free_queue(self) -> list[int]:
         """The cached blocks' slots in eviction order, front first (checking the links both ways)."""
-        blk, state = self._blk, self._state
         out: list[int] = []
-        s, prev = int(state[self._k.QHEAD]), -1
+        s, prev = self._qhead, -1
         while s >= 0:
-            assert blk[self._k.QPREV, s] == prev and len(out) <= self.num_blocks, "free queue links"
+            assert self._qprev[s] == prev and len(out) <= self.num_blocks, "free queue links"
             out.append(s)
-            prev, s = s, int(blk[self._k.QNEXT, s])
-        assert prev == state[self._k.QTAIL], "free queue tail"
+            prev, s = s, self._qnext[s]
+        assert prev == self._qtail, "free queue tail"
         return out
 
     def copies_of(self, key: int) -> list[int]:
         """The slots of the blocks carrying ``key``, oldest first."""
-        row = int(self._k.find_row(self._tab, self._state, key))
-        if row < 0:
-            return []
         out: list[int] = []
-        blk, s = self._blk, int(self._tab[self._k.THEAD, row])
+        s = self._oldest.get(key, -1)
         while s >= 0:
-            assert blk[self._k.KEY, s] == key and blk[self._k.REF, s] >= 0 and len(out) <= self.num_blocks, "copy chain"
+            assert self._key[s] == key and self._ref[s] >= 0 and len(out) <= self.num_blocks, "copy chain"
             out.append(s)
-            s = int(blk[self._k.CNEXT, s])
-        assert out[-1] == self._tab[self._k.TTAIL, row], "copy chain tail"
+            s = self._cnext[s]
+        assert not out or out[-1] == self._youngest[key], "copy chain tail"
         return out
 
     def all_copies(self) -> dict[int, list[int]]:
-        """Hash -> slots carrying it, oldest first, for every hash in the map (each found by probing, once)."""
-        tab = self._tab
-        keys = tab[self._k.TKEY, tab[self._k.THEAD] >= 0].tolist()
-        assert len(set(keys)) == len(keys), "a hash in two rows"
-        out = {key: self.copies_of(key) for key in keys}
-        stack = self._blk[self._k.STACK, :int(self._state[self._k.TOP])].tolist()
+        """Hash -> slots carrying it, oldest first, for every hash in the map."""
+        assert self._oldest.keys() == self._youngest.keys(), "a hash with an oldest copy and no youngest, or back"
+        out = {key: self.copies_of(key) for key in self._oldest}
+        stack = self._stack[:self._top]
         assert sorted(stack + [s for held in out.values() for s in held]) == list(range(self.num_blocks)), \
             "every slot is on the stack or carries a hash, once"
         return out
-
-
-#: The shared keys of a request past them.
-_NONE = np.zeros(0, dtype=np.int64)
-
-
-def _shared(req: Request) -> np.ndarray:
-    """``req.prefix_keys`` as an int64 array (made once per request)."""
-    keys = req.prefix_array
-    if keys is None:
-        keys = req.prefix_array = np.array(req.prefix_keys, dtype=np.int64)
-    return keys
-
-
-def _kernels() -> Any:
-    from sim.engine import _prefix_kernels
-
-    return _prefix_kernels

@@ -8,15 +8,13 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
-import numpy as np
-
 from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 
 
-#: No prefix-cache hits (a unique prompt's admission; PrefixBlockPool.lookup returns hits as int64 arrays).
-_NO_HITS = np.zeros(0, dtype=np.int64)
+#: No prefix-cache hits (a unique prompt's admission; PrefixBlockPool.lookup returns hits as a list of block ids).
+_NO_HITS: list[int] = []
 
 
 class V1Scheduler(BaseScheduler):
@@ -147,7 +145,7 @@ class V1Scheduler(BaseScheduler):
         )
         return out
 
-    def _take_blocks(self, req: Request, hit_ids: np.ndarray, gpu_hit: int, total: int, computed: int) -> None:
+    def _take_blocks(self, req: Request, hit_ids: list[int], gpu_hit: int, total: int, computed: int) -> None:
         """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
         pool = self.pool
         if self.blocks_hashed:

@@ -1,5 +1,5 @@
 """The accelerated engine (mypyc's compiled modules, sim/_compiled.py, and numba's kernels,
-sim/engine/_column_kernels.py, _prefix_kernels.py, _lru_kernels.py) decides exactly as the pure-Python sources do.
+sim/engine/_column_kernels.py) decides exactly as the pure-Python sources do.
 
 Every other engine test runs the compiled engine when it is built (CI builds it: ``pip install -e .``).  Here the
 same runs go through both: the accelerated engine in this process, the pure-Python one in a subprocess with
