@@ -60,7 +60,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.tp != 1:
         knobs.setdefault("tensor_parallel_size", str(args.tp))
     config = EngineConfig.from_dict(knobs, where="--set")
-    from sim.latency import add_client_latency, read_profile
+    from sim.latency import add_client_latency, read_profile, with_client_timeouts
 
     profile = read_profile(args.profile) if args.profile else None
     model = load_model(args.model or (profile and profile.model) or "Llama-3-8B", field="--model")
@@ -74,6 +74,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         workload = workload.head(args.max_requests)
     if args.rate_scale != 1.0:
         workload = workload.scale_rate(args.rate_scale)
+    # The profile's client-side latency is added to every token below; a client timeout counts it too, so the
+    # engine is simulated with each timeout shortened by it (a finished request's client E2E stays within it).
+    client_s = profile.client_offset_s if profile else 0.0
+    workload = with_client_timeouts(workload, client_s)
 
     # tqdm's bar on a terminal, erased at the end; a plain line every 10 s in a log (optimizer/_progress.py)
     bar = CountProgress(len(workload), "req", every_s=10.0, desc="  simulating")
@@ -103,7 +107,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     del steps
     # What a client sees: the profile's client-side latency (HTTP, API server) on every token, as the real-engine
     # benchmark predicts (sim.latency.add_client_latency, issue 32).
-    client_s = profile.client_offset_s if profile else 0.0
     requests = result.requests = add_client_latency(result.requests, client_s)
     summary = summarize(requests, step_totals, workload.classes)
     with atomic_write(out / "requests.parquet") as tmp:

@@ -60,6 +60,26 @@ def add_client_latency(requests, offset_s: float):
     return out
 
 
+#: What :func:`with_client_timeouts` leaves of a timeout at least (a class's timeout must stay positive).
+MIN_CLIENT_TIMEOUT_S = 1e-3
+
+
+def with_client_timeouts(workload, offset_s: float):
+    """``workload`` as the engine serves it for clients that see every token ``offset_s`` later
+    (:func:`add_client_latency`): each class's client timeout shortened by ``offset_s`` (at least
+    :data:`MIN_CLIENT_TIMEOUT_S` left).  A request the simulation then finishes is one whose client, seeing its last
+    token ``offset_s`` later, had not given up (a finished request's client-side E2E never exceeds its timeout), and
+    one the client gave up on frees its KV blocks when the client's deadline reaches the engine.  The workload
+    itself when ``offset_s`` is 0 or no class has a timeout."""
+    classes = getattr(workload, "classes", None) or {}
+    if not offset_s or not any(c.timeout_s is not None for c in classes.values()):
+        return workload
+    shortened = {name: c if c.timeout_s is None else
+                 dataclasses.replace(c, timeout_s=max(MIN_CLIENT_TIMEOUT_S, c.timeout_s - offset_s))
+                 for name, c in classes.items()}
+    return dataclasses.replace(workload, classes=shortened)
+
+
 def _client_offset(data: dict, path: Path) -> float:
     """``fit.client_latency.offset_s`` of a profile document (0 when absent); a bad value is a ConfigError."""
     fit = data.get("fit")
