@@ -135,12 +135,14 @@ def precision_problem(device: GpuProfile, engine: Mapping[str, Any]) -> str | No
     return None
 
 
-def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> str | None:
+def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str,
+                    resolved: "EngineConfig | None" = None) -> str | None:
     """Why the deployment of ``knobs`` cannot start (its tensor parallelism spans more than one node of the
     device, its KV or weight precision is one the device lacks, or the weights and one max-length request do
     not fit at its tensor parallelism and precision), or
-    None.  Other invalid configs are not this function's business."""
-    from sim.engine import resolve_engine
+    None.  Other invalid configs are not this function's business.  ``resolved``: ``knobs``' engine config
+    already resolved on their device (the study's check has it), sized here without resolving it again."""
+    from sim.engine import resolve_engine, size_kv_cache
 
     engine, gpu = split_deployment(knobs)
     profile = load_model(model)
@@ -154,7 +156,10 @@ def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str) -> s
     if lacking is not None:
         return f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: {lacking}"
     try:
-        resolve_engine(engine, profile, device)
+        if resolved is None:
+            resolve_engine(engine, profile, device)
+        else:
+            size_kv_cache(profile, device, resolved)
     except ConfigError as exc:
         return (f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: "
                 f"{exc.message}")

@@ -129,8 +129,10 @@ def params_to_knobs(params: Mapping[str, Any], flavor: str) -> dict[str, Any]:
 
 
 def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int, device: Any = None
-                 ) -> tuple[dict[str, Any], str | None]:
-    """Make a drawn config one vLLM accepts, and say what changed.
+                 ) -> tuple[dict[str, Any], str | None, EngineConfig | None]:
+    """Make a drawn config one vLLM accepts, say what changed, and hand on its engine config with every default
+    filled in (``EngineConfig.resolve(check=False)``: the trial's one resolve before it runs, which the study's
+    check takes as it is; None where ``knobs`` are not engine knobs alone, e.g. a deployment lever).
 
     Every vLLM release refuses ``max_num_batched_tokens < max_num_seqs`` (``SchedulerConfig``: "must be greater than
     or equal to max_num_seqs").  A draw that breaks it gets the searched one of the two moved to the other: fewer
@@ -139,23 +141,24 @@ def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int, de
     """
     out = dict(knobs)
     try:
-        config = EngineConfig.from_dict(dict(out), "knobs")
-        # The budget the engine would use (resolved with one sequence, so that this very rule does not raise).
-        budget = config.replace(max_num_seqs=1).resolve(model_max_len, device).max_num_batched_tokens
-        seqs = config.max_num_seqs or config.resolve(model_max_len, device).max_num_seqs
+        # The budget and sequences the engine would use (without the start-up rules: this very rule would raise).
+        filled = EngineConfig.from_dict(dict(out), "knobs").resolve(model_max_len, device, check=False)
     except ConfigError:
-        return out, None
+        return out, None, None
+    budget, seqs = filled.max_num_batched_tokens, filled.max_num_seqs
     if budget is None or budget >= seqs:
-        return out, None
+        return out, None, filled
+    # Neither knob's default depends on the other (sim.engine.defaults), so the repaired config is this one with the
+    # knob moved.
     if "max_num_seqs" in searched:
         out["max_num_seqs"] = int(budget)
         return out, (f"max_num_seqs {seqs} -> {budget}: vLLM requires max_num_batched_tokens ({budget}) >= "
-                     "max_num_seqs")
+                     "max_num_seqs"), filled.replace(max_num_seqs=int(budget))
     if "max_num_batched_tokens" in searched:
         out["max_num_batched_tokens"] = int(seqs)
         return out, (f"max_num_batched_tokens {budget} -> {seqs}: vLLM requires max_num_batched_tokens >= "
-                     f"max_num_seqs ({seqs})")
-    return out, None
+                     f"max_num_seqs ({seqs})"), filled.replace(max_num_batched_tokens=int(seqs))
+    return out, None, filled
 
 
 def engine_flag_values(config: Any):

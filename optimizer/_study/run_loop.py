@@ -206,12 +206,14 @@ class _Run:
                 with phases.time("ask"):
                     trial = self._ask()
                     running += 1
+                    filled = None  # the trial's engine config, defaults filled in (repair_knobs), for the check
                     if is_default(trial):  # the engine's default config: nothing searched, nothing repaired
                         knobs = spec.fixed_knobs()
                     else:
                         params = spec.search.suggest(trial, all_knobs=self.grid)
                         knobs = {**spec.fixed_knobs(), **params_to_knobs(params, spec.flavor)}
-                        knobs, repaired = repair_knobs(knobs, params, tuner._model_max_len, tuner._device_of(knobs))
+                        knobs, repaired, filled = repair_knobs(knobs, params, tuner._model_max_len,
+                                                               tuner._device_of(knobs))
                         if repaired:
                             trial.set_user_attr("repaired", repaired)
                 key = _trial_key(trial) or _params_key(trial.params)
@@ -228,7 +230,7 @@ class _Run:
                 if key in self.elsewhere:  # another driver runs this config now: wait for its result
                     self.remote_followers.append((trial, knobs, self.elsewhere[key]))
                     continue
-                problem = tuner._check_config(knobs)
+                problem = tuner._check_config(knobs, filled)
                 if problem is not None and problem[0] == "pruned":
                     prune(study, trial, knobs, problem[1], progress)
                     self._told()

@@ -221,22 +221,25 @@ class Tuner:
             self._devices[ref] = load_gpu(ref)
         return self._devices[ref]
 
-    def _check_config(self, knobs: Mapping[str, Any]) -> tuple[str, str] | None:
+    def _check_config(self, knobs: Mapping[str, Any], filled: EngineConfig | None = None) -> tuple[str, str] | None:
         """``("error", why)`` for a config vLLM refuses, ``("pruned", why)`` for a deployment that cannot start
-        (optimizer._capacity.startup_problem), None for a config to run."""
-        engine, _ = split_deployment(knobs)
-        try:
-            config = EngineConfig.from_dict(engine, "knobs").resolve(self._model_max_len, self._device_of(knobs))
+        (optimizer._capacity.startup_problem), None for a config to run.  ``filled``: ``knobs``' engine config with
+        its defaults filled in (``repair_knobs`` made it), checked here rather than resolved again."""
+        try:  # the start-up rules (max_num_batched_tokens >= max_num_seqs, ...: EngineConfig.check_resolved)
+            if filled is None:
+                engine, _ = split_deployment(knobs)
+                config = EngineConfig.from_dict(engine, "knobs").resolve(self._model_max_len, self._device_of(knobs))
+            else:
+                config = filled
+                config.check_resolved()
         except ConfigError as exc:
             return "error", f"invalid config: {exc}"
-        if config.max_num_batched_tokens < config.max_num_seqs:
-            return "error", (f"invalid config: max_num_batched_tokens {config.max_num_batched_tokens} < max_num_seqs "
-                             f"{config.max_num_seqs} (vLLM refuses this)")
         problem = fleet_problem(knobs)
         if problem is not None:
             return "error", problem
         if self._capacity_searched:
-            problem = startup_problem(knobs, self.spec.model, self.spec.gpu)
+            # The config resolved here, sized once (no second resolve, no latency model: only whether it fits).
+            problem = startup_problem(knobs, self.spec.model, self.spec.gpu, resolved=config)
             if problem is not None:
                 return "pruned", problem
         return None

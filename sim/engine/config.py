@@ -113,9 +113,11 @@ class EngineConfig:
     def is_v1(self) -> bool:
         return self.flavor == "vllm-v1"
 
-    def resolve(self, model_max_len: int, device: Any = None) -> "EngineConfig":
+    def resolve(self, model_max_len: int, device: Any = None, *, check: bool = True) -> "EngineConfig":
         """Fill every ``None`` with the default of the config's vLLM release on ``device`` (a GpuProfile; ``None``
-        means unknown, which vLLM treats as a small device) for a model whose max length is ``model_max_len``."""
+        means unknown, which vLLM treats as a small device) for a model whose max length is ``model_max_len``;
+        then, with ``check``, apply the start-up rules across fields (:meth:`check_resolved`).  ``check=False``:
+        the defaults a config would run with, for code that repairs a config those rules refuse."""
         from sim.engine.defaults import engine_defaults
 
         max_model_len = self.max_model_len or model_max_len
@@ -142,37 +144,42 @@ class EngineConfig:
                 async_scheduling=base.async_scheduling if self.async_scheduling is None else self.async_scheduling,
             )
         else:
-            chunked = base.enable_chunked_prefill
             resolved = dataclasses.replace(
                 self,
                 **common,
                 enable_prefix_caching=False,
-                enable_chunked_prefill=chunked,
+                enable_chunked_prefill=base.enable_chunked_prefill,
                 preemption_mode=self.preemption_mode or "recompute",
                 swap_space_gb=4.0 if self.swap_space_gb is None else self.swap_space_gb,
             )
-            # vLLM 0.8.5 config.py (SchedulerConfig._verify_args): without chunked prefill the budget must
-            # hold a whole max-length prompt.
-            if not chunked and resolved.max_num_batched_tokens < max_model_len:
-                raise ConfigError(
-                    "max_num_batched_tokens",
-                    f"{resolved.max_num_batched_tokens} is smaller than max_model_len {max_model_len}; "
-                    "V0 without chunked prefill needs it at least as large (enable_chunked_prefill=true or raise it)",
-                )
+        if check:
+            resolved.check_resolved()
+        return resolved
+
+    def check_resolved(self) -> None:
+        """The rules vLLM's start-up applies across the fields of a resolved config (ConfigError naming the field)."""
+        max_model_len = self.max_model_len
+        # vLLM 0.8.5 config.py (SchedulerConfig._verify_args): V0 without chunked prefill needs a budget that
+        # holds a whole max-length prompt.
+        if not self.is_v1 and not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"{self.max_num_batched_tokens} is smaller than max_model_len {max_model_len}; "
+                "V0 without chunked prefill needs it at least as large (enable_chunked_prefill=true or raise it)",
+            )
         # Both engines refuse to start with fewer batched tokens than sequences (V0 config.py
         # SchedulerConfig._verify_args; V1 config/scheduler.py validator), and V1 a prefill cap above the
         # longest sequence.
-        if resolved.max_num_batched_tokens < resolved.max_num_seqs:
+        if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max_num_batched_tokens",
-                f"{resolved.max_num_batched_tokens} is smaller than max_num_seqs {resolved.max_num_seqs} (vLLM refuses this)",
+                f"{self.max_num_batched_tokens} is smaller than max_num_seqs {self.max_num_seqs} (vLLM refuses this)",
             )
-        if resolved.is_v1 and resolved.long_prefill_token_threshold > max_model_len:
+        if self.is_v1 and self.long_prefill_token_threshold > max_model_len:
             raise ConfigError(
                 "long_prefill_token_threshold",
-                f"{resolved.long_prefill_token_threshold} exceeds max_model_len {max_model_len} (vLLM refuses this)",
+                f"{self.long_prefill_token_threshold} exceeds max_model_len {max_model_len} (vLLM refuses this)",
             )
-        return resolved
 
     # ------------------------------------------------------------------------------------------------
     def _check(self) -> None:

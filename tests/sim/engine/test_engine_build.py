@@ -102,3 +102,47 @@ def test_a_plan_makes_fresh_cores():
         build_engine(plan, coefficients=object())
     with pytest.raises(ValueError):
         build_engine(plan, load_model("Llama-2-7B"))
+
+
+def _study_counts(calls, tmp_path, trials: list[dict]) -> Counter:
+    """The calls a study of ``trials`` (enqueued, in-process) makes, set-up and export excluded: driver and worker."""
+    import io
+
+    from optimizer import InProcessExecutor, StudySpec, Tuner, open_study, prepare
+
+    counts, _ = calls
+    spec = StudySpec.from_dict({
+        "name": "one-build", "workload": {**WORKLOAD, "classes": {"conv": {}}}, "model": "Llama-2-7B", "gpu": "L40S",
+        "engine": {"max_model_len": 4096}, "objectives": ["output_tokens_per_s"],
+        "search": {"base": "none", "max_num_seqs": [32, 64, 1024], "max_num_batched_tokens": [512, 2048]},
+        "budget": {"trials": len(trials)}, "sampler": {"name": "tpe", "seed": 0}})
+    storage = f"sqlite:///{tmp_path / f'study{len(trials)}.db'}"
+    study = open_study(prepare(spec), storage)
+    for params in trials:
+        study.enqueue_trial(params)
+    counts.clear()
+    Tuner(spec, storage=storage, executor=InProcessExecutor(), progress=io.StringIO()).run()
+    return Counter(counts)
+
+
+def test_a_study_trial_resolves_once_before_it_runs_and_builds_once(calls, tmp_path):
+    """From the drawn parameters to the scheduler: the study's driver fills the config's defaults once (to repair a
+    draw vLLM would refuse, then to check it: ``repair_knobs`` hands its config to ``Tuner._check_config``), and the
+    trial's run resolves, sizes and picks its latency model once (``SimBackend.run_one``).  Before, the driver
+    resolved two or three times per trial.  Two studies that differ by two trials (one repaired) differ by those."""
+    few = _study_counts(calls, tmp_path, [{"max_num_seqs": 64, "max_num_batched_tokens": 512}])
+    more = _study_counts(calls, tmp_path, [{"max_num_seqs": 64, "max_num_batched_tokens": 512},
+                                           {"max_num_seqs": 1024, "max_num_batched_tokens": 512},  # repaired
+                                           {"max_num_seqs": 32, "max_num_batched_tokens": 2048}])
+    per_two_trials = {name: more[name] - few[name] for name in ("resolve", "size_kv_cache", "roofline_for")}
+    assert per_two_trials == {"resolve": 2 * 2, "size_kv_cache": 2, "roofline_for": 2}
+
+
+def test_the_startup_check_sizes_a_resolved_config_without_resolving_it(calls):
+    from optimizer._capacity import startup_problem
+
+    counts, _ = calls
+    config = EngineConfig.from_dict(KNOBS, "knobs").resolve(4096, load_gpu("L40S"))
+    counts.clear()
+    assert startup_problem(KNOBS, "Llama-2-7B", "L40S", resolved=config) is None
+    assert counts == {"size_kv_cache": 1}
