@@ -266,7 +266,7 @@ def format_summary(summary: dict, loop: dict | None) -> list[str]:
 #: throughput is the offered load; above it (client timeouts) it is set by which requests time out.
 ENGINE_BOUND_ELASTICITY = (0.8, 1.25)
 #: The step-speed factors the diagnosis searches for the one that reproduces a cell's measured throughput.
-SPEED_RANGE = (0.4, 2.5)
+SPEED_RANGE = (0.1, 10.0)
 #: The relative step of the finite-difference elasticities.
 ELASTICITY_STEP = 1.1
 DIAGNOSED = ("output_tok_s", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
@@ -391,6 +391,11 @@ def diagnose_summary(cells: list[dict], rows: list[dict]) -> dict:
     return out
 
 
+def _span(values) -> str:
+    v = [x for x in values if x == x]
+    return f"{min(v):.2f}-{max(v):.2f}" if v else "none"
+
+
 def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
     lines = ["| config | workload | batch | E2E50 elasticity | tok/s err | E2E50 err | engine-bound: speed | "
              "E2E50 err at speed | E2E99 err at speed | E2E50 err, no client latency |", "|" + "---|" * 10]
@@ -414,11 +419,10 @@ def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
               f"{s['engine_bound_median_abs_err_at_speed']['e2e_p99']:.1%}, TTFT p50 "
               f"{s['engine_bound_median_abs_err']['ttft_p50']:.1%} -> "
               f"{s['engine_bound_median_abs_err_at_speed']['ttft_p50']:.1%})",
-              f"matched speeds {min(s['speeds']):.2f}-{max(s['speeds']):.2f} (sd of their log "
+              f"matched speeds {_span(s['speeds'])} (sd of their log "
               f"{s['cell_speed_log_sd']:.3f}); Spearman with the running batch {s['spearman_speed_batch']:+.2f}, with "
               f"the runs' CPU share {s['spearman_speed_share']:+.2f}",
-              f"per run, measured / predicted tok/s {s['per_run_tok_ratio_range'][0]:.2f}-"
-              f"{s['per_run_tok_ratio_range'][1]:.2f}; sd of its log within a cell "
+              f"per run, measured / predicted tok/s {_span(s['per_run_tok_ratio_range'])}; sd of its log within a cell "
               f"{s['per_run_log_sd_within_cells']:.3f}",
               f"without the client latency: median |error| E2E p50 {s['median_abs_err_no_client']['e2e_p50']:.1%}, "
               f"TTFT p50 {s['median_abs_err_no_client']['ttft_p50']:.1%} (as reported: "
@@ -428,10 +432,11 @@ def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
     return lines
 
 
-def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu):
+def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level: float = 1.0):
     """``predict(speed, client_offset)`` for :func:`diagnose_cell`: each run of ``row`` simulated as ``run.py
     --scale`` does (same seeds, the dedicated-core coefficients at the run's CPU share), every step ``speed`` times
-    as fast, pooled as :func:`cell` pools them; ``batch`` from the step table."""
+    as fast (and ``level`` times, for every cell alike), pooled as :func:`cell` pools them; ``batch`` from the
+    step table."""
     import run as bench  # the benchmark's simulation of a run (run.py imports this module; this is the other way)
     from replay.calibrate import ClientLatency, at_cpu_share, with_client_latency
     from sim.runner import simulate
@@ -446,7 +451,7 @@ def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu):
             runs, batch = [], []
             for run in row["runs"]:
                 res = simulate(workload, cfg.engine_config(), model, gpu, seed=run["rep"], record_steps=True,
-                               coefficients=at_cpu_share(dedicated, run["engine_cpu_share"] * speed),
+                               coefficients=at_cpu_share(dedicated, run["engine_cpu_share"] * speed * level),
                                hash_block_tokens=workload.hash_block_tokens)
                 req = with_client_latency(res.requests, ClientLatency(offset_s=offset_s if client is None else client))
                 runs.append({"metrics": bench.predicted_metrics(req), "requests": req})
@@ -487,8 +492,14 @@ def diagnose_main(argv=None) -> int:
     ap.add_argument("--profile", type=Path, default=here / "measurements" / "scale-profile.yaml",
                     help="the profile the report used (default measurements/scale-profile.yaml)")
     ap.add_argument("--model", required=True, help="the HF model folder the report simulated (its config.json)")
+    ap.add_argument("--speed", type=float, default=1.0,
+                    help="one step-speed factor for every run (default 1: each run at its CPU share); for a profile "
+                         "whose CPU share was not measured, to compare its shape across cells at a common level")
     ap.add_argument("--out", type=Path, default=None, help="write the diagnosis as JSON here")
     args = ap.parse_args(argv)
+    if not (args.speed > 0 and math.isfinite(args.speed)):
+        print(f"scale.py: --speed: a positive number, got {args.speed}", file=sys.stderr)
+        return 2
     try:
         try:
             doc = json.loads(args.report.read_text())
@@ -510,12 +521,13 @@ def diagnose_main(argv=None) -> int:
         print(f"scale.py: {exc}", file=sys.stderr)
         return 2
     offset = float(prof.client_offset_s)  # the profile's, as run.py --scale adds it
-    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu)) for r in rows]
+    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu, args.speed)) for r in rows]
     summary = diagnose_summary(cells, rows)
     print("\n".join(format_diagnosis(cells, summary)))
     if args.out:
         args.out.write_text(json.dumps({"report": str(args.report), "profile": str(args.profile),
-                                        "client_offset_s": offset, "cells": cells, "summary": summary},
+                                        "client_offset_s": offset, "speed": args.speed, "cells": cells,
+                                        "summary": summary},
                                        indent=1, default=float) + "\n")
         print(f"wrote {args.out}")
     return 0

@@ -101,3 +101,10 @@ def test_a_report_that_cannot_be_read_is_one_line_and_exit_2(scale, tmp_path, ca
     assert scale.diagnose_main(["--report", str(bad), "--model", "unused"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bad) in err, err
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "-1"])
+def test_a_bad_speed_is_one_line_and_exit_2(scale, capsys, value):
+    assert scale.diagnose_main(["--speed", value, "--model", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--speed" in err, err
