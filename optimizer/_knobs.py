@@ -132,7 +132,9 @@ def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int, de
                  ) -> tuple[dict[str, Any], str | None, EngineConfig | None]:
     """Make a drawn config one vLLM accepts, say what changed, and hand on its engine config with every default
     filled in (``EngineConfig.resolve(check=False)``: the trial's one resolve before it runs, which the study's
-    check takes as it is; None where ``knobs`` are not engine knobs alone, e.g. a deployment lever).
+    check takes as it is; None where the engine knobs do not make a config).  A trial's deployment levers
+    (``gpu``, ``replicas``, ``router``, ``router.<param>``: :func:`split_deployment`) are set aside for the repair
+    and handed back as drawn; ``device`` is the one the ``gpu`` lever names.
 
     Every vLLM release refuses ``max_num_batched_tokens < max_num_seqs`` (``SchedulerConfig``: "must be greater than
     or equal to max_num_seqs").  A draw that breaks it gets the searched one of the two moved to the other: fewer
@@ -140,9 +142,10 @@ def repair_knobs(knobs: Mapping[str, Any], searched: Any, model_max_len: int, de
     budget is searched.  Other invalid draws are left for the caller to fail.
     """
     out = dict(knobs)
+    engine, _ = split_deployment(out)  # the levers are no EngineConfig fields: from_dict would refuse them
     try:
         # The budget and sequences the engine would use (without the start-up rules: this very rule would raise).
-        filled = EngineConfig.from_dict(dict(out), "knobs").resolve(model_max_len, device, check=False)
+        filled = EngineConfig.from_dict(engine, "knobs").resolve(model_max_len, device, check=False)
     except ConfigError:
         return out, None, None
     budget, seqs = filled.max_num_batched_tokens, filled.max_num_seqs

@@ -178,6 +178,24 @@ def test_draws_vllm_would_refuse_are_repaired(tmp_path):
     assert untouched.user_attrs["knobs"]["max_num_seqs"] == 64 and "repaired" not in untouched.user_attrs
 
 
+def test_draws_with_a_deployment_lever_are_repaired_too(tmp_path):
+    # A searched capacity lever (replicas, gpu, router) is not an engine knob: the repair looks at the engine knobs
+    # alone and leaves the lever as drawn, so the draw runs repaired rather than failing as an invalid config.
+    d = spec_dict(search={"base": "none", "max_num_seqs": [64, 1024], "max_num_batched_tokens": [512, 2048],
+                          "replicas": [1, 2]},
+                  budget={"trials": 1})
+    d["workload"]["max_requests"] = 60
+    spec = StudySpec.from_dict(d)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study(prepare(spec), storage)
+    study.enqueue_trial({"max_num_seqs": 1024, "max_num_batched_tokens": 512, "replicas": 2})
+    result = Tuner(spec, storage=storage, executor=InProcessExecutor(), progress=io.StringIO()).run()
+    (trial,) = optuna.load_study(study_name=spec.name, storage=storage).trials
+    assert result.complete == 1, trial.user_attrs.get("fail_reason")
+    assert trial.user_attrs["knobs"]["max_num_seqs"] == 512 and trial.user_attrs["knobs"]["replicas"] == 2
+    assert trial.user_attrs["repaired"].startswith("max_num_seqs 1024 -> 512")
+
+
 class ColdBackend(TrialBackend):
     """Test-only: a backend that takes 3 s to arrive on a worker (unpickling), then runs 0.2 s, reporting the
     worker's niceness."""
