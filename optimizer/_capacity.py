@@ -142,7 +142,8 @@ def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str,
     not fit at its tensor parallelism and precision), or
     None.  Other invalid configs are not this function's business.  ``resolved``: ``knobs``' engine config
     already resolved on their device (the study's check has it), sized here without resolving it again."""
-    from sim.engine import resolve_engine, size_kv_cache
+    from sim.engine import size_kv_cache
+    from sim.engine.build import size_engine
 
     engine, gpu = split_deployment(knobs)
     profile = load_model(model)
@@ -157,7 +158,7 @@ def startup_problem(knobs: Mapping[str, Any], model: str, default_gpu: str,
         return f"cannot start: {profile.name} on {deployment_of(knobs, default_gpu).describe()}: {lacking}"
     try:
         if resolved is None:
-            resolve_engine(engine, profile, device)
+            size_engine(engine, profile, device)
         else:
             size_kv_cache(profile, device, resolved)
     except ConfigError as exc:
@@ -261,7 +262,7 @@ def check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: 
     device, saying which; else the device (``gpu``, or ``search.gpu``); a cache that holds the weights but not
     one max-length request, ``engine.max_model_len`` (or the ``num_gpu_blocks_override`` that the spec fixed or
     searched)."""
-    from sim.engine import resolve_engine
+    from sim.engine.build import size_engine  # resolve and size: whether it fits needs no latency model
 
     best: dict[str, Any] = {}
     for domain in search.domains:
@@ -292,7 +293,7 @@ def check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: 
             continue
         at_device = config.replace(**{k: "fp8" if "fp8" in c else c[0] for k, c in own.items()})
         try:
-            resolve_engine(at_device.replace(tensor_parallel_size=usable[-1]), model, device)
+            size_engine(at_device.replace(tensor_parallel_size=usable[-1]), model, device)
             return
         except ConfigError as exc:
             why = exc.message.split("; raise ")[0].split("; lower ")[0]
@@ -318,7 +319,7 @@ def check_model_fits(fixed: EngineConfig, search: SearchSpace, model: Any, gpu: 
     for device, tried, _, _, tried_config in problems:
         for size in (s for s in TP_SIZES if tried < s <= device.gpus_per_node):
             try:
-                resolve_engine(tried_config.replace(tensor_parallel_size=size), model, device)
+                size_engine(tried_config.replace(tensor_parallel_size=size), model, device)
             except ConfigError:
                 continue
             fits_at.append(f"TP {size} on {device.name}")

@@ -5,7 +5,18 @@ config is resolved, sized and given a latency model once.
 
 :func:`resolve_engine` does the cheap, shareable part (an :class:`EnginePlan`: no mutable state); a plan makes as
 many fresh cores as wanted (:meth:`EnginePlan.build`), e.g. one per replica of a fleet.  :func:`build_engine` is
-both in one call.
+both in one call.  :func:`size_engine` is the first two steps alone (resolve and size, no latency model): the
+start-up checks that only ask whether a config fits (``optimizer._capacity``: the spec's ``check_model_fits``
+and a trial's ``startup_problem``) use it, and :func:`resolve_engine` is it plus the latency model.
+
+Two places fill a config's defaults with ``EngineConfig.resolve`` alone, on purpose, because they build no
+engine: the spec's check of its fixed ``engine:`` section (``optimizer/_spec.py``: vLLM's field rules such as
+``max_num_batched_tokens >= max_num_seqs`` on the knobs as written; sizing them would be wrong, since the search
+changes the memory knobs and ``check_model_fits`` sizes the most generous config the search allows), and a
+calibration's record of the knobs a real server was started with (``replay/calibration/probes.py``: the server
+is the engine; the record is re-resolved and built here when ``kvtune calibrate`` fits it).  A study's driver
+fills a trial's defaults once to repair and check it (``optimizer._knobs.repair_knobs``, ``check=False``).
+``tests/sim/engine/test_engine_build.py`` counts the resolves, sizings and latency models of each path.
 """
 
 from __future__ import annotations
@@ -108,11 +119,18 @@ def resolve_engine(
     """Resolve ``config`` (an EngineConfig or its knobs) for ``model`` on ``gpu``, size its KV cache (ConfigError
     if the model does not fit or the cache cannot hold one max-length request) and pick its latency model:
     ``latency`` if given, else the roofline with ``coefficients``.  Each is done once, here."""
+    resolved, sizing = size_engine(config, model, gpu)
+    return EnginePlan(resolved, sizing, latency or roofline_for(resolved, model, gpu, coefficients), model, gpu)
+
+
+def size_engine(config: ConfigSource, model: ModelProfile, gpu: GpuProfile) -> tuple[EngineConfig, KVSizing]:
+    """``(resolved config, KV geometry)`` of ``config`` (an EngineConfig or its knobs) for ``model`` on ``gpu``:
+    :func:`resolve_engine` without the latency model, for a check of whether the config starts (ConfigError if
+    the model does not fit or the cache cannot hold one max-length request)."""
     if not isinstance(config, EngineConfig):
         config = EngineConfig.from_dict(dict(config), "knobs")
     resolved = config.resolve(model.max_model_len, gpu)
-    sizing = size_kv_cache(model, gpu, resolved)
-    return EnginePlan(resolved, sizing, latency or roofline_for(resolved, model, gpu, coefficients), model, gpu)
+    return resolved, size_kv_cache(model, gpu, resolved)
 
 
 def build_engine(
@@ -143,4 +161,4 @@ def build_engine(
                       batch_decode_runs=batch_decode_runs, observer=observer)
 
 
-__all__ = ["BuiltEngine", "ConfigSource", "EnginePlan", "build_engine", "resolve_engine", "roofline_for"]
+__all__ = ["BuiltEngine", "ConfigSource", "EnginePlan", "build_engine", "resolve_engine", "roofline_for", "size_engine"]

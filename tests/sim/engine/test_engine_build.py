@@ -150,3 +150,19 @@ def test_the_startup_check_sizes_a_resolved_config_without_resolving_it(calls):
     counts.clear()
     assert startup_problem(KNOBS, "Llama-2-7B", "L40S", resolved=config) is None
     assert counts == {"size_kv_cache": 1}
+
+
+def test_the_spec_start_up_check_resolves_the_fixed_engine_once_and_sizes_without_a_latency_model(calls):
+    """A study spec's start-up: its fixed ``engine:`` section is resolved once for vLLM's field rules (no sizing:
+    the search changes the memory knobs), and ``check_model_fits`` resolves and sizes the most generous config the
+    search allows once (``size_engine``: no latency model), on the first device that fits."""
+    from optimizer import StudySpec
+
+    counts, _ = calls
+    for search in ({"base": "none", "max_num_seqs": [32, 64]},
+                   {"base": "none", "max_num_seqs": [32, 64], "gpu": ["L40S", "H100-SXM"]}):
+        counts.clear()
+        StudySpec.from_dict({"name": "start-up", "workload": {**WORKLOAD, "classes": {"conv": {}}},
+                             "model": "Llama-2-7B", "gpu": "L40S", "engine": {"max_model_len": 4096},
+                             "search": search, "budget": {"trials": 2}})
+        assert counts == {"resolve": 2, "size_kv_cache": 1}, search
