@@ -442,11 +442,21 @@ class DynamoKV(Router):
         "ttl_s": Param(120.0, 0.0, math.inf, low_open=True),
     }
 
+    #: From this many replicas a decision's costs are one numpy pass (:meth:`_costs_array`, a near-constant cost),
+    #: below it one worker at a time (:meth:`_costs_scan`, cheaper for a few); both give the same values.
+    VECTOR_FROM = 16
+
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         super().__init__(num_replicas, seed, **params)
         self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
-        self.prefill_tokens = [0] * num_replicas
-        self.active_blocks = [0] * num_replicas
+        self._vector = (num_replicas >= self.VECTOR_FROM and math.isfinite(self.prefill_load_scale)
+                        and math.isfinite(self.overlap_credit))
+        #: Per worker (arrays where the costs are, lists where the scan reads them).
+        self.prefill_tokens: list[int] | np.ndarray = [0] * num_replicas
+        self.active_blocks: list[int] | np.ndarray = [0] * num_replicas
+        if self._vector:
+            self.prefill_tokens = np.zeros(num_replicas, dtype=np.int64)
+            self.active_blocks = np.zeros(num_replicas, dtype=np.int64)
         #: index -> (replica, prefill tokens still counted, blocks)
         self._live: dict[int, list[int]] = {}
 
@@ -455,19 +465,50 @@ class DynamoKV(Router):
         prompt = request.prompt_tokens
         new_blocks = -(-prompt // bs)
         hashes, now = request.block_hashes, request.arrival_s
-        overlaps = [index.match(hashes, now, self.ttl_s) for index in self.indexes]
-        costs = []
-        for w in range(self.num_replicas):
-            prefill = (self.prefill_tokens[w] + prompt) / bs
-            decode = self.active_blocks[w] + new_blocks
-            costs.append(self.prefill_load_scale * max(0.0, prefill - self.overlap_credit * overlaps[w]) + decode)
-        chosen = self._pick_min(costs)
+        if hashes:
+            overlaps = [index.match(hashes, now, self.ttl_s) for index in self.indexes]
+        else:  # no block can match
+            overlaps = [0] * self.num_replicas
+        if self._vector:
+            costs = self._costs_array(prompt, bs, new_blocks, overlaps if hashes else None)
+            ties = (costs == costs.min()).nonzero()[0]  # _pick_min's ties, in index order
+            chosen = int(ties[0]) if len(ties) == 1 else int(ties[self.rng.integers(len(ties))])
+        else:
+            chosen = self._pick_min(self._costs_scan(prompt, bs, new_blocks, overlaps))
         uncached = max(0, prompt - overlaps[chosen] * bs)
         self.prefill_tokens[chosen] += uncached
         self.active_blocks[chosen] += new_blocks
         self._live[request.index] = [chosen, uncached, new_blocks]
         self.indexes[chosen].insert(hashes, now)
         return chosen
+
+    def _costs_array(self, prompt: int, bs: int, new_blocks: int, overlaps: Sequence[int] | None) -> np.ndarray:
+        """:meth:`_costs_scan` as one array: the scan's float operations in its order (int sums exact, then one
+        division, the credit, max with 0, the scale, the decode blocks), so the same values and the same ties.
+        Finite parameters only (``inf * 0`` is a NaN that the scan's ``max(0.0, .)`` drops).  ``overlaps`` None:
+        none (a worker's credit times 0 subtracts 0.0, which changes no value)."""
+        costs = (self.prefill_tokens + prompt) / bs
+        if overlaps is not None:
+            credit = self.overlap_credit
+            for w, blocks in enumerate(overlaps):
+                if blocks:
+                    costs[w] -= credit * blocks
+            np.maximum(costs, 0.0, out=costs)  # without a credit every value is already >= +0.0
+        if self.prefill_load_scale != 1.0:  # x * 1.0 is x
+            costs *= self.prefill_load_scale
+        costs += self.active_blocks + new_blocks
+        return costs
+
+    def _costs_scan(self, prompt: int, bs: int, new_blocks: int, overlaps: Sequence[int]) -> list[float]:
+        """Each worker's ``worker_logit``, one at a time (the reference for the arrays in :meth:`route`)."""
+        prefill_tokens, active_blocks = self.prefill_tokens, self.active_blocks
+        scale, credit = self.prefill_load_scale, self.overlap_credit
+        costs = []
+        for w in range(self.num_replicas):
+            prefill = (prefill_tokens[w] + prompt) / bs
+            decode = active_blocks[w] + new_blocks
+            costs.append(scale * max(0.0, prefill - credit * overlaps[w]) + decode)
+        return costs
 
     def on_first_token(self, index: int, replica: int, now: float) -> None:
         entry = self._live.get(index)

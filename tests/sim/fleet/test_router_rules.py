@@ -7,9 +7,11 @@ from collections import deque
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
-from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, simulate_fleet
+from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, router_class, simulate_fleet
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from tests.sim.engine.conftest import make_workload
@@ -106,6 +108,46 @@ def test_dynamo_credits_overlap_and_charges_load():
     assert router.route(req(2, 2.0, 160, range(200, 210)), views(n=2)) != home
     router.on_complete(0, home, 3.0)
     assert router.active_blocks[home] == 20 and router.prefill_tokens[home] == 320 - 160
+
+
+_weights = st.sampled_from([0.0, 0.5, 1.0, 2.0]) | st.floats(0.0, 10.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_dynamo_costs_as_arrays_equal_the_scan(data):
+    """From DynamoKV.VECTOR_FROM workers the costs are one numpy pass; every value equals the scan's (so the same
+    minimum and the same ties), with and without overlaps, on round weights (ties) and arbitrary ones."""
+    n = 20
+    params = {"prefill_load_scale": data.draw(_weights), "overlap_credit": data.draw(_weights)}
+    vec, scan = make_router("dynamo_kv", params, n), make_router("dynamo_kv", params, n)
+    assert vec._vector
+    loads = st.lists(st.sampled_from([0, 16, 64]) | st.integers(0, 10**6), min_size=n, max_size=n)
+    prefill, active = data.draw(loads), data.draw(loads)
+    vec.prefill_tokens[:], vec.active_blocks[:] = prefill, active
+    scan.prefill_tokens, scan.active_blocks = list(prefill), list(active)
+    bs = data.draw(st.sampled_from([1, 16, 64, 7]))
+    prompt = data.draw(st.integers(1, 20_000))
+    new_blocks = -(-prompt // bs)
+    overlaps = data.draw(st.none() | st.lists(st.integers(0, 300), min_size=n, max_size=n))
+    array = vec._costs_array(prompt, bs, new_blocks, overlaps)
+    assert array.tolist() == scan._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n)
+
+
+@pytest.mark.parametrize("params", [{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}])
+def test_dynamo_fleet_routes_the_same_with_arrays_or_the_scan(monkeypatch, params):
+    """20 replicas behind dynamo_kv, shared prefixes and ties at the start: the same request table whichever way
+    the costs are computed."""
+    workload = make_workload([(0.004 * i, 64 + 16 * (i % 7), 20) for i in range(400)])
+    workload.requests["hash_ids"] = [[i % 3, 10 + i % 3, 100 + i] for i in range(400)]
+    kwargs = dict(replicas=20, router="dynamo_kv", router_params=params, hash_block_tokens=32, seed=1,
+                  latency=LinearStepModel(0.01, 1e-4))
+    config = EngineConfig(enable_prefix_caching=True)
+    arrays = simulate_fleet(workload, config, MODEL, GPU, **kwargs)
+    monkeypatch.setattr(router_class("dynamo_kv"), "VECTOR_FROM", 10**9)
+    scan = simulate_fleet(workload, config, MODEL, GPU, **kwargs)
+    pd.testing.assert_frame_equal(arrays.requests, scan.requests)
+    assert arrays.requests["replica"].nunique() > 10 and (arrays.requests["prefix_hit_tokens"] > 0).any()
 
 
 def test_session_affinity_keeps_sessions_and_balances_the_rest():
