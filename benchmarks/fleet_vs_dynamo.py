@@ -20,7 +20,7 @@ Subcommands (the one-side commands are what a whole-process timer runs, A B A B)
     python benchmarks/fleet_vs_dynamo.py compare T.jsonl [--workers 8] [--repeats 3] [--no-bytecode-cache]
 
 ``compare`` runs each side as its own process, once untimed, then A B A B (kvtune, Dynamo) ``--repeats`` times per
-router (kvtune's modules compiled to bytecode once, as Dynamo's were by ``pip install``: ``whole_process.py``;
+router (kvtune's modules compiled to bytecode once, as Dynamo's were by ``pip install``: ``bytecode_cache.py``;
 ``--no-bytecode-cache`` leaves the environment's ``PYTHONDONTWRITEBYTECODE`` as it is), and prints
 each side's median whole-process wall time (``proc s``: start-up, imports, trace, simulation) and in-process wall time
 (``sim s``: reading the trace and simulating, which Dynamo's ``run_trace_replay`` call does in one), the ratio of whole-process times pair by pair, the
@@ -157,12 +157,12 @@ def _whole(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, di
 def compare(trace: Path, workers: int, repeats: int, dynamo_py: str, bytecode: bool = True) -> None:
     import tempfile
 
-    from whole_process import kvtune_env
+    from bytecode_cache import kvtune_env
 
     me = str(Path(__file__).resolve())
     print(f"trace {trace}; {workers} workers; engine {ENGINE}; {repeats} pairs A B per router "
           f"(A: kvtune, B: Dynamo 1.6.1) after one untimed run of each; load average {os.getloadavg()[0]:.1f}")
-    # kvtune's modules compiled to bytecode once (by the untimed run), as Dynamo's venv was by pip (whole_process.py)
+    # kvtune's modules compiled to bytecode once (by the untimed run), as Dynamo's venv was by pip (bytecode_cache.py)
     cache = tempfile.TemporaryDirectory(prefix="fvd_pycache_")  # removed when compare returns
     a_env = kvtune_env(dict(os.environ), Path(cache.name)) if bytecode else None
     print(f"{'router':<24} {'side':<7} {'proc s':>7} {'sim s':>7} {'A/B proc':>8} {'reuse':>6} {'done':>6}  "
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dynamo-python", default=str(DYNAMO_PY))
     p.add_argument("--no-bytecode-cache", action="store_true",
-                   help="leave PYTHONDONTWRITEBYTECODE as it is for kvtune's side (whole_process.py)")
+                   help="leave PYTHONDONTWRITEBYTECODE as it is for kvtune's side (bytecode_cache.py)")
     opts = parser.parse_args(argv)
     if opts.cmd == "trace":
         write_trace(opts.out, opts.requests, opts.seed, opts.rate)

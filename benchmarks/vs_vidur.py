@@ -10,10 +10,10 @@ vidur.main`` plus phase timings), with the restart patch (0.0.26 asserts on any 
 
 Each run is a fresh process; its wall seconds, user+sys CPU seconds and peak RSS are the operating system's
 (``os.wait4``).  kvtune's modules are compiled to bytecode once, by its warm-up run, as Vidur's were by ``pip
-install`` (``whole_process.py``; ``--no-bytecode-cache``: as the environment has it).  One warm-up run of each
-side, then ``--pairs`` pairs in the order A (kvtune) B (Vidur) A B ...; the ratio is Vidur's figure over kvtune's,
-pair by pair.  Vidur needs its predictors trained once per (profiles,
-TP, block size, grid), cached in ``--vidur-cache`` (make it with ../shared/tools/vidur/make_vidur_hf_cache.py and
+install`` (``bytecode_cache.py``, measured by ``whole_process.py``; ``--no-bytecode-cache``: as the environment has
+it).  One warm-up run of each side, then ``--pairs`` pairs in the order A (kvtune) B (Vidur) A B ...; the ratio
+is Vidur's figure over kvtune's, pair by pair.  Vidur needs its predictors trained once per (profiles, TP, block
+size, grid), cached in ``--vidur-cache`` (make it with ../shared/tools/vidur/make_vidur_hf_cache.py and
 run vidur_direct.sh once with the same grid): ~16.5 min on 2 quiet cores with Vidur's default grid of 27 random
 forests per operator, much less with ``--forest`` one point (the default: 500 trees, depth 16, split 2, the point
 the full grid picked for the first operator it trained here).  The grid changes the predictions' fit, not the
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from whole_process import kvtune_env
+from bytecode_cache import kvtune_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT.parent / "shared" / "tools" / "vidur"
@@ -113,7 +113,7 @@ def timed(cmd: list[str], env: dict, cwd: Path, log: Path) -> dict:
 def run_kvtune(trace: Path, folder: Path, flavor: str, n: int, bytecode: bool = True) -> dict:
     out = folder / f"kv{n}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if bytecode:  # compiled once, as Vidur's venv was by pip (whole_process.py)
+    if bytecode:  # compiled once, as Vidur's venv was by pip (bytecode_cache.py)
         env = kvtune_env(env, folder / "pycache")
     r = timed(kvtune_cmd(trace, out, flavor), env, ROOT, folder / f"kv{n}.log")
     summary = json.loads((out / "summary.json").read_text())
@@ -151,7 +151,7 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=None, help="the first N requests of the trace (default all)")
     p.add_argument("--no-bytecode-cache", action="store_true",
                    help="leave PYTHONDONTWRITEBYTECODE as it is: where it is set, every kvtune run compiles its "
-                        "modules from source (by default they are compiled once, whole_process.py)")
+                        "modules from source (by default they are compiled once, bytecode_cache.py)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="vs_vidur_") as tmp:
         folder = Path(tmp)

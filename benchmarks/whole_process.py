@@ -1,13 +1,5 @@
-"""The environment a peer benchmark's kvtune process runs in (``vs_vidur.py``, ``fleet_vs_dynamo.py``).
-
-A peer (Vidur, Dynamo) runs from a venv that ``pip install`` filled with compiled bytecode (``__pycache__``), so its
-process unmarshals its modules.  kvtune runs from this checkout, whose bytecode Python writes beside the sources on
-first import, unless ``PYTHONDONTWRITEBYTECODE`` is set (as in some sandboxes and CI images): then every kvtune
-process compiles its ~55 modules from source again, ~0.1 CPU s that an installed kvtune never pays.
-:func:`kvtune_env` gives the kvtune side the same footing: bytecode written once (by the benchmark's untimed warm-up
-run) to ``cache`` and read from there, never into the checkout.
-
-Run as a script, it times the Vidur comparison's kvtune side in two checkouts, A B A B (:func:`main`):
+"""The Vidur comparison's kvtune side (``vs_vidur.py``), whole process, in two checkouts, A B A B: what the bytecode
+cache that ``bytecode_cache.kvtune_env`` gives the peer benchmarks' kvtune side saves (:func:`main`):
 
     python benchmarks/whole_process.py --base OTHER_CHECKOUT [--pairs 8] [--base-from-source]
 """
@@ -15,13 +7,6 @@ Run as a script, it times the Vidur comparison's kvtune side in two checkouts, A
 from __future__ import annotations
 
 from pathlib import Path
-
-
-def kvtune_env(env: dict[str, str], cache: Path) -> dict[str, str]:
-    """``env`` with Python's bytecode written to and read from ``cache`` (``PYTHONPYCACHEPREFIX``)."""
-    out = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    out["PYTHONPYCACHEPREFIX"] = str(cache)
-    return out
 
 
 def main() -> None:
@@ -40,6 +25,7 @@ def main() -> None:
     import statistics
     import tempfile
 
+    from bytecode_cache import kvtune_env
     from vs_vidur import kvtune_cmd, timed, write_traces
 
     p = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0])
