@@ -21,7 +21,8 @@ Blocks without a hash are interchangeable, so they are only counted (``num_empty
 pool's blocks): per slot its hash, its reference count (0: in the free queue; -1: the slot carries no block), its
 serial (when it was hashed: the pool's running count of hashed blocks; orders copies, names blocks in tests), its
 free queue neighbours (a doubly linked list, front = next evicted) and the next younger copy of its hash; a stack of
-the slots carrying no block; and a dict from each hash to its oldest and its youngest copy.  The loops over them
+the slots carrying no block; and a dict from each hash to its oldest copy (a new copy walks the chain to its end:
+copies of one hash are few).  The loops over them
 are compiled by mypyc (sim/_compiled.py): numba kernels over arrays did the same, but loading numba cost a cold
 process more than a 4,000-request run (benchmarks/speed/README.md, issue 34).  Keys are Python ints.
 The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for prompts that share nothing.
@@ -43,10 +44,14 @@ def block_hash(req: Request, position: int) -> int:
 
 
 def own_key(req: Request) -> int:
-    """``block_hash`` of ``req``'s own block at position 0; its own block at ``p`` has ``own_key + 2 * p``.  Distinct
-    across requests because a position stays below 2**24 (``max_model_len`` <= 10M tokens and ``block_size`` >= 8,
-    sim/engine/config.py: at most 1.25M blocks)."""
-    return (req.index << 25) | 1
+    """``block_hash`` of ``req``'s own block at position 0; its own block at ``p`` has ``own_key + 2 * p``: ``index *
+    2**25 + 1 + 2 * (offset + p)`` with an offset below 2**23, distinct across requests because a position stays
+    below 2**23 (``max_model_len`` <= 10M tokens and ``block_size`` >= 8, sim/engine/config.py: at most 1.25M blocks).
+    The offset (the index times an odd constant, mod 2**23) varies the keys' low bits from request to request: a
+    dict places an int key by its low bits, and keys that differed only from bit 25 up collided there (dict lookups
+    were 14% of the prefix case's CPU, perf, 2026-12-06)."""
+    index = req.index
+    return (index << 25) | (1 + 2 * ((index * 0x9E3779B1) & 0x7FFFFF))
 
 
 class PrefixBlockPool:
@@ -60,7 +65,7 @@ class PrefixBlockPool:
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "block_size", "_next_id",
                  "_key", "_ref", "_serial", "_qprev", "_qnext", "_cnext", "_stack", "_top", "_qhead", "_qtail",
-                 "_oldest", "_youngest")
+                 "_oldest")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -85,9 +90,8 @@ class PrefixBlockPool:
         self._top = num_blocks
         self._qhead = -1  # the free queue's front (next evicted) and back
         self._qtail = -1
-        #: Hash -> the slot of its oldest copy (the one a lookup hits) and of its youngest.
+        #: Hash -> the slot of its oldest copy (the one a lookup hits; its younger ones follow ``_cnext``).
         self._oldest: dict[int, int] = {}
-        self._youngest: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -110,33 +114,34 @@ class PrefixBlockPool:
 
     def _evict(self, count: int) -> None:
         """Take ``count`` blocks from the free queue's front and drop their hashes (their slots carry nothing)."""
-        cnext, ref, keys = self._cnext, self._ref, self._key
-        oldest, youngest = self._oldest, self._youngest
+        cnext, ref, keys, qprev, qnext = self._cnext, self._ref, self._key, self._qprev, self._qnext
+        oldest = self._oldest
         for _ in range(count):
             s = self._qhead
             if s < 0:
                 raise RuntimeError("prefix pool: fewer cached blocks than evicted")
-            self._unlink(s)
+            q = qnext[s]
+            self._qhead = q
+            if q >= 0:
+                qprev[q] = -1
+            else:
+                self._qtail = -1
             key = keys[s]
-            head = oldest.get(key, -1)
+            head = oldest.pop(key, -1)
             if head < 0:
                 raise RuntimeError("prefix pool: a cached block's hash is not in the map")
             nxt = cnext[s]
             if head == s:
-                if nxt == -1:  # its last copy
-                    del oldest[key]
-                    del youngest[key]
-                else:
+                if nxt != -1:
                     oldest[key] = nxt
             else:
+                oldest[key] = head
                 p = head
                 while cnext[p] != s:
                     p = cnext[p]
                     if p < 0:
                         raise RuntimeError("prefix pool: a cached block is not on its hash's copies")
                 cnext[p] = nxt
-                if youngest[key] == s:
-                    youngest[key] = p
             ref[s] = -1
             self._stack[self._top] = s
             self._top += 1
@@ -238,7 +243,7 @@ class PrefixBlockPool:
         num_shared = len(shared)
         own = own_key(req)
         keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
-        oldest, youngest = self._oldest, self._youngest
+        oldest = self._oldest
         for p in range(position, full):
             top = self._top - 1
             if top < 0:
@@ -250,12 +255,11 @@ class PrefixBlockPool:
             ref[s] = 1
             serial[s] = bid + p - position
             cnext[s] = -1
-            last = youngest.get(key, -1)
-            if last >= 0:
+            last = oldest.setdefault(key, s)
+            if last != s:  # the hash's youngest copy until now gets this one next
+                while cnext[last] != -1:
+                    last = cnext[last]
                 cnext[last] = s
-            else:
-                oldest[key] = s
-            youngest[key] = s
             ids.append(s)
 
     def free(self, req: Request) -> None:
@@ -270,7 +274,7 @@ class PrefixBlockPool:
             own = own_key(req)
             keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
             qprev, qnext = self._qprev, self._qnext
-            oldest, youngest = self._oldest, self._youngest
+            oldest = self._oldest
             for i in range(len(ids) - 1, -1, -1):
                 s = ids[i]
                 if s < 0:
@@ -281,10 +285,8 @@ class PrefixBlockPool:
                     number = ~s
                     s = stack[top]
                     key = own + 2 * i
-                    if key in oldest:
+                    if oldest.setdefault(key, s) != s:
                         raise RuntimeError("prefix pool: a request's own key has a copy before its first free")
-                    oldest[key] = s
-                    youngest[key] = s
                     keys[s] = key
                     ref[s] = 1
                     serial[s] = number
@@ -341,12 +343,10 @@ class PrefixBlockPool:
             assert self._key[s] == key and self._ref[s] >= 0 and len(out) <= self.num_blocks, "copy chain"
             out.append(s)
             s = self._cnext[s]
-        assert not out or out[-1] == self._youngest[key], "copy chain tail"
         return out
 
     def all_copies(self) -> dict[int, list[int]]:
         """Hash -> slots carrying it, oldest first, for every hash in the map."""
-        assert self._oldest.keys() == self._youngest.keys(), "a hash with an oldest copy and no youngest, or back"
         out = {key: self.copies_of(key) for key in self._oldest}
         stack = self._stack[:self._top]
         assert sorted(stack + [s for held in out.values() for s in held]) == list(range(self.num_blocks)), \
