@@ -64,7 +64,7 @@ from replay.launcher import EngineProcess  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
 from sim.engine.config import EngineConfig  # noqa: E402
-from sim.latency import read_profile  # noqa: E402
+from sim.latency import read_profile, with_client_timeouts  # noqa: E402
 from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.runner import simulate  # noqa: E402
 from sim.safe_yaml import read_yaml  # noqa: E402
@@ -296,8 +296,10 @@ def predicted_metrics(req: pd.DataFrame) -> dict[str, float]:
 
 
 def simulate_run(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> pd.DataFrame:
-    """The simulated request table of one run, every token later by the client-side latency."""
-    sim = simulate(workload, cfg.engine_config(), model, gpu, coefficients=coefficients, seed=seed,
+    """The simulated request table of one run, every token later by the client-side latency; each class's client
+    timeout shortened by the same offset, as ``kvtune simulate --profile`` does (``sim.latency.with_client_timeouts``),
+    so that no finished request reaches its client after its timeout."""
+    sim = simulate(with_client_timeouts(workload, client.offset_s), cfg.engine_config(), model, gpu, coefficients=coefficients, seed=seed,
                    record_steps=False, hash_block_tokens=workload.hash_block_tokens)
     return with_client_latency(sim.requests, client)
 
