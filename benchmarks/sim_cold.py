@@ -6,10 +6,13 @@ with the simulation's CPU seconds beside it.
 Paired, A B A B: A keeps the decode columns on (``Simulation(decode_columns=True)``: loads their numba kernels in
 the run, the default before issue 34's change), B the default (``decode_columns=None``: columns only where their
 kernels are loaded already, numba loads anyway, or the run is long; ``sim.engine.decode_columns.worth_loading``).
-Same tables either way (tests/sim/engine/test_decode_columns.py).  Prints each run and, per case, the medians and
-B's figure over A's pair by pair (median, min-max).
+Same tables either way (tests/sim/engine/test_decode_columns.py).  With ``--vs CHECKOUT``, A is instead the default
+engine of another checkout (e.g. a ``git worktree`` of the commit before a change, compiled in place with
+``python setup.py build_ext --inplace``) and B this checkout's: a before/after pair.  Prints each run and, per case,
+the medians and B's figure over A's pair by pair (median, min-max).
 
     python benchmarks/sim_cold.py [--cases incident,overload-4x,reasoning,prefix,v0-swap,offload] [--pairs 4]
+    taskset -c 1 python benchmarks/sim_cold.py --vs /tmp/before --cases prefix,offload --pairs 4
 
 The cases are benchmarks/sim_speed.py's.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,19 +55,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="incident,overload-4x,reasoning,prefix,v0-swap,offload")
     ap.add_argument("--pairs", type=int, default=4, help="counted A B pairs per case (after one warm-up pair)")
+    ap.add_argument("--vs", type=Path, metavar="CHECKOUT",
+                    help="A: another checkout's default engine (built in place); B: this checkout's")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         _one(*args.one)
         return
-    print("| case | requests | A wall req/s | B wall req/s | B/A wall req/s | A sim CPU s | B sim CPU s | A/B CPU |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | requests | A wall req/s | B wall req/s | B/A wall req/s | A sim CPU s | B sim CPU s | A/B CPU | "
+          "B req/s (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case in args.cases.split(","):
         runs: dict[str, list[dict]] = {"A": [], "B": []}
         for pair in range(args.pairs + 1):
             for mode in ("A", "B"):
-                out = subprocess.run([sys.executable, __file__, "--one", case, mode], check=True, cwd=ROOT,
-                                     capture_output=True, text=True).stdout
+                root, engine = ROOT, mode
+                if args.vs:  # both run the default engine, A in the other checkout
+                    root, engine = (args.vs.resolve() if mode == "A" else ROOT), "B"
+                out = subprocess.run([sys.executable, str(root / "benchmarks" / "sim_cold.py"), "--one", case, engine],
+                                     check=True, cwd=root, capture_output=True, text=True,
+                                     env=dict(os.environ, PYTHONPATH=str(root))).stdout
                 run = json.loads(out.strip().splitlines()[-1])
                 print(f"  {run}", file=sys.stderr)
                 if pair:
@@ -76,7 +87,8 @@ def main() -> None:
         med = statistics.median
         print(f"| {case} | {n} | {med(n / r['wall_s'] for r in a):,.0f} | {med(n / r['wall_s'] for r in b):,.0f} | "
               f"{med(wall):.2f}x ({min(wall):.2f}-{max(wall):.2f}) | {med(r['cpu_s'] for r in a):.3f} | "
-              f"{med(r['cpu_s'] for r in b):.3f} | {med(cpu):.2f}x ({min(cpu):.2f}-{max(cpu):.2f}) |", flush=True)
+              f"{med(r['cpu_s'] for r in b):.3f} | {med(cpu):.2f}x ({min(cpu):.2f}-{max(cpu):.2f}) | "
+              f"{med(n / r['cpu_s'] for r in b):,.0f} |", flush=True)
 
 
 if __name__ == "__main__":
