@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -66,9 +66,10 @@ class BaseScheduler(ABC):
     ):
         self.config = config
         self.block_size = config.block_size
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
+        # A resolved config (EngineConfig.resolve) has these set: typed int here, not the knobs' int | None.
+        self.max_num_seqs: int = cast(int, config.max_num_seqs)
+        self.max_num_batched_tokens: int = cast(int, config.max_num_batched_tokens)
+        self.max_model_len: int = cast(int, config.max_model_len)
         self.pool: GpuBlockPool | PrefixBlockPool = GpuBlockPool(num_gpu_blocks, bool(config.enable_prefix_caching))
         #: Free blocks a batched decode run must leave after each of its steps (see EngineCore._decode_run).
         self.decode_run_free_reserve = 0
@@ -324,7 +325,7 @@ class BaseScheduler(ABC):
         cols = self._columns
         positions = cols.finished()
         if not positions:
-            return positions
+            return []
         cols.sync(positions)
         reqs = cols.requests
         done = [reqs[i] for i in positions]
