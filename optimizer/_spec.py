@@ -451,6 +451,8 @@ class StudySpec:
         try:
             fixed = EngineConfig.from_dict({"flavor": flavor, "tensor_parallel_size": tp,
                                             "engine_version": target.simulated_release, **engine}, "engine")
+            # vLLM's field rules on the fixed section as written, no sizing (the search moves the memory knobs):
+            # check_model_fits sizes the most generous config (sim/engine/build.py says why both).
             resolved = fixed.resolve(model.max_model_len, device)
         except ConfigError as exc:
             raise reroot(exc, "engine", strip="engine.") from None

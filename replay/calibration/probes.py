@@ -217,6 +217,8 @@ def run_probes(
 
     runs: list[CalibrationRun] = []
     options = ReplayOptions(sample_interval_wall_s=0.0, record_tokens=False, start_delay_wall_s=0.2)
+    # The knobs the real server runs with, recorded for `kvtune calibrate` (which builds the engine from them on
+    # sim.engine's build route): filled in, not sized (sim/engine/build.py).
     resolved = config.resolve(model.max_model_len)
     extra_base = {"engine": {"config": resolved.explicit_knobs(), "sim_model": model_ref or model.name,
                              "gpu": gpu_ref or gpu.name}}
