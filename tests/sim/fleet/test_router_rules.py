@@ -116,8 +116,9 @@ _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0]) | st.floats(0.0, 10.0)
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_dynamo_costs_as_arrays_equal_the_scan(data):
-    """From DynamoKV.VECTOR_FROM workers the costs are one numpy pass; every value equals the scan's (so the same
-    minimum and the same ties), with and without overlaps, on round weights (ties) and arbitrary ones."""
+    """From DynamoKV.VECTOR_FROM workers the costs are one numpy pass, below it a scan; every value of both equals
+    the rule's written out (so the same minimum and the same ties), with and without overlaps, on round weights
+    (ties) and arbitrary ones."""
     n = 20
     params = {"prefill_load_scale": data.draw(_weights), "overlap_credit": data.draw(_weights)}
     vec, scan = make_router("dynamo_kv", params, n), make_router("dynamo_kv", params, n)
@@ -130,8 +131,12 @@ def test_dynamo_costs_as_arrays_equal_the_scan(data):
     prompt = data.draw(st.integers(1, 20_000))
     new_blocks = -(-prompt // bs)
     overlaps = data.draw(st.none() | st.lists(st.integers(0, 300), min_size=n, max_size=n))
-    array = vec._costs_array(prompt, bs, new_blocks, overlaps)
-    assert array.tolist() == scan._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n)
+    # Dynamo's worker_logit as written, worker by worker (no overlaps: 0 each).
+    scale, credit = params["prefill_load_scale"], params["overlap_credit"]
+    rule = [scale * max(0.0, (p + prompt) / bs - credit * o) + (a + new_blocks)
+            for p, a, o in zip(prefill, active, overlaps or [0] * n)]
+    assert vec._costs_array(prompt, bs, new_blocks, overlaps).tolist() == rule
+    assert scan._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n) == rule
 
 
 @pytest.mark.parametrize("params", [{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}])
