@@ -34,21 +34,19 @@ def _ext_modules() -> list:
     stamp = {"sha256": {name: hashlib.sha256((HERE / path).read_bytes()).hexdigest()
                         for name, path in zip(names, paths)}}
     (HERE / "sim" / "_compiled_build.json").write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
-    # Typing: mypy checks the compiled modules with four error codes off; mypyc still checks every declared type at
-    # run time (an int field given a float fails loudly, it is not converted).  Measured with mypy 2.4.1 on COMPILED
-    # with these flags, numpy's types visible and every code on (issue 33): 44 union-attr, 5 arg-type, 2 operator, 2
-    # assignment; of the nine codes once off, attr-defined, index and import-untyped fired nowhere and return-value
-    # and type-var once each (fixed: BaseScheduler types a resolved config's limits as int).  Left off:
+    # Typing: mypy checks the compiled modules with three error codes off; mypyc still checks every declared type
+    # at run time (an int field given a float fails loudly, it is not converted).  Measured with mypy 2.4.1 on
+    # COMPILED with these flags, numpy's types visible and every code on (issue 33): 39 union-attr, 2 operator, 2
+    # assignment; of the nine codes once off, attr-defined, index and import-untyped fired nowhere, and return-value,
+    # type-var and arg-type fired 1, 1 and 7 times (fixed: a resolved config's limits typed int, the decode columns
+    # narrowed where they are read after the flag).  Left off:
     #   union-attr: the optional parts (decode columns, the prefix pool in place of the plain pool, the step queue)
     #     are read after the flag that made them (use_decode_columns, blocks_hashed), not after an isinstance/None test;
-    #   arg-type: len() of the decode columns behind that flag, and a resolved config's max_model_len (int | None
-    #     before EngineConfig.resolve) handed to Request;
-    #   operator: arithmetic on a resolved config's watermark (int | None before resolve) and on a device's
-    #     fp8_tflops behind its fp8 flag;
+    #   operator: arithmetic on a resolved config's watermark (float | None before resolve; scheduler_v1.py) and on
+    #     a device's fp8_tflops behind its fp8 flag (latency/_roofline.py);
     #   assignment: decode_columns.py names a list of rows as it named an ndarray a few lines up (rename to enable).
     flags = ["--follow-imports=silent", "--ignore-missing-imports",
-             "--disable-error-code=union-attr", "--disable-error-code=arg-type", "--disable-error-code=operator",
-             "--disable-error-code=assignment"]
+             "--disable-error-code=union-attr", "--disable-error-code=operator", "--disable-error-code=assignment"]
     return mypycify(flags + paths, opt_level="3", group_name="sim._engine")
 
 

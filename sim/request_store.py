@@ -5,6 +5,8 @@ engine's ``sim.runner.Simulation`` and a fleet's replicas, ``sim.fleet``)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -108,7 +110,7 @@ class RequestStore:
         predicted = self.predicted
         req = Request(
             index=i, request_id=request_id, class_name=cls, arrival_s=arrival_s, prompt_tokens=prompt,
-            output_tokens_target=output, max_model_len=self.config.max_model_len, priority=priority,
+            output_tokens_target=output, max_model_len=cast(int, self.config.max_model_len), priority=priority,
             predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
             prefix_keys=keys,
         )

@@ -641,7 +641,7 @@ class BaseScheduler(ABC):
         self.pool.allocate(need)
         for req, blocks in growing:
             req.blocks = blocks
-        if joinable and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
+        if joinable and cols is not None and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
             cols.join(running[seg:seg + joinable])
             seg += joinable
         batch = running if count == len(running) else running[:count]
@@ -694,6 +694,7 @@ class BaseScheduler(ABC):
         freed blocks, until it fits up to ``limit`` or the request itself was the last and was preempted (the
         general loop then stops, with nothing left after it).  Returns the new scan."""
         cols = self._columns
+        assert cols is not None  # called by the columns' scan only
         running = self.running
         fit = scan[0]
         while fit < len(cols) and fit < limit:
