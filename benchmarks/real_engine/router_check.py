@@ -327,6 +327,14 @@ def main(argv=None) -> int:
                     help="compare OUT/router_check.json's measurements with fresh simulations (no engines)")
     args = ap.parse_args(argv)
     args.model, args.profile = Path(args.model), Path(args.profile)
+    bad = [f"--{k.replace('_', '-')} must be >= {low}" for k, low in
+           (("requests", 2), ("sessions", 1), ("prefix_blocks", 1), ("rate", 1e-9), ("blocks", 1), ("max_num_seqs", 1))
+           if getattr(args, k) < low]
+    if args.report_only and not (args.out / "router_check.json").is_file():
+        bad.append(f"--report-only: no {args.out / 'router_check.json'}")
+    if bad:
+        print(f"router_check.py: error: {bad[0]}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate, args.seed)
     if args.report_only:
@@ -349,7 +357,7 @@ def main(argv=None) -> int:
         for policy, router in POLICIES:
             t1 = time.time()
             real = measure(args, policy, urls, workload, args.out)
-            results.append({"measured": real})
+            results.append({"measured": real, "workload": workload_params(args)})
             print(f"{policy}: {len(workload.requests)} requests in {time.time() - t1:.0f} s, "
                   f"{real['errors']} errors {real['first_error'] or ''}", flush=True)
     finally:
@@ -359,12 +367,24 @@ def main(argv=None) -> int:
     return report_from(args, workload)
 
 
+def workload_params(args) -> dict:
+    """The flags that define the trace and the engines' sizes, saved with the measurements so that
+    ``--report-only`` simulates what was measured."""
+    return {key: getattr(args, key) for key in ("requests", "sessions", "prefix_blocks", "rate", "seed", "blocks",
+                                                 "max_num_seqs")}
+
+
 def report_from(args, workload: Workload) -> int:
     """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
     ``OUT/router_check.json``."""
     results = []
     for saved in json.loads((args.out / "router_check.json").read_text()):
         real = saved["measured"]
+        if saved.get("workload"):  # the run's own trace and engine sizes (runs before 2026-12-06 used the flags')
+            for key, value in saved["workload"].items():
+                setattr(args, key, value)
+            workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate,
+                                              args.seed)
         router = dict(POLICIES)[real["policy"]]
         sim = simulate(args, router, workload)
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
