@@ -263,6 +263,25 @@ def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
     return {"router": router, "agree": agree[False], "agree_relabelled": max(agree.values()), "n": len(sent)}
 
 
+def session_starts(real: dict, sim: dict, workload: Workload) -> dict | None:
+    """Where each session's first request went (measured, simulated), and how many of those found both workers
+    with equal loads in the real run (cache_aware then takes the registry's first worker, and the whole session
+    follows).  None without the timings."""
+    if not real.get("sent_s") or any(v is None for v in real["sent_s"] + real["end_s"]):
+        return None
+    sess = workload.requests["session_id"].to_numpy()
+    first = [int(np.flatnonzero(sess == s)[0]) for s in np.unique(sess)]
+    sent, end, real_of = np.array(real["sent_s"]), np.array(real["end_s"]), np.array(real["replica_of"])
+    sim_of = np.array(sim["replica_of"])
+    equal = 0
+    for i in first:
+        busy = (sent < sent[i]) & (end > sent[i])
+        equal += int((busy & (real_of == 0)).sum() == (busy & (real_of == 1)).sum())
+    return {"sessions": len(first), "measured": [int((real_of[first] == r).sum()) for r in range(2)],
+            "simulated": [int((sim_of[first] == r).sum()) for r in range(2)], "equal_loads": equal,
+            "largest_session_share": float(np.bincount(sess).max() / len(sess))}
+
+
 def compare(real: dict, sim: dict) -> dict:
     """Same-replica count (as labelled, and under the better relabelling of the two identical simulated replicas),
     per-replica count and hit-rate errors under that relabelling."""
@@ -301,6 +320,13 @@ def report(results: list[dict]) -> str:
             lines.append(f"\n{check['router']} fed the measured loads (each worker's requests in flight at each "
                          f"arrival, from the real run): {check['agree']}/{check['n']} decisions as the real router's "
                          f"({check['agree_relabelled']} relabelled)")
+        starts = res.get("session_starts")
+        if starts:
+            lines.append(f"{res['simulated']['router']}: the {starts['sessions']} sessions' first requests went "
+                         f"{starts['measured'][0]} / {starts['measured'][1]} to e0 / e1 measured, "
+                         f"{starts['simulated'][0]} / {starts['simulated'][1]} simulated; {starts['equal_loads']} "
+                         f"of them found both workers' loads equal in the real run; the largest session is "
+                         f"{starts['largest_session_share']:.1%} of the requests")
     return "\n".join(lines)
 
 
@@ -388,7 +414,8 @@ def report_from(args, workload: Workload) -> int:
         router = dict(POLICIES)[real["policy"]]
         sim = simulate(args, router, workload)
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
-                        "rule_check": rule_check(real, router, workload) if router != "round_robin" else None})
+                        "rule_check": rule_check(real, router, workload) if router != "round_robin" else None,
+                        "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})
     (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
     print(report(results))
     return 0
