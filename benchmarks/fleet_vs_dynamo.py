@@ -22,12 +22,14 @@ Subcommands (the one-side commands are what a whole-process timer runs, A B A B)
 ``compare`` runs each side as its own process, once untimed, then A B A B (kvtune, Dynamo) ``--repeats`` times per
 router (kvtune's modules compiled to bytecode once, as Dynamo's were by ``pip install``: ``bytecode_cache.py``;
 ``--no-bytecode-cache`` leaves the environment's ``PYTHONDONTWRITEBYTECODE`` as it is), and prints
-each side's median whole-process wall time (``proc s``: start-up, imports, trace, simulation) and in-process wall time
+each side's median whole-process wall time (``proc s``: start-up, imports, trace, simulation), its CPU time
+(``cpu s``: user + system, which a wait for the core under load does not inflate) and in-process wall time
 (``sim s``: reading the trace and simulating, which Dynamo's ``run_trace_replay`` call does in one), the ratio of whole-process times pair by pair, the
 prefix reuse ratio (prompt tokens served from the prefix cache over prompt tokens) and the requests per worker.
 The ``dynamo`` side needs Dynamo in its own venv (recipe: ``python3 -m venv ~/.cache/kvtune/dynamo-venv``;
 ``pip install ai-dynamo-runtime==1.6.1``; ``pip install --no-deps ai-dynamo==1.6.1``); ``--dynamo-python``
-names its interpreter.  Figures: benchmarks/fleet/README.md.
+names its interpreter.  A side's stderr warning lines are printed under its row (kvtune warns there when its
+engine runs interpreted).  Figures: benchmarks/fleet/README.md.
 """
 
 from __future__ import annotations
@@ -148,10 +150,21 @@ def run_dynamo(trace: Path, workers: int, mode: str, per_request: bool) -> dict:
 
 # ---- the paired comparison ---------------------------------------------------------------------------------------
 def _whole(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, dict]:
+    """Wall seconds of one process and its JSON line, with its CPU seconds (``cpu_s``: user + system, so that a
+    wait for the core under load is told apart from work) and its stderr's warning lines (``warnings``: e.g.
+    kvtune's engine running interpreted because its build is stale)."""
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, check=True, capture_output=True, text=True,
                           env={**(os.environ if env is None else env), "RUST_LOG": "error"})
-    return time.perf_counter() - t0, json.loads(proc.stdout.strip().splitlines()[-1])
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    info["cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    info["warnings"] = [line.strip() for line in proc.stderr.splitlines() if "Warning" in line]
+    return wall, info
 
 
 def compare(trace: Path, workers: int, repeats: int, dynamo_py: str, bytecode: bool = True) -> None:
@@ -165,8 +178,8 @@ def compare(trace: Path, workers: int, repeats: int, dynamo_py: str, bytecode: b
     # kvtune's modules compiled to bytecode once (by the untimed run), as Dynamo's venv was by pip (bytecode_cache.py)
     cache = tempfile.TemporaryDirectory(prefix="fvd_pycache_")  # removed when compare returns
     a_env = kvtune_env(dict(os.environ), Path(cache.name)) if bytecode else None
-    print(f"{'router':<24} {'side':<7} {'proc s':>7} {'sim s':>7} {'A/B proc':>8} {'reuse':>6} {'done':>6}  "
-          f"requests per worker")
+    print(f"{'router':<24} {'side':<7} {'proc s':>7} {'cpu s':>6} {'sim s':>7} {'A/B proc':>8} {'reuse':>6} "
+          f"{'done':>6}  requests per worker")
     for router, mode in ROUTERS.items():
         a_cmd = [sys.executable, me, "kvtune", str(trace), "--workers", str(workers), "--router", router]
         b_cmd = [dynamo_py, me, "dynamo", str(trace), "--workers", str(workers), "--router", mode]
@@ -182,11 +195,14 @@ def compare(trace: Path, workers: int, repeats: int, dynamo_py: str, bytecode: b
             info = runs[-1][1]
             per_worker = info.get("per_worker") or dyn_counts.get("per_worker")
             proc = statistics.median(r[0] for r in runs)
+            cpu = statistics.median(r[1]["cpu_s"] for r in runs)
             # In-process: reading the trace and simulating (Dynamo's replay call does both).
             sim = statistics.median(r[1]["wall_s"] + r[1].get("load_s", 0.0) for r in runs)
             ratio = f"{statistics.median(ratios):8.2f}" if side == "kvtune" else f"{'':>8}"
-            print(f"{router + ' / ' + mode:<24} {side:<7} {proc:7.2f} {sim:7.2f} {ratio} "
+            print(f"{router + ' / ' + mode:<24} {side:<7} {proc:7.2f} {cpu:6.2f} {sim:7.2f} {ratio} "
                   f"{info['prefix_reuse_ratio']:6.3f} {info['completed']:6d}  {per_worker}", flush=True)
+            for line in dict.fromkeys(w for r in runs for w in r[1]["warnings"]):
+                print(f"{'':<24} {side} warned: {line}", flush=True)
         print(f"{'':<24} A/B whole-process ratios: {', '.join(f'{r:.2f}' for r in ratios)}; "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
