@@ -119,9 +119,24 @@ class GpuBlockPool:
         return hit
 
 
+class _Entry:
+    """One key's place in :class:`CpuBlockTier`: blocks held (0: no entry), the next older and newer entries' keys
+    (-1: none), and blocks copied since :meth:`CpuBlockTier.take_copied` last took them.  Fields of a compiled class
+    hold ints unboxed, where four ``list[int]`` allocated an int for each key above 256 they stored (the store
+    relinks every scheduled request after every step: benchmarks/speed/README.md, the per-case section)."""
+
+    __slots__ = ("count", "prev", "next", "copied")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.prev = -1
+        self.next = -1
+        self.copied = 0
+
+
 class CpuBlockTier:
     """CPU KV memory: an LRU store (V1 offload) with a capacity in blocks, of per-request leading full blocks as
-    :class:`LruBlockStore` keeps them, held as a doubly linked list over request indices (lists, compiled by mypyc).
+    :class:`LruBlockStore` keeps them, held as a doubly linked list over request indices (compiled by mypyc).
 
     Write-through offload stores every scheduled request's full blocks after every step (``BaseScheduler.
     _store_computed_blocks``): one put per request, and when the tier holds fewer blocks than the running batch,
@@ -130,17 +145,14 @@ class CpuBlockTier:
     4,000-request run (benchmarks/speed/README.md).  tests/sim/engine/test_cpu_tier.py checks the tier against
     ``LruBlockStore``."""
 
-    __slots__ = ("capacity", "_count", "_prev", "_next", "_copied", "_head", "_tail", "_total")
+    __slots__ = ("capacity", "_entries", "_head", "_tail", "_total")
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._count: list[int] = []  # blocks held per key (0: no entry)
-        self._prev: list[int] = []  # the next older entry's key (-1: none)
-        self._next: list[int] = []  # the next newer entry's key (-1: none)
-        #: Blocks copied per key since :meth:`take_copied` last took them: the scheduler adds them to
+        #: Per key (a request index), its :class:`_Entry`; the scheduler adds its copies to
         #: ``Request.swapped_out_blocks`` when the request ends, instead of one Python update per stored request
         #: per step.
-        self._copied: list[int] = []
+        self._entries: list[_Entry] = []
         self._head = -1  # the oldest entry's key
         self._tail = -1  # the newest entry's key
         self._total = 0  # blocks held
@@ -176,9 +188,9 @@ class CpuBlockTier:
         oldest) to stay within ``capacity``; blocks newly copied (beyond what the key held before) go to
         ``news[i]`` and to the key's copies (:meth:`take_copied`).  Returns the blocks newly copied in all."""
         top = max(keys)
-        if top >= len(self._count):
+        if top >= len(self._entries):
             self._grow(top + 1)
-        count, prev, nxt, copied = self._count, self._prev, self._next, self._copied
+        entries = self._entries
         capacity = self.capacity
         head, tail, total = self._head, self._tail, self._total
         stored = 0
@@ -191,43 +203,46 @@ class CpuBlockTier:
                 continue
             if n > capacity:
                 n = capacity
-            have = count[key]
+            entry = entries[key]
+            have = entry.count
             if have > 0:  # take the key's entry out (it becomes the newest below)
-                p, q = prev[key], nxt[key]
+                p, q = entry.prev, entry.next
                 if p >= 0:
-                    nxt[p] = q
+                    entries[p].next = q
                 else:
                     head = q
                 if q >= 0:
-                    prev[q] = p
+                    entries[q].prev = p
                 else:
                     tail = p
-                count[key] = 0
+                entry.count = 0
                 total -= have
             overflow = total + n - capacity
             while overflow > 0:
-                old = head
-                held = count[old] if old >= 0 else 0
+                if head < 0:
+                    raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+                old = entries[head]
+                held = old.count
                 if held <= 0:
                     raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
                 if held > overflow:  # the oldest entry loses its tail blocks and stays the oldest
-                    count[old] = held - overflow
+                    old.count = held - overflow
                     total -= overflow
                     break
-                q = nxt[old]
+                q = old.next
                 head = q
                 if q >= 0:
-                    prev[q] = -1
+                    entries[q].prev = -1
                 else:
                     tail = -1
-                count[old] = 0
+                old.count = 0
                 total -= held
                 overflow -= held
-            count[key] = n
-            prev[key] = tail
-            nxt[key] = -1
+            entry.count = n
+            entry.prev = tail
+            entry.next = -1
             if tail >= 0:
-                nxt[tail] = key
+                entries[tail].next = key
             else:
                 head = key
             tail = key
@@ -235,39 +250,36 @@ class CpuBlockTier:
             new = n - have if n > have else 0
             if news is not None:
                 news[i] = new
-            copied[key] += new
+            entry.copied += new
             stored += new
         self._head, self._tail, self._total = head, tail, total
         return stored
 
     def _grow(self, size: int) -> None:
-        more = max(size, 2 * len(self._count), 1024) - len(self._count)
-        self._count.extend([0] * more)
-        self._prev.extend([-1] * more)
-        self._next.extend([-1] * more)
-        self._copied.extend([0] * more)
+        more = max(size, 2 * len(self._entries), 1024) - len(self._entries)
+        self._entries.extend([_Entry() for _ in range(more)])
 
     def take_copied(self, key: int) -> int:
         """Blocks copied for ``key`` since the last call (0 if none), and forget them."""
-        copied = self._copied
-        if key >= len(copied):
+        if key >= len(self._entries):
             return 0
-        n = copied[key]
+        entry = self._entries[key]
+        n = entry.copied
         if n:
-            copied[key] = 0
+            entry.copied = 0
         return n
 
     def cached_prefix(self, key: int) -> int:
-        return self._count[key] if key < len(self._count) else 0
+        return self._entries[key].count if key < len(self._entries) else 0
 
     def entries(self) -> list[tuple[int, int]]:
         """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries`` would list them)."""
         out: list[tuple[int, int]] = []
         key = self._head
         while key >= 0:
-            out.append((key, self._count[key]))
-            key = self._next[key]
-            if len(out) > len(self._count):
+            out.append((key, self._entries[key].count))
+            key = self._entries[key].next
+            if len(out) > len(self._entries):
                 raise AssertionError("CpuBlockTier: its entry list has a cycle")
         return out
 
