@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import run as bench  # noqa: E402
-from workloads import HASH_BLOCK_TOKENS, MAX_MODEL_LEN, WORKLOADS  # noqa: E402
+from workloads import MAX_MODEL_LEN, WORKLOADS  # noqa: E402
 
 from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402

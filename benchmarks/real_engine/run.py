@@ -45,7 +45,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +54,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 import scale  # noqa: E402
-from workloads import MAX_MODEL_LEN, SCALE_WORKLOADS, WORKLOADS  # noqa: E402
+from bench_config import BLOCK_SIZE, BenchConfig, predicted_metrics, table_metrics  # noqa: E402,F401
+from workloads import SCALE_WORKLOADS, WORKLOADS  # noqa: E402
 
 from optimizer import add_engine_arguments, add_latency_arguments, add_vllm_arguments  # noqa: E402
 from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
@@ -63,30 +64,10 @@ from replay.flags import serve_command  # noqa: E402
 from replay.launcher import EngineProcess  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
-from sim.engine.config import EngineConfig  # noqa: E402
 from sim.latency import read_profile, with_client_timeouts  # noqa: E402
 from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.runner import simulate  # noqa: E402
 from sim.safe_yaml import read_yaml  # noqa: E402
-
-BLOCK_SIZE = 32
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    name: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    num_gpu_blocks: int
-    prefix_caching: bool
-    #: The workloads replayed on it.
-    workloads: tuple[str, ...] = ("azure", "reasoning")
-    max_model_len: int = MAX_MODEL_LEN
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                            block_size=BLOCK_SIZE, max_model_len=self.max_model_len,
-                            enable_prefix_caching=self.prefix_caching, num_gpu_blocks_override=self.num_gpu_blocks)
 
 
 #: 11 configs and the closed loop's recommendation: max_num_seqs 8-128, budgets 256-2048, KV from ample (2,000
@@ -245,23 +226,6 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
 
 
 # ---- metrics ------------------------------------------------------------------------------------------------
-def _q(values: pd.Series, q: float) -> float:
-    values = values.dropna()
-    return float(np.quantile(values, q)) if len(values) else math.nan
-
-
-def table_metrics(req: pd.DataFrame) -> dict[str, float]:
-    done = req[req["status"] == "finished"]
-    span = float(req["end_s"].max() - req["arrival_s"].min()) if len(req) else math.nan
-    return {
-        "ttft_p50": _q(done["ttft_s"], 0.5), "ttft_p99": _q(done["ttft_s"], 0.99),
-        "e2e_p50": _q(done["e2e_s"], 0.5), "e2e_p99": _q(done["e2e_s"], 0.99),
-        "tpot_p50": _q(done["tpot_s"], 0.5),
-        "output_tok_s": float(done["generated_tokens"].sum()) / span if span > 0 else math.nan,
-        "timed_out": float((req["status"] == "timed_out").sum()),
-    }
-
-
 def measured_metrics(result: ReplayResult) -> dict[str, float]:
     out = table_metrics(result.requests)
     total = result.preemptions_total
@@ -283,15 +247,6 @@ def measured_metrics(result: ReplayResult) -> dict[str, float]:
         out["requests_preempted"] = twice + max(0.0, total - recount)
     else:
         out["preempted_twice"] = out["requests_preempted"] = math.nan
-    return out
-
-
-def predicted_metrics(req: pd.DataFrame) -> dict[str, float]:
-    out = table_metrics(req)
-    k = req["num_preemptions"].fillna(0)
-    out["preemptions"] = float(k.sum())
-    out["requests_preempted"] = float((k > 0).sum())
-    out["preempted_twice"] = float((k > 1).sum())
     return out
 
 

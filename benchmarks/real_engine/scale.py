@@ -437,12 +437,13 @@ def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level:
     --scale`` does (same seeds, the dedicated-core coefficients at the run's CPU share), every step ``speed`` times
     as fast (and ``level`` times, for every cell alike), pooled as :func:`cell` pools them; ``batch`` from the
     step table."""
-    import run as bench  # the benchmark's simulation of a run (run.py imports this module; this is the other way)
+    from bench_config import BenchConfig, predicted_metrics
+    from workloads import WORKLOADS
     from replay.calibrate import ClientLatency, at_cpu_share, with_client_latency
     from sim.runner import simulate
 
     knobs = dict(row["knobs"], workloads=tuple(row["knobs"]["workloads"]))
-    cfg, workload = bench.BenchConfig(**knobs), bench.WORKLOADS[row["workload"]]()
+    cfg, workload = BenchConfig(**knobs), WORKLOADS[row["workload"]]()
     memo: dict = {}
 
     def predict(speed: float, client: float | None) -> dict:
@@ -454,7 +455,7 @@ def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level:
                                coefficients=at_cpu_share(dedicated, run["engine_cpu_share"] * speed * level),
                                hash_block_tokens=workload.hash_block_tokens)
                 req = with_client_latency(res.requests, ClientLatency(offset_s=offset_s if client is None else client))
-                runs.append({"metrics": bench.predicted_metrics(req), "requests": req})
+                runs.append({"metrics": predicted_metrics(req), "requests": req})
                 d = res.steps["duration_s"]
                 batch.append(float((res.steps["num_running"] * d).sum() / d.sum()) if d.sum() > 0 else math.nan)
             out = {}
