@@ -484,20 +484,23 @@ def diagnose_main(argv=None) -> int:
 
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parents[1])]
+    from optimizer import add_latency_arguments, add_model_argument
     from sim.errors import ConfigError
 
     ap = argparse.ArgumentParser(description="Where the at-scale report's E2E p50 error comes from (issue 32): "
                                              "re-predicts the saved report's cells with the simulator, no engine.")
     ap.add_argument("--report", type=Path, default=here / "measurements" / "scale-report.json",
                     help="the at-scale report (default measurements/scale-report.json)")
-    ap.add_argument("--profile", type=Path, default=here / "measurements" / "scale-profile.yaml",
-                    help="the profile the report used (default measurements/scale-profile.yaml)")
-    ap.add_argument("--model", required=True, help="the HF model folder the report simulated (its config.json)")
+    add_latency_arguments(ap, profile_help="the profile the report used (default measurements/scale-profile.yaml)",
+                          coef=False)
+    add_model_argument(ap, help="the HF model folder the report simulated (its config.json)", required=True)
+    ap.set_defaults(profile=str(here / "measurements" / "scale-profile.yaml"))
     ap.add_argument("--speed", type=float, default=1.0,
                     help="one step-speed factor for every run (default 1: each run at its CPU share); for a profile "
                          "whose CPU share was not measured, to compare its shape across cells at a common level")
     ap.add_argument("--out", type=Path, default=None, help="write the diagnosis as JSON here")
     args = ap.parse_args(argv)
+    args.profile = Path(args.profile)
     if not (args.speed > 0 and math.isfinite(args.speed)):
         print(f"scale.py: --speed: a positive number, got {args.speed}", file=sys.stderr)
         return 2
