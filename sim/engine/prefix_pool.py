@@ -17,7 +17,7 @@ It follows vLLM 0.33.0's ``BlockPool`` (vllm/v1/core/block_pool.py) and ``FullAt
   (``BlockPool.get_new_blocks``); a hit on a free block takes it out of the queue (``BlockPool.touch``).
 
 Blocks without a hash are interchangeable, so they are only counted (``num_empty``); hashed blocks have ids, the
-*slots* ``[0, num_blocks)`` of the lists that hold their state (hashed blocks, used or cached, never outnumber the
+*slots* ``[0, num_blocks)``, each an object that holds its state (hashed blocks, used or cached, never outnumber the
 pool's blocks): per slot its hash, its reference count (0: in the free queue; -1: the slot carries no block), its
 serial (when it was hashed: the pool's running count of hashed blocks; orders copies, names blocks in tests), its
 free queue neighbours (a doubly linked list, front = next evicted) and the next younger copy of its hash; a stack of
@@ -54,17 +54,34 @@ def own_key(req: Request) -> int:
     return (index << 25) | (1 + 2 * ((index * 0x9E3779B1) & 0x7FFFFF))
 
 
+class _Slot:
+    """One slot's state (see the module docstring): its hash, reference count (0: in the free queue; -1: it carries
+    no block), serial, free queue neighbours and next younger copy of its hash (slot ids, -1: none).  Fields of a
+    compiled class hold ints unboxed, where a ``list[int]`` allocated an int for each slot id above 256 it stored
+    (as CpuBlockTier's ``_Entry``, sim/engine/kv_cache.py)."""
+
+    __slots__ = ("key", "ref", "serial", "qprev", "qnext", "cnext")
+
+    def __init__(self) -> None:
+        self.key = -1
+        self.ref = -1
+        self.serial = -1
+        self.qprev = -1
+        self.qnext = -1
+        self.cnext = -1
+
+
 class PrefixBlockPool:
     """``num_used + num_cached + num_empty == num_blocks``; ``num_cached`` = free blocks that keep a hash.
 
-    Hashed blocks are slots of lists (the module docstring describes them); a request's ``block_ids`` are its hashed
+    Hashed blocks are slots (the module docstring describes them); a request's ``block_ids`` are its hashed
     blocks' slots, or ``~serial`` for own blocks hashed before its first free, which stay out of the map until it
     frees them (see :meth:`cache_blocks`).  :meth:`blocks`, :meth:`unmapped`, :meth:`free_queue` and
     :meth:`all_copies` show the state as plain Python values (tests).  Every operation raises ``RuntimeError`` where
     it finds the state broken (never, while the invariants hold)."""
 
     __slots__ = ("num_blocks", "num_used", "num_empty", "num_cached", "enable_caching", "block_size", "_next_id",
-                 "_key", "_ref", "_serial", "_qprev", "_qnext", "_cnext", "_stack", "_top", "_qhead", "_qtail",
+                 "_slots", "_stack", "_top", "_qhead", "_qtail",
                  "_oldest")
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -77,14 +94,7 @@ class PrefixBlockPool:
         #: Blocks hashed so far (the next one's serial).
         self._next_id = 0
         n = max(num_blocks, 1)
-        # Per slot: its hash, reference count (-1: carries no block), serial, free queue links (-1: none) and the
-        # next younger copy of its hash (-1: none).
-        self._key: list[int] = [-1] * n
-        self._ref: list[int] = [-1] * n
-        self._serial: list[int] = [-1] * n
-        self._qprev: list[int] = [-1] * n
-        self._qnext: list[int] = [-1] * n
-        self._cnext: list[int] = [-1] * n
+        self._slots: list[_Slot] = [_Slot() for _ in range(n)]
         #: The slots carrying no block: the first ``_top``, the last one popped first (slot 0 first).
         self._stack: list[int] = list(range(n - 1, -1, -1))
         self._top = num_blocks
@@ -114,47 +124,49 @@ class PrefixBlockPool:
 
     def _evict(self, count: int) -> None:
         """Take ``count`` blocks from the free queue's front and drop their hashes (their slots carry nothing)."""
-        cnext, ref, keys, qprev, qnext = self._cnext, self._ref, self._key, self._qprev, self._qnext
+        slots = self._slots
         oldest = self._oldest
         for _ in range(count):
             s = self._qhead
             if s < 0:
                 raise RuntimeError("prefix pool: fewer cached blocks than evicted")
-            q = qnext[s]
+            slot = slots[s]
+            q = slot.qnext
             self._qhead = q
             if q >= 0:
-                qprev[q] = -1
+                slots[q].qprev = -1
             else:
                 self._qtail = -1
-            key = keys[s]
+            key = slot.key
             head = oldest.pop(key, -1)
             if head < 0:
                 raise RuntimeError("prefix pool: a cached block's hash is not in the map")
-            nxt = cnext[s]
+            nxt = slot.cnext
             if head == s:
                 if nxt != -1:
                     oldest[key] = nxt
             else:
                 oldest[key] = head
                 p = head
-                while cnext[p] != s:
-                    p = cnext[p]
+                while slots[p].cnext != s:
+                    p = slots[p].cnext
                     if p < 0:
                         raise RuntimeError("prefix pool: a cached block is not on its hash's copies")
-                cnext[p] = nxt
-            ref[s] = -1
+                slots[p].cnext = nxt
+            slot.ref = -1
             self._stack[self._top] = s
             self._top += 1
 
     def _unlink(self, s: int) -> None:
         """Take slot ``s`` out of the free queue."""
-        p, q = self._qprev[s], self._qnext[s]
+        slot = self._slots[s]
+        p, q = slot.qprev, slot.qnext
         if p >= 0:
-            self._qnext[p] = q
+            self._slots[p].qnext = q
         else:
             self._qhead = q
         if q >= 0:
-            self._qprev[q] = p
+            self._slots[q].qprev = p
         else:
             self._qtail = p
 
@@ -184,25 +196,25 @@ class PrefixBlockPool:
 
     def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks (:meth:`lookup`'s) are free (taking them still costs a free block)."""
-        ref = self._ref
+        slots = self._slots
         n = 0
         for s in ids:
-            if s >= 0 and ref[s] == 0:
+            if s >= 0 and slots[s].ref == 0:
                 n += 1
         return n
 
     def touch(self, req: Request, ids: list[int]) -> None:
         """``req`` (holding nothing yet) takes these hit blocks (:meth:`lookup`'s) as its leading blocks."""
-        ref = self._ref
+        slots = self._slots
         taken = 0
         for s in ids:
-            count = ref[s] if s >= 0 else -1
+            count = slots[s].ref if s >= 0 else -1
             if count < 0:
                 raise RuntimeError("prefix pool: touched a block that carries no hash")
             if count == 0:
                 self._unlink(s)
                 taken += 1
-            ref[s] = count + 1
+            slots[s].ref = count + 1
         self.num_cached -= taken
         self.num_used += taken
         req.block_ids = list(ids)
@@ -242,7 +254,7 @@ class PrefixBlockPool:
         shared = req.prefix_keys
         num_shared = len(shared)
         own = own_key(req)
-        keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
+        slots, stack = self._slots, self._stack
         oldest = self._oldest
         for p in range(position, full):
             top = self._top - 1
@@ -251,15 +263,16 @@ class PrefixBlockPool:
             self._top = top
             s = stack[top]
             key = shared[p] if p < num_shared else own + 2 * p
-            keys[s] = key
-            ref[s] = 1
-            serial[s] = bid + p - position
-            cnext[s] = -1
+            slot = slots[s]
+            slot.key = key
+            slot.ref = 1
+            slot.serial = bid + p - position
+            slot.cnext = -1
             last = oldest.setdefault(key, s)
             if last != s:  # the hash's youngest copy until now gets this one next
-                while cnext[last] != -1:
-                    last = cnext[last]
-                cnext[last] = s
+                while slots[last].cnext != -1:
+                    last = slots[last].cnext
+                slots[last].cnext = s
             ids.append(s)
 
     def free(self, req: Request) -> None:
@@ -272,8 +285,7 @@ class PrefixBlockPool:
         freed = 0
         if ids:
             own = own_key(req)
-            keys, ref, serial, cnext, stack = self._key, self._ref, self._serial, self._cnext, self._stack
-            qprev, qnext = self._qprev, self._qnext
+            slots, stack = self._slots, self._stack
             oldest = self._oldest
             for i in range(len(ids) - 1, -1, -1):
                 s = ids[i]
@@ -287,20 +299,22 @@ class PrefixBlockPool:
                     key = own + 2 * i
                     if oldest.setdefault(key, s) != s:
                         raise RuntimeError("prefix pool: a request's own key has a copy before its first free")
-                    keys[s] = key
-                    ref[s] = 1
-                    serial[s] = number
-                    cnext[s] = -1
-                count = ref[s] - 1
+                    slot = slots[s]
+                    slot.key = key
+                    slot.ref = 1
+                    slot.serial = number
+                    slot.cnext = -1
+                slot = slots[s]
+                count = slot.ref - 1
                 if count < 0:
                     raise RuntimeError("prefix pool: freed a block nobody holds")
-                ref[s] = count
+                slot.ref = count
                 if count == 0:
                     tail = self._qtail
-                    qprev[s] = tail
-                    qnext[s] = -1
+                    slot.qprev = tail
+                    slot.qnext = -1
                     if tail >= 0:
-                        qnext[tail] = s
+                        slots[tail].qnext = s
                     else:
                         self._qhead = s
                     self._qtail = s
@@ -322,16 +336,16 @@ class PrefixBlockPool:
 
     def blocks(self) -> dict[int, tuple[int, int, int]]:
         """Every hashed block in the map: slot -> (hash, reference count, serial)."""
-        return {s: (self._key[s], self._ref[s], self._serial[s]) for s in range(len(self._ref)) if self._ref[s] >= 0}
+        return {s: (slot.key, slot.ref, slot.serial) for s, slot in enumerate(self._slots) if slot.ref >= 0}
 
     def free_queue(self) -> list[int]:
         """The cached blocks' slots in eviction order, front first (checking the links both ways)."""
         out: list[int] = []
         s, prev = self._qhead, -1
         while s >= 0:
-            assert self._qprev[s] == prev and len(out) <= self.num_blocks, "free queue links"
+            assert self._slots[s].qprev == prev and len(out) <= self.num_blocks, "free queue links"
             out.append(s)
-            prev, s = s, self._qnext[s]
+            prev, s = s, self._slots[s].qnext
         assert prev == self._qtail, "free queue tail"
         return out
 
@@ -340,9 +354,10 @@ class PrefixBlockPool:
         out: list[int] = []
         s = self._oldest.get(key, -1)
         while s >= 0:
-            assert self._key[s] == key and self._ref[s] >= 0 and len(out) <= self.num_blocks, "copy chain"
+            slot = self._slots[s]
+            assert slot.key == key and slot.ref >= 0 and len(out) <= self.num_blocks, "copy chain"
             out.append(s)
-            s = self._cnext[s]
+            s = slot.cnext
         return out
 
     def all_copies(self) -> dict[int, list[int]]:
