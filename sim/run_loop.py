@@ -246,6 +246,18 @@ class EngineLoop:
                         req.first_token_s = math.nan
         return aborted
 
+    def _take_passed_deadlines(self, now: float) -> bool:
+        """With async scheduling the run loop takes client deadlines only right after a ``schedule()``
+        (``EngineCore.abort_due``), so an engine with nothing to schedule never reached them: the next event was a
+        deadline already passed (mostly the entry of a request that ended before it), and the loop waited for it at
+        the same time for ever.  vLLM's engine core takes aborts from its input queue whether or not a step runs
+        (0.33 v1/engine/core.py run_busy_loop: ``_process_input_queue`` before each step), so an idle engine takes
+        them here.  True when one was taken (the caller looks again at ``now``)."""
+        if self.deadlines and self.deadlines[0][0] <= now:
+            self.expire_deadlines(now)
+            return True
+        return False
+
     def _begin(self, now: float, next_arrival_s: float) -> StepResult | None:
         """Ask the core for a step at ``now`` bounded by the next arrival, deadline and load landing (None:
         nothing to run; when the engine aborted, ``stopped`` is set and ``aborted`` says why)."""
@@ -316,6 +328,8 @@ class EngineLoop:
                 if self.stopped:
                     break
             if step is None:
+                if self._take_passed_deadlines(now):
+                    continue
                 # Idle (or stuck until an arrival or deadline frees something): asleep until the next event; an
                 # arrival routed here wakes it (``add``).
                 nxt = self.next_event_s()
@@ -403,6 +417,8 @@ class EngineLoop:
                 if self.stopped:
                     break
             if step is None:
+                if self._take_passed_deadlines(now):
+                    continue
                 # Idle (or stuck until an arrival or deadline frees something): sleep until the next event; an
                 # arrival wakes it (``add``).
                 if env.now < clock:
