@@ -48,8 +48,6 @@ class RequestStore:
         self.prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
         self.outputs = df["output_tokens"].to_numpy(dtype=np.int64)
         #: All requests' prefix keys in one int64 array and where each request's start (None: not made).
-        self.key_array: np.ndarray | None = None
-        self.key_starts: list[int] = []
         #: Per request, the block hashes of its leading full prompt blocks (empty: it shares nothing).
         self.keys = self._prefix_keys(df, self.prompts)
         self.log = RequestLog(self.ids, self.classes, self.arrivals_s, self.prompts, self.outputs)
@@ -114,9 +112,6 @@ class RequestStore:
             predicted_output=predicted.get(cls, 0) if predicted else 0, timeout_at=timeout_at, cancel_at=cancel_at,
             prefix_keys=keys,
         )
-        if keys and self.key_array is not None:
-            start = self.key_starts[i]
-            req.prefix_array = self.key_array[start:start + len(keys)]
         return req
 
     def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
@@ -134,11 +129,6 @@ class RequestStore:
         found = _prefix_hash_array(column, prompts, block_size, self.hash_block_tokens)
         if found is None:
             return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
-        # Each request's keys are also handed to it as a view of the one array (Request.prefix_array), so that the
-        # prefix pool does not convert its tuple: that conversion was ~30% of the elements the prefix case turned
-        # from lists into arrays (benchmarks/tools/compiled_profile.py --case prefix).
-        self.key_array, ends = found
-        self.key_starts = [0, *ends[:-1]]
         return _key_tuples(*found)
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from enum import Enum
 
-import numpy as np
-
 
 class Status(str, Enum):
     """Final statuses of the request table (docs/design.md, 'Data contracts'), plus the live ones."""
@@ -39,7 +37,7 @@ class Request:
         "num_output_tokens", "num_computed_tokens", "high_water", "blocks", "status",
         "first_scheduled_s", "first_token_s", "end_s", "num_preemptions", "recomputed_tokens",
         "preempted_at", "resume_wait_s", "swapped_out_blocks", "swapped_in_blocks", "kv_blocks_peak",
-        "prefix_hit_tokens", "preempted_hit_tokens", "processed_tokens", "prefix_keys", "prefix_array", "block_ids",
+        "prefix_hit_tokens", "preempted_hit_tokens", "processed_tokens", "prefix_keys", "block_ids",
         "blocks_freed", "appended_tokens",
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
         "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s", "decode_entry",
@@ -99,8 +97,6 @@ class Request:
         #: Hashes of the leading prompt blocks other requests may share (from the trace's ``hash_ids``; even, see
         #: :func:`~sim.engine.prefix_pool.block_hash`).
         self.prefix_keys = prefix_keys
-        #: ``prefix_keys`` as an int64 array, made by the pool when it first needs it.
-        self.prefix_array: np.ndarray | None = None  # (typed: the compiled engine checks it, sim/_compiled.py)
         #: Ids of the leading blocks that carry a hash, when the pool tracks blocks one by one
         #: (:class:`~sim.engine.prefix_pool.PrefixBlockPool`: its slots, negative for own blocks not in its map yet);
         #: the other ``blocks - len(block_ids)`` have none.

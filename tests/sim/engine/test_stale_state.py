@@ -42,9 +42,8 @@ def _slots() -> tuple[str, ...]:
     raise AssertionError("Request.__slots__ not found")
 
 
-#: Every attribute but the pool's cached array of the prefix keys and the scheduler's cached decode entry (made on
-#: demand, not state).
-ATTRIBUTES = tuple(a for a in _slots() if a not in ("prefix_array", "decode_entry"))
+#: Every attribute but the scheduler's cached decode entry (made on demand, not state).
+ATTRIBUTES = tuple(a for a in _slots() if a != "decode_entry")
 
 
 #: Counted at schedule time or at the update as the object path's fast path or general loop takes a decode (see
