@@ -265,8 +265,8 @@ def main() -> None:
     ap.add_argument("--engine", type=Path, help="run this script's cases on another checkout's engine (its sim/, "
                                                 "objectives/): before-and-after timings of a change")
     ap.add_argument("--decode-columns", choices=("on", "off"), default="on",
-                    help="off: the running batch as Request objects only (no numba column kernels; the prefix "
-                         "pool's and CPU tier's kernels still run)")
+                    help="off: the running batch as Request objects only (no numba column kernels, so no numba "
+                         "at all: the prefix pool and the CPU tier are compiled Python)")
     args = ap.parse_args()
     if args.engine is not None:
         if not (args.engine / "sim" / "runner.py").is_file():
