@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import run as bench  # noqa: E402
-from workloads import MAX_MODEL_LEN, WORKLOADS  # noqa: E402
+from workloads import MAX_MODEL_LEN, WORKLOADS, build  # noqa: E402
 
 from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
 from replay.results import ReplayResult  # noqa: E402
@@ -58,7 +58,7 @@ def study(args) -> dict:
     if args.scale:
         name, blocks, folder = bench.SCALE_LOOP_WORKLOAD, bench.SCALE_BLOCKS, out / "closed-loop-scale"
         engine.update(enable_prefix_caching=True, max_model_len=bench.SCALE_MAX_MODEL_LEN)
-    workload = WORKLOADS[name]()
+    workload = build(name, bench.out_pace(out, args.pace) if args.scale else 1.0)
     trace = write_trace(workload, folder / f"{name}.csv")
     klass = next(iter(workload.classes.values()))
     spec = StudySpec.from_dict({
@@ -159,6 +159,8 @@ def _main(argv=None) -> int:
     ap.set_defaults(model=os.environ.get("KVTUNE_TINY_MODEL", "/work/tiny-llama"), gpu="vllm-cpu-1core")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--scale", action="store_true", help="study: the at-scale matrix's (run.py --scale) scenario")
+    ap.add_argument("--pace", type=float, default=None,
+                    help="with --scale: the at-scale workload's pace (run.py --pace; recorded in <out>/pace.json)")
     args = ap.parse_args(argv)
     if args.action == "study":
         study(args)

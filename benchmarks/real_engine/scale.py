@@ -432,18 +432,18 @@ def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
     return lines
 
 
-def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level: float = 1.0):
+def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level: float = 1.0, pace: float = 1.0):
     """``predict(speed, client_offset)`` for :func:`diagnose_cell`: each run of ``row`` simulated as ``run.py
     --scale`` does (same seeds, the dedicated-core coefficients at the run's CPU share), every step ``speed`` times
     as fast (and ``level`` times, for every cell alike), pooled as :func:`cell` pools them; ``batch`` from the
-    step table."""
+    step table.  ``pace``: the workloads' (the report's ``pace``, ``run.py --pace``)."""
     from bench_config import BenchConfig, predicted_metrics
-    from workloads import WORKLOADS
+    from workloads import build
     from replay.calibrate import ClientLatency, at_cpu_share, with_client_latency
     from sim.runner import simulate
 
     knobs = dict(row["knobs"], workloads=tuple(row["knobs"]["workloads"]))
-    cfg, workload = BenchConfig(**knobs), WORKLOADS[row["workload"]]()
+    cfg, workload = BenchConfig(**knobs), build(row["workload"], pace)
     memo: dict = {}
 
     def predict(speed: float, client: float | None) -> dict:
@@ -525,7 +525,8 @@ def diagnose_main(argv=None) -> int:
         print(f"scale.py: {exc}", file=sys.stderr)
         return 2
     offset = float(prof.client_offset_s)  # the profile's, as run.py --scale adds it
-    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu, args.speed)) for r in rows]
+    pace = float(doc.get("pace", 1.0))  # reports before --pace ran at 1
+    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu, args.speed, pace)) for r in rows]
     summary = diagnose_summary(cells, rows)
     print("\n".join(format_diagnosis(cells, summary)))
     if args.out:

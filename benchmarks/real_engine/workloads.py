@@ -14,22 +14,24 @@ that prefills ~1,000 tokens/s and decodes a few dozen sequences at a time).
   generator builds identical token blocks for identical ids): 4 system prompts of one block, half the requests
   continuing one of 8 conversations (a second shared block), then a unique suffix.
 
-At scale (issue 32; ``run.py --scale``): four workloads of 150 requests each, sized so that a run takes about 20-40 s
-on the tiny engine and loads it (the small ones above are mostly under-loaded: their throughput is the offered
-load, not the engine's):
+At scale (issue 32; ``run.py --scale``): four workloads of 150 requests each, sized so that a run loads the tiny
+engine (the small ones above are mostly under-loaded: their throughput is the offered load, not the engine's):
 
-- ``saturated``: short prompts and outputs (32-128 tokens each) arriving faster than the engine serves them
-  (Poisson, 10 req/s), so throughput is engine-bound;
-- ``kv-pressure``: longer prompts (96-320) and outputs (64-256) in bursts, so that on a scarce cache the running
-  batch outgrows the KV blocks: tens of preemptions per run, some requests preempted more than once;
-- ``reasoning-long``: short prompts, long outputs from ServeGen's DeepSeek-R1 output distribution (x0.12,
-  64-480 tokens), a 12 s client timeout that the slow configs hit;
-- ``prefix-scarce``: 6 system prompts of 256 tokens (two 128-token hash blocks each; ``hash_block_tokens`` 128),
-  a third of the requests continuing one of 12 conversations (one more shared block), then a unique suffix; on
-  100 blocks of 32 tokens the cached prefixes are evicted under allocation pressure (the case where kvtune
-  predicted +92% prefix hits in free running, issue 32).
+- ``saturated``: short prompts (16-48 tokens) and outputs (8-24) arriving faster than the engine serves them
+  (Poisson, 8 req/s), so throughput is engine-bound;
+- ``kv-pressure``: longer prompts (48-96) and outputs (12-32) in bursts of 15 (6 req/s), so that on a scarce
+  cache the running batch outgrows the KV blocks: tens of preemptions per run, some requests preempted twice;
+- ``reasoning-long``: short prompts (16-32), long outputs from ServeGen's DeepSeek-R1 output distribution
+  (x0.015, 16-120 tokens), 6 req/s, a 10 s client timeout that the slow configs hit;
+- ``prefix-scarce``: 6 system prompts of two 64-token hash blocks (``hash_block_tokens`` 64), a third of the
+  requests continuing one of 12 conversations (one more shared block), then a unique suffix of 8-32 tokens;
+  5 req/s; on 48 blocks of 32 tokens the cached prefixes are evicted under allocation pressure (the case where
+  kvtune predicted +92% prefix hits in free running, issue 32).
 
-Every builder is deterministic (seeded) and returns the same requests on every call.
+They were sized for the engine on a loaded machine (about 85 output tok/s on ``saturated``).  ``pace`` (``run.py
+--pace``) replays the same requests ``pace`` times faster: arrivals ``pace`` times closer and the client timeout
+``pace`` times shorter, for an engine ``pace`` times faster (the engine alone on a quiet core), so that the runs
+load it as they loaded the slower one.  The requests (lengths, order, prefixes) do not change.
 """
 
 from __future__ import annotations
@@ -137,47 +139,50 @@ def _rows(klass: str, arrivals, prompt, output) -> pd.DataFrame:
     return _frame([(i, klass, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))])
 
 
-def saturated(num_requests: int = SCALE_REQUESTS, rate: float = 8.0, seed: int = 21) -> Workload:
+def saturated(num_requests: int = SCALE_REQUESTS, rate: float = 8.0, seed: int = 21, pace: float = 1.0) -> Workload:
     """Short requests (prompts 16-48, outputs 8-24 tokens) arriving faster than the engine serves them."""
     rng = np.random.default_rng(seed)
     prompt, output = _fit_context(rng.integers(16, 49, num_requests), rng.integers(8, 25, num_requests))
-    return Workload(_rows("short", _poisson(rng, num_requests, rate), prompt, output),
-                    {"short": RequestClass("short")}, source=f"saturated: {num_requests} short requests at {rate:g} req/s")
+    return Workload(_rows("short", _poisson(rng, num_requests, rate) / pace, prompt, output),
+                    {"short": RequestClass("short")},
+                    source=f"saturated: {num_requests} short requests at {rate * pace:g} req/s")
 
 
-def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: int = 15, seed: int = 23) -> Workload:
+def kv_pressure(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, burst: int = 15, seed: int = 23,
+                pace: float = 1.0) -> Workload:
     """Bursts of ``burst`` requests (prompts 48-96, outputs 12-32), the bursts Poisson at ``rate / burst``."""
     rng = np.random.default_rng(seed)
     prompt, output = _fit_context(rng.integers(48, 97, num_requests), rng.integers(12, 33, num_requests))
     starts = _poisson(rng, -(-num_requests // burst), rate / burst)
     arrivals = np.sort(np.repeat(starts, burst)[:num_requests] + rng.uniform(0, 0.2, num_requests))
-    arrivals -= arrivals[0]
+    arrivals = (arrivals - arrivals[0]) / pace
     return Workload(_rows("batch", arrivals, prompt, output), {"batch": RequestClass("batch")},
-                    source=f"kv-pressure: {num_requests} requests in bursts of {burst}, {rate:g} req/s")
+                    source=f"kv-pressure: {num_requests} requests in bursts of {burst}, {rate * pace:g} req/s")
 
 
 def reasoning_long(num_requests: int = SCALE_REQUESTS, rate: float = 6.0, timeout_s: float = 10.0,
-                   seed: int = 29) -> Workload:
+                   seed: int = 29, pace: float = 1.0) -> Workload:
     """Short prompts (16-32 tokens), long outputs: ServeGen DeepSeek-R1 output lengths x0.015, cut to 16-120;
     a ``timeout_s`` client timeout."""
     rng = np.random.default_rng(seed)
     tout, pout = _servegen_lengths("output_tokens")
     output = np.clip(np.round(rng.choice(tout, size=num_requests, p=pout) * 0.015), 16, 120)
     prompt, output = _fit_context(rng.integers(16, 33, num_requests), output)
-    return Workload(_rows("reason", _poisson(rng, num_requests, rate), prompt, output),
-                    {"reason": RequestClass("reason", timeout_s=timeout_s)},
-                    source=f"reasoning-long: ServeGen DeepSeek-R1 output lengths x0.12, {timeout_s:g} s timeout")
+    return Workload(_rows("reason", _poisson(rng, num_requests, rate) / pace, prompt, output),
+                    {"reason": RequestClass("reason", timeout_s=timeout_s / pace)},
+                    source=f"reasoning-long: ServeGen DeepSeek-R1 output lengths x0.015, {rate * pace:g} req/s, "
+                           f"{timeout_s / pace:g} s timeout")
 
 
 #: Tokens per hash id of ``prefix-scarce`` (2 engine blocks of 32).
 PREFIX_HASH_TOKENS = 64
 
 
-def prefix_scarce(num_requests: int = SCALE_REQUESTS, rate: float = 5.0, seed: int = 31) -> Workload:
+def prefix_scarce(num_requests: int = SCALE_REQUESTS, rate: float = 5.0, seed: int = 31, pace: float = 1.0) -> Workload:
     """6 system prompts of two hash blocks, a third of the requests continuing one of 12 conversations (a third
     shared block), then a unique suffix of 8-32 tokens; outputs 8-24 tokens."""
     rng = np.random.default_rng(seed)
-    arrivals = _poisson(rng, num_requests, rate)
+    arrivals = _poisson(rng, num_requests, rate) / pace
     rows, hashes = [], []
     for i in range(num_requests):
         system = int(rng.integers(0, 6))
@@ -198,6 +203,15 @@ SCALE_WORKLOADS = {"saturated": saturated, "kv-pressure": kv_pressure, "reasonin
                    "prefix-scarce": prefix_scarce}
 WORKLOADS.update(SCALE_WORKLOADS)
 
+
+def build(name: str, pace: float = 1.0) -> Workload:
+    """Workload ``name`` of :data:`WORKLOADS`; an at-scale one ``pace`` times faster (see the module's text)."""
+    if name in SCALE_WORKLOADS:
+        return SCALE_WORKLOADS[name](pace=pace)
+    if pace != 1.0:
+        raise ValueError(f"workload {name!r}: only the at-scale workloads ({', '.join(SCALE_WORKLOADS)}) take a pace")
+    return WORKLOADS[name]()
+
 __all__ = ["HASH_BLOCK_TOKENS", "MAX_MODEL_LEN", "PREFIX_HASH_TOKENS", "SCALE_REQUESTS", "SCALE_WORKLOADS", "WORKLOADS",
-           "azure", "kv_pressure", "prefix", "prefix_scarce", "reasoning", "reasoning_burst", "reasoning_long",
+           "azure", "build", "kv_pressure", "prefix", "prefix_scarce", "reasoning", "reasoning_burst", "reasoning_long",
            "saturated"]
