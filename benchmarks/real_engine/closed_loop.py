@@ -58,7 +58,7 @@ def study(args) -> dict:
     if args.scale:
         name, blocks, folder = bench.SCALE_LOOP_WORKLOAD, bench.SCALE_BLOCKS, out / "closed-loop-scale"
         engine.update(enable_prefix_caching=True, max_model_len=bench.SCALE_MAX_MODEL_LEN)
-    workload = build(name, bench.out_pace(out, args.pace) if args.scale else 1.0)
+    workload = build(name, *bench.out_scale(out, args.pace, args.requests)) if args.scale else build(name)
     trace = write_trace(workload, folder / f"{name}.csv")
     klass = next(iter(workload.classes.values()))
     spec = StudySpec.from_dict({
@@ -161,6 +161,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--scale", action="store_true", help="study: the at-scale matrix's (run.py --scale) scenario")
     ap.add_argument("--pace", type=float, default=None,
                     help="with --scale: the at-scale workload's pace (run.py --pace; recorded in <out>/pace.json)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="with --scale: its requests per run (run.py --requests; recorded in <out>/pace.json)")
     args = ap.parse_args(argv)
     if args.action == "study":
         study(args)

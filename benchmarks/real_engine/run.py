@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 import scale  # noqa: E402
 from bench_config import BLOCK_SIZE, BenchConfig, predicted_metrics, table_metrics  # noqa: E402,F401
-from workloads import SCALE_WORKLOADS, WORKLOADS, build  # noqa: E402
+from workloads import SCALE_REQUESTS, SCALE_WORKLOADS, WORKLOADS, build  # noqa: E402
 
 from optimizer import add_engine_arguments, add_latency_arguments, add_vllm_arguments  # noqa: E402
 from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
@@ -165,26 +165,36 @@ def scale_configs(out: Path) -> list[BenchConfig]:
     return configs
 
 
-def out_pace(out: Path, pace: float | None) -> float:
-    """The at-scale workloads' pace of the measurements in ``out`` (``<out>/pace.json``; 1 when absent), set by
-    ``pace`` the first time: a folder holds runs of one pace only (ConfigError for another)."""
+def out_scale(out: Path, pace: float | None = None, requests: int | None = None) -> tuple[float, int]:
+    """``(pace, requests)`` of the at-scale runs in ``out`` (``<out>/pace.json``; ``(1, SCALE_REQUESTS)`` when
+    absent), set by ``pace`` and ``requests`` the first time: a folder holds runs of one pace and size only
+    (ConfigError for another, or for a value out of range)."""
     from sim.errors import ConfigError
 
+    default = {"pace": 1.0, "requests": SCALE_REQUESTS}
     path = Path(out) / "pace.json"
-    saved = float(json.loads(path.read_text())["pace"]) if path.is_file() else None
-    if pace is None:
-        return saved if saved is not None else 1.0
-    if not math.isfinite(pace) or pace <= 0:
+    saved = {**default, **json.loads(path.read_text())} if path.is_file() else None
+    if pace is not None and not (math.isfinite(pace) and pace > 0):
         raise ConfigError("--pace", f"must be a positive number, got {pace:g}")
+    if requests is not None and requests < SCALE_REQUESTS:
+        raise ConfigError("--requests", f"at least {SCALE_REQUESTS} (issue 32's floor), got {requests}")
+    asked = {k: v for k, v in (("pace", pace), ("requests", requests)) if v is not None}
+    if not asked:
+        doc = saved or default
+        return float(doc["pace"]), int(doc["requests"])
     if saved is None:
-        if pace != 1.0 and any(Path(out).glob("*/*/rep-*/replay.json")):
-            raise ConfigError("--pace", f"{out} holds runs at pace 1 (no {path.name}); got {pace:g}: use another --out")
+        doc = {**default, **asked}
+        if doc != default and any(Path(out).glob("*/*/rep-*/replay.json")):
+            raise ConfigError("--pace", f"{out} holds runs at pace 1 of {SCALE_REQUESTS} requests (no {path.name}); "
+                                        f"got {asked}: use another --out")
         Path(out).mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"pace": pace}) + "\n")
-        return pace
-    if saved != pace:
-        raise ConfigError("--pace", f"{out} holds runs at pace {saved:g} ({path}); got {pace:g}: use another --out")
-    return pace
+        path.write_text(json.dumps(doc) + "\n")
+        return float(doc["pace"]), int(doc["requests"])
+    for key, value in asked.items():
+        if saved[key] != value:
+            raise ConfigError(f"--{key}", f"{out} holds runs at {key} {saved[key]:g} ({path}); got {value:g}: "
+                                          "use another --out")
+    return float(saved["pace"]), int(saved["requests"])
 
 
 def replays(cfg: BenchConfig, workload: str) -> bool:
@@ -229,7 +239,7 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
             if first is not None:
                 first(url, pgid)
             for w, rep in todo:
-                workload = build(w, args.pace)
+                workload = build(w, args.pace, args.requests)
                 options = ReplayOptions(seed=rep, sample_interval_wall_s=1.0, record_tokens=False,
                                         drain_timeout_s=args.drain_timeout,
                                         hash_block_tokens=workload.hash_block_tokens)
@@ -327,7 +337,7 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
     rows = {mode: [] for mode in MODES}
     for cfg in configs:
         for w in [w for w in workloads if replays(cfg, w)]:
-            workload = build(w, args.pace)
+            workload = build(w, args.pace, args.requests)
             meas, pred, shares, on_core = [], {mode: [] for mode in MODES}, [], []
             for rep in range(repeats_of(args, cfg.name, w)):
                 path = run_dir(args.out, cfg.name, w, rep)
@@ -395,7 +405,7 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
     rows = {mode: [] for mode in MODES}
     for cfg in configs:
         for w in [w for w in workloads if replays(cfg, w)]:
-            workload = build(w, args.pace)
+            workload = build(w, args.pace, args.requests)
             meas_runs, pred_runs, runs = [], {mode: [] for mode in MODES}, []
             for rep in range(args.repeats):
                 path = run_dir(args.out, cfg.name, w, rep)
@@ -420,7 +430,7 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
                     rows[mode].append({"config": cfg.name, "workload": w, "knobs": asdict(cfg), "runs": runs,
                                        **scale.cell(meas_runs, pred_runs[mode])})
     doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "device": _profile_device(args.profile),
-           "pace": args.pace,
+           "pace": args.pace, "requests": args.requests,
            "calibration_cpu_share": float(fit.get("cpu_share_median") or math.nan),
            "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "modes": {}}
     for mode in MODES:
@@ -698,6 +708,9 @@ def _main(argv=None) -> int:
                     help="with --scale: replay the at-scale workloads this many times faster (arrivals closer, client "
                          "timeouts shorter: workloads.py), for an engine that much faster than the one they were "
                          "sized for; recorded in <out>/pace.json, which later calls read (default 1)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help=f"with --scale: requests per run of each at-scale workload (default {SCALE_REQUESTS}: a draw of "
+                         "that many from the same distributions); recorded in <out>/pace.json")
     args = ap.parse_args(argv)
     if args.calibrate and not args.quick:
         print("--calibrate: only with --quick", file=sys.stderr)
@@ -735,10 +748,10 @@ def _main(argv=None) -> int:
         return 2
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.pace is not None and not args.scale:
-        print("--pace: only with --scale", file=sys.stderr)
+    if (args.pace is not None or args.requests is not None) and not args.scale:
+        print("--pace, --requests: only with --scale", file=sys.stderr)
         return 2
-    args.pace = out_pace(args.out, args.pace)
+    args.pace, args.requests = out_scale(args.out, args.pace, args.requests)
     if not args.report_only:
         measure(args, configs, workloads, prepare=lambda cfg: quick_calibration(args, cfg))
     if args.calibrate:

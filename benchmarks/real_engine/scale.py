@@ -432,18 +432,19 @@ def format_diagnosis(cells: list[dict], summary: dict) -> list[str]:
     return lines
 
 
-def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level: float = 1.0, pace: float = 1.0):
+def _simulated_predict(row: dict, offset_s: float, dedicated, model, gpu, level: float = 1.0, pace: float = 1.0,
+                       requests: int | None = None):
     """``predict(speed, client_offset)`` for :func:`diagnose_cell`: each run of ``row`` simulated as ``run.py
     --scale`` does (same seeds, the dedicated-core coefficients at the run's CPU share), every step ``speed`` times
     as fast (and ``level`` times, for every cell alike), pooled as :func:`cell` pools them; ``batch`` from the
-    step table.  ``pace``: the workloads' (the report's ``pace``, ``run.py --pace``)."""
+    step table.  ``pace``, ``requests``: the workloads' (the report's, ``run.py --pace --requests``)."""
     from bench_config import BenchConfig, predicted_metrics
-    from workloads import build
+    from workloads import SCALE_REQUESTS, build
     from replay.calibrate import ClientLatency, at_cpu_share, with_client_latency
     from sim.runner import simulate
 
     knobs = dict(row["knobs"], workloads=tuple(row["knobs"]["workloads"]))
-    cfg, workload = BenchConfig(**knobs), build(row["workload"], pace)
+    cfg, workload = BenchConfig(**knobs), build(row["workload"], pace, requests or SCALE_REQUESTS)
     memo: dict = {}
 
     def predict(speed: float, client: float | None) -> dict:
@@ -525,8 +526,9 @@ def diagnose_main(argv=None) -> int:
         print(f"scale.py: {exc}", file=sys.stderr)
         return 2
     offset = float(prof.client_offset_s)  # the profile's, as run.py --scale adds it
-    pace = float(doc.get("pace", 1.0))  # reports before --pace ran at 1
-    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu, args.speed, pace)) for r in rows]
+    pace, requests = float(doc.get("pace", 1.0)), doc.get("requests")  # reports before --pace: 1, 150
+    cells = [diagnose_cell(r, _simulated_predict(r, offset, dedicated, model, gpu, args.speed, pace, requests))
+             for r in rows]
     summary = diagnose_summary(cells, rows)
     print("\n".join(format_diagnosis(cells, summary)))
     if args.out:

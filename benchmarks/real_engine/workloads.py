@@ -31,7 +31,9 @@ engine (the small ones above are mostly under-loaded: their throughput is the of
 They were sized for the engine on a loaded machine (about 85 output tok/s on ``saturated``).  ``pace`` (``run.py
 --pace``) replays the same requests ``pace`` times faster: arrivals ``pace`` times closer and the client timeout
 ``pace`` times shorter, for an engine ``pace`` times faster (the engine alone on a quiet core), so that the runs
-load it as they loaded the slower one.  The requests (lengths, order, prefixes) do not change.
+load it as they loaded the slower one.  The requests (lengths, order, prefixes) do not change.  ``requests``
+(``run.py --requests``) draws that many from the same distributions and seed (another draw, not the same requests
+and more), so that a run at a high pace still lasts long enough to reach a steady state.
 """
 
 from __future__ import annotations
@@ -204,12 +206,14 @@ SCALE_WORKLOADS = {"saturated": saturated, "kv-pressure": kv_pressure, "reasonin
 WORKLOADS.update(SCALE_WORKLOADS)
 
 
-def build(name: str, pace: float = 1.0) -> Workload:
-    """Workload ``name`` of :data:`WORKLOADS`; an at-scale one ``pace`` times faster (see the module's text)."""
+def build(name: str, pace: float = 1.0, requests: int = SCALE_REQUESTS) -> Workload:
+    """Workload ``name`` of :data:`WORKLOADS`; an at-scale one ``pace`` times faster and of ``requests`` requests
+    (see the module's text)."""
     if name in SCALE_WORKLOADS:
-        return SCALE_WORKLOADS[name](pace=pace)
-    if pace != 1.0:
-        raise ValueError(f"workload {name!r}: only the at-scale workloads ({', '.join(SCALE_WORKLOADS)}) take a pace")
+        return SCALE_WORKLOADS[name](num_requests=requests, pace=pace)
+    if pace != 1.0 or requests != SCALE_REQUESTS:
+        raise ValueError(f"workload {name!r}: only the at-scale workloads ({', '.join(SCALE_WORKLOADS)}) take a pace "
+                         "and a size")
     return WORKLOADS[name]()
 
 __all__ = ["HASH_BLOCK_TOKENS", "MAX_MODEL_LEN", "PREFIX_HASH_TOKENS", "SCALE_REQUESTS", "SCALE_WORKLOADS", "WORKLOADS",

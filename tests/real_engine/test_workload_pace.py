@@ -48,23 +48,36 @@ def test_pace_is_for_the_at_scale_workloads_only(modules):
     assert len(workloads.build("azure").requests) > 0
 
 
-def test_a_folder_holds_one_pace(modules, tmp_path):
+def test_a_folder_holds_one_pace_and_size(modules, tmp_path):
     _, run = modules
     from sim.errors import ConfigError
 
-    assert run.out_pace(tmp_path, None) == 1.0
-    assert run.out_pace(tmp_path, 2.5) == 2.5
-    assert json.loads((tmp_path / "pace.json").read_text()) == {"pace": 2.5}
-    assert run.out_pace(tmp_path, None) == 2.5  # a later call (--report-only) reads it
+    assert run.out_scale(tmp_path) == (1.0, 150)
+    assert run.out_scale(tmp_path, 2.5, 600) == (2.5, 600)
+    assert json.loads((tmp_path / "pace.json").read_text()) == {"pace": 2.5, "requests": 600}
+    assert run.out_scale(tmp_path) == (2.5, 600)  # a later call (--report-only) reads it
+    assert run.out_scale(tmp_path, 2.5) == (2.5, 600)
     with pytest.raises(ConfigError, match="pace 2.5"):
-        run.out_pace(tmp_path, 3.0)
+        run.out_scale(tmp_path, 3.0)
+    with pytest.raises(ConfigError, match="requests 600"):
+        run.out_scale(tmp_path, None, 300)
     old = tmp_path / "old"
     (old / "default" / "saturated" / "rep-0").mkdir(parents=True)
     (old / "default" / "saturated" / "rep-0" / "replay.json").write_text("{}")
     with pytest.raises(ConfigError, match="pace 1"):
-        run.out_pace(old, 2.0)
+        run.out_scale(old, 2.0)
+    assert run.out_scale(old, 1.0) == (1.0, 150)
     with pytest.raises(ConfigError, match="positive"):
-        run.out_pace(tmp_path / "x", 0.0)
+        run.out_scale(tmp_path / "x", 0.0)
+    with pytest.raises(ConfigError, match="at least 150"):
+        run.out_scale(tmp_path / "y", 2.0, 100)
+
+
+def test_requests_sizes_the_draw(modules):
+    workloads, _ = modules
+    big = workloads.build("saturated", 4.0, 600)
+    assert len(big.requests) == 600
+    assert big.requests["arrival_s"].is_monotonic_increasing
 
 
 def test_bad_pace_is_one_line_and_exit_2(modules, tmp_path, capsys):
