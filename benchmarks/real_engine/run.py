@@ -143,9 +143,18 @@ def recommended_config(out: Path) -> BenchConfig | None:
                        base.num_gpu_blocks, base.prefix_caching, base.workloads)
 
 
+#: Configs spaced below the recommendation (its sequences divided by these), for pairs that the engine separates:
+#: on the scarce cache a running batch above ~12-20 of these requests fills the blocks, so configs of more
+#: sequences (the default, a throughput recommendation and its sides) differ mostly in preemptions, within the
+#: run-to-run spread; below that the batch and the queue differ (2026-12-06, pinned-core profile, pace 10: predicted
+#: 1,118 / 837 / 505 output tok/s on ``saturated`` at 29 / 16 / 8 sequences).
+SPACED_DIVISORS = (("rec-eighth", 8), ("rec-sixteenth", 16))
+
+
 def scale_configs(out: Path) -> list[BenchConfig]:
-    """:data:`SCALE_CONFIGS` with the recommendation of ``<out>/recommended-scale.json`` and one config on each side
-    of it (a quarter and four times its sequences, at most 128), when the study has run."""
+    """:data:`SCALE_CONFIGS` with the recommendation of ``<out>/recommended-scale.json``, one config on each side
+    of it (a quarter and four times its sequences, at most 128) and the :data:`SPACED_DIVISORS` configs below it,
+    when the study has run; a config whose knobs another already has is left out."""
     configs = list(SCALE_CONFIGS)
     path = Path(out) / "recommended-scale.json"
     if not path.is_file():
@@ -157,6 +166,8 @@ def scale_configs(out: Path) -> list[BenchConfig]:
              BenchConfig("rec-fewer", max(1, seqs // 4), budget, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN),
              BenchConfig("rec-more", min(base.max_num_seqs, seqs * 4), budget, SCALE_BLOCKS, True, SCALE,
                          SCALE_MAX_MODEL_LEN)]
+    extra += [BenchConfig(name, max(1, seqs // div), budget, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN)
+              for name, div in SPACED_DIVISORS]
     knobs = {(base.max_num_seqs, base.max_num_batched_tokens)}
     for cfg in extra:
         if (cfg.max_num_seqs, cfg.max_num_batched_tokens) not in knobs:

@@ -145,15 +145,23 @@ def test_scale_configs_put_the_recommendation_between_its_sides(tmp_path):
     assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "default-ample"]
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 8, "max_num_batched_tokens": 600}}')
     by = {c.name: c for c in bench.scale_configs(tmp_path)}
-    assert list(by) == ["default", "recommended", "rec-fewer", "rec-more", "default-ample"]
+    # 8 // 16 is 1 sequence as 8 // 8 is: one config of those knobs
+    assert list(by) == ["default", "recommended", "rec-fewer", "rec-more", "rec-eighth", "default-ample"]
     assert (by["rec-fewer"].max_num_seqs, by["recommended"].max_num_seqs, by["rec-more"].max_num_seqs) == (2, 8, 32)
+    assert by["rec-eighth"].max_num_seqs == 1
+    (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 118, "max_num_batched_tokens": 444}}')
+    seqs = {c.name: c.max_num_seqs for c in bench.scale_configs(tmp_path)}
+    assert seqs == {"default": 128, "recommended": 118, "rec-fewer": 29, "rec-more": 128, "rec-eighth": 14, "rec-sixteenth": 7,
+                    "default-ample": 128}  # rec-more (128 sequences, 444 tokens) stays: another budget
+
     assert all(c.num_gpu_blocks == bench.SCALE_BLOCKS and c.prefix_caching for n, c in by.items() if n != "default-ample")
     # the scarce cache holds one request of the configs' context (vLLM refuses a cache that does not)
     assert bench.SCALE_BLOCKS * bench.BLOCK_SIZE >= bench.SCALE_MAX_MODEL_LEN
     assert all(c.engine_config().max_model_len == bench.SCALE_MAX_MODEL_LEN for c in by.values())
     # a recommendation equal to the default adds no duplicate config
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 128, "max_num_batched_tokens": 2048}}')
-    assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "rec-fewer", "default-ample"]
+    assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "rec-fewer", "rec-eighth", "rec-sixteenth",
+                                                               "default-ample"]
 
 
 def test_request_interval_widens_when_the_runs_differ(scale):
