@@ -90,3 +90,34 @@ def test_forked_robustness_equals_one_after_another(monkeypatch):
     monkeypatch.setattr(rb, "_workers", lambda jobs: 0)
     assert forked == verdicts() and len(forked["perturbations"]) == len(rb.PERTURBATIONS)
     assert rb._JOB is None  # noqa: SLF001
+
+
+def _verdict(monkeypatch, pairs):
+    """robustness() over stubbed re-simulations: ``pairs`` of (recommended, default) throughputs per perturbation."""
+    from types import SimpleNamespace
+
+    import optimizer._robustness as rb
+
+    sims = [({"output_tokens_per_s": r}, {"output_tokens_per_s": d}, None) for r, d in pairs]
+    monkeypatch.setattr(rb, "_simulate_all", lambda ctx, rec, base, perturbations: sims)
+    ctx = SimpleNamespace(spec=SimpleNamespace(objectives=["output_tokens_per_s"]))
+    perturbations = [(f"p{i}", 1.0, 1.0) for i in range(len(pairs))]
+    result = rb.robustness(ctx, {}, {}, lambda m: [], perturbations=perturbations)
+    return result, rb.describe(result)
+
+
+def test_a_gain_that_changes_sign_within_the_error_bands_is_called_noise(monkeypatch):
+    result, lines = _verdict(monkeypatch, [(101.0, 100.0), (99.0, 100.0), (100.5, 100.0)])
+    assert result["gain_within_noise"] and not result["beats_default_under_all"]
+    assert result["gain_range"] == pytest.approx([-0.01, 0.01])
+    assert "-1.0% to +1.0%" in lines[-1] and "should not expect a difference" in lines[-1]
+
+
+def test_a_gain_that_holds_under_every_perturbation_is_not_noise(monkeypatch):
+    result, lines = _verdict(monkeypatch, [(120.0, 100.0), (110.0, 100.0)])
+    assert result["beats_default_under_all"] and not result["gain_within_noise"]
+    assert result["gain_range"] == pytest.approx([0.1, 0.2])
+    assert not any("should not expect" in line for line in lines)
+    # a recommendation worse under every perturbation is not "noise" either: it loses (and says so per line)
+    result, _ = _verdict(monkeypatch, [(90.0, 100.0), (95.0, 100.0)])
+    assert not result["gain_within_noise"]
