@@ -111,9 +111,13 @@ def release_defaults(version: str | None, flavor: str = "vllm-v1") -> ReleaseDef
 
 
 def is_cpu_device(device: Any) -> bool:
-    """A CPU engine profile (``kind: cpu``, or a name with the word ``cpu``: ``CPU-...``, ``vllm-cpu-1core``)."""
+    """A CPU engine profile: ``kind: cpu``; with no kind, a name with the word ``cpu`` (``CPU-...``,
+    ``vllm-cpu-1core``); ``kind: gpu`` never."""
+    kind = getattr(device, "kind", None)
+    if kind is not None:
+        return kind == "cpu"
     words = re.split(r"[^a-z0-9]+", str(getattr(device, "name", "")).lower())
-    return getattr(device, "kind", None) == "cpu" or "cpu" in words
+    return "cpu" in words
 
 
 def engine_defaults(flavor: str, version: str | None, device: Any, tensor_parallel: int = 1,

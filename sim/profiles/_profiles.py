@@ -103,7 +103,9 @@ def load_model(name: str, field: str = "model") -> ModelProfile:
 _DEVICE_REQUIRED = ("mem_gb", "hbm_bw_gbps", "bf16_tflops", "host_link_gbps")
 _DEVICE_OPTIONAL = {"name": None, "fp8_tflops": None, "gpu_link_gbps": None, "price_per_hour_usd": 0.0,
                     "source": None, "price_source": None, "price_date": None, "gpus_per_node": 8,
-                    "kv_cache_dtypes": ("auto", "fp8"), "quantizations": ("none", "fp8")}
+                    "kv_cache_dtypes": ("auto", "fp8"), "quantizations": ("none", "fp8"), "kind": None}
+#: What a device YAML's ``kind`` may say.
+_DEVICE_KINDS = ("cpu", "gpu")
 _PRICE_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
 
 
@@ -163,8 +165,11 @@ def _device_fields(data: dict, path: str) -> GpuProfile:
     for key, full in (("kv_cache_dtypes", "auto"), ("quantizations", "none")):
         values[key] = _precisions(data, key, full)
     name = string(data, "name", "", Path(path).stem)
+    kind = data.get("kind")
+    if kind is not None and kind not in _DEVICE_KINDS:
+        raise ConfigError("kind", f"{kind!r} is not one of {', '.join(_DEVICE_KINDS)}")
     source = data.get("source") or path
-    return GpuProfile(name=name, source=str(source), **values, **_price_strings(data))
+    return GpuProfile(name=name, source=str(source), kind=kind, **values, **_price_strings(data))
 
 
 def load_device_yaml(path: str | Path) -> GpuProfile:
@@ -174,7 +179,8 @@ def load_device_yaml(path: str | Path) -> GpuProfile:
     GPU-hour; 0.0, the default, means unknown), ``price_source`` and ``price_date`` (strings: where and when the
     price was read, ``YYYY-MM[-DD]``), ``gpus_per_node`` (the most tensor parallelism spans; default 8),
     ``kv_cache_dtypes`` and ``quantizations`` (lists: what vLLM starts with on the device; default all, ``[auto,
-    fp8]`` and ``[none, fp8]``), ``source``, optional.  ConfigError naming the file and field for a bad
+    fp8]`` and ``[none, fp8]``), ``kind`` (``cpu`` or ``gpu``; default: ``cpu`` when the name has the word cpu),
+    ``source``, optional.  ConfigError naming the file and field for a bad
     one."""
     p = Path(path).expanduser()
     if not p.is_file():

