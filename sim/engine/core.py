@@ -10,7 +10,6 @@ are affine along the run, with numpy otherwise), so simulation work grows with e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -35,16 +34,27 @@ STEP_COLUMNS = (
 ) + tuple(f"time_{name}_s" for name in PART_NAMES)
 
 
-@dataclass
 class StepResult:
-    """What a step did: its duration and how many identical iterations it stands for."""
+    """What a step did: its duration and how many identical iterations it stands for.
 
-    output: SchedulerOutput
-    duration_s: float
-    num_steps: int
-    #: Durations of a run's first and last steps (single step: both 0, unused).
-    first_s: float = 0.0
-    last_s: float = 0.0
+    A plain class with its own ``__init__``, not a dataclass: one is made per step, and a compiled dataclass keeps
+    the ``__init__`` the dataclasses module generates, run by the interpreter (~2% of a cold incident or reasoning
+    run, perf; see :class:`~sim.latency.StepShape`)."""
+
+    __slots__ = ("output", "duration_s", "num_steps", "first_s", "last_s")
+
+    def __init__(self, output: SchedulerOutput, duration_s: float, num_steps: int, first_s: float = 0.0,
+                 last_s: float = 0.0) -> None:
+        self.output = output
+        self.duration_s = duration_s
+        self.num_steps = num_steps
+        #: Durations of a run's first and last steps (single step: both 0, unused).
+        self.first_s = first_s
+        self.last_s = last_s
+
+    def __repr__(self) -> str:
+        return (f"StepResult(duration_s={self.duration_s!r}, num_steps={self.num_steps!r}, first_s={self.first_s!r}, "
+                f"last_s={self.last_s!r})")
 
 
 def make_scheduler(

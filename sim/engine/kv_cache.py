@@ -57,11 +57,12 @@ class LruBlockStore:
         """Drop ``num_blocks`` blocks, oldest entries first."""
         entries = self.entries
         self.num_blocks -= num_blocks
+        # (``last`` passed by position: by keyword, the compiled call unpacks the keyword each time.)
         while num_blocks > 0:
-            key, have = entries.popitem(last=False)
+            key, have = entries.popitem(False)  # the oldest
             if have > num_blocks:
                 entries[key] = have - num_blocks
-                entries.move_to_end(key, last=False)  # still the oldest
+                entries.move_to_end(key, False)  # still the oldest
                 return
             num_blocks -= have
 
@@ -180,7 +181,88 @@ class CpuBlockTier:
         step: each key's copies are kept for :meth:`take_copied`)."""
         if self.capacity <= 0 or not len(keys):
             return 0
-        return self._run(_ints(keys), _ints(fulls), None)
+        keys, fulls = _ints(keys), _ints(fulls)
+        # Fast path: the leading keys that are the newest entries in the same order (the step before's batch; the
+        # keys after them joined the batch since) stored again in place (:meth:`restore`), the rest by ``_run``
+        # (the slow path, which relinks every key).  A step's store is its keys stored one after the other, so
+        # storing a leading part and then the rest is the same store.
+        lead = self._leading(keys)
+        if lead:
+            stored = self.restore(keys, fulls, lead)
+            if stored >= 0:
+                return stored + (self._run(keys[lead:], fulls[lead:], None) if lead < len(keys) else 0)
+        return self._run(keys, fulls, None)
+
+    def _leading(self, keys: list[int]) -> int:
+        """1 + the position in ``keys`` of the newest entry's key (0 if absent): the keys that :meth:`restore` may
+        store again (it checks the rest of its conditions)."""
+        tail = self._tail
+        if tail < 0:
+            return 0
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] == tail:
+                return i + 1
+        return 0
+
+    def restore(self, keys: list[int], fulls: list[int], m: int = -1) -> int:
+        """Fast path of :meth:`_run` (``news`` None) for the common store: the batch stored again in the order of
+        the previous step, each key holding at least one block and growing (or not) within the capacity.  Stores
+        the first ``m`` keys (-1: all) and returns the blocks newly copied, or -1 (nothing changed) where it does
+        not apply.
+
+        It applies when those keys (distinct, as a step's requests are) are the newest entries, in that order, each
+        ``0 < count <= fulls[i] <= capacity``, and the blocks to evict fit in the older entries: storing each key
+        in turn moves it to the newest place, so the order ends as it began, and every eviction takes the oldest
+        blocks, which are not the batch's (``_run`` would relink every key and evict step by step to the same
+        state).  Storing such a batch again with counts that grow again is the same, so a run of decode steps,
+        which stores its batch once per step (``BaseScheduler._store_run_blocks``), stores its last step's counts
+        once.  tests/sim/engine/test_cpu_tier.py checks both against the reference tier."""
+        if m < 0:
+            m = len(keys)
+        entries = self._entries
+        capacity = self.capacity
+        size = len(entries)
+        key = self._tail
+        grown = 0
+        batch = 0
+        for i in range(m - 1, -1, -1):
+            if key < 0 or key != keys[i] or key >= size:
+                return -1
+            entry = entries[key]
+            have = entry.count
+            n = fulls[i]
+            if have <= 0 or n < have or n > capacity:
+                return -1
+            grown += n - have
+            batch += have
+            key = entry.prev
+        total = self._total
+        evict = total + grown - capacity
+        if evict > total - batch:
+            return -1  # it would evict some of the batch's own blocks
+        for i in range(m):
+            entry = entries[keys[i]]
+            new = fulls[i] - entry.count
+            if new:
+                entry.count = fulls[i]
+                entry.copied += new
+        head = self._head
+        total += grown
+        while evict > 0:  # the oldest blocks, none of them the batch's
+            old = entries[head]
+            held = old.count
+            if held > evict:  # the oldest entry loses its tail blocks and stays the oldest
+                old.count = held - evict
+                total -= evict
+                break
+            q = old.next
+            head = q
+            entries[q].prev = -1  # (q >= 0: the batch's entries follow)
+            old.count = 0
+            total -= held
+            evict -= held
+        self._head, self._total = head, total
+        return grown
 
     def _run(self, keys: list[int], fulls: list[int], news: list[int] | None) -> int:
         """For each ``(keys[i], fulls[i])`` in turn: keep ``min(fulls[i], capacity)`` leading blocks of the key as

@@ -361,8 +361,19 @@ class BaseScheduler(ABC):
         if out.columnar:
             keys, tokens = np.concatenate((cols.index, keys)), np.concatenate((cols.computed, tokens))
         block_size = self.block_size
-        for back in range(num_steps - 1, -1, -1):  # step j of the run had computed ``tokens - (num_steps - j)``
-            out.swap_out_blocks += self.cpu.store(keys, (tokens - back) // block_size)
+        cpu = self.cpu
+        # Step j of the run had computed ``tokens - (num_steps - j)``.
+        out.swap_out_blocks += cpu.store(keys, (tokens - (num_steps - 1)) // block_size)
+        if num_steps > 1:
+            # Fast path: the later steps store the batch again in the same order, each count growing, so one store of
+            # the last step's counts leaves the tier as they would where ``CpuBlockTier.restore`` applies; else the
+            # loop below stores them step by step.
+            last = cpu.restore(keys.tolist(), (tokens // block_size).tolist())
+            if last >= 0:
+                out.swap_out_blocks += last
+                return
+            for back in range(num_steps - 2, -1, -1):
+                out.swap_out_blocks += cpu.store(keys, (tokens - back) // block_size)
 
     def settle(self, req: Request) -> None:
         """Write to ``req`` what is counted outside it: the blocks copied to the CPU tier for it

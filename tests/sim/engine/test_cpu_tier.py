@@ -86,3 +86,54 @@ def test_a_store_into_a_full_tier_evicts_the_oldest_entries_tail_first():
     assert tier.entries() == [(3, 3), (2, 7)]
     assert [tier.take_copied(k) for k in (1, 2, 3, 2)] == [4, 7, 3, 0]  # taken once
     assert tier.cached_prefix(1) == 0 and tier.cached_prefix(99) == 0
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(capacity=st.integers(0, 60), calls=ops, batch=st.lists(st.tuples(keys, fulls), max_size=12, unique_by=lambda p: p[0]),
+       growth=st.lists(st.lists(st.integers(-1, 6), min_size=12, max_size=12), max_size=6))
+def test_storing_the_batch_again_matches_the_ordered_dict_tier(capacity, calls, batch, growth):
+    """The same batch stored again in the same order, each count changed by a small amount (a step after a step:
+    ``CpuBlockTier.restore``'s fast path where it applies), after random other stores."""
+    tier, ref = CpuBlockTier(capacity), ReferenceTier(capacity)
+    for call in calls:
+        if call[0] in ("many", "store", "one"):
+            pairs = [(call[1], call[2])] if call[0] == "one" else call[1]
+            assert tier.store([k for k, _ in pairs], [n for _, n in pairs]) == sum(ref.offload(k, n) for k, n in pairs)
+    batch_keys = [k for k, _ in batch]
+    counts = [n for _, n in batch]
+    for deltas in [[0] * 12, *growth]:
+        counts = [n + d for n, d in zip(counts, deltas)]
+        before = tier.entries()
+        fast = tier.restore(batch_keys, counts)
+        if fast < 0:
+            assert tier.entries() == before  # nothing changed where it does not apply
+            fast = tier.store(batch_keys, counts)
+        assert fast == sum(ref.offload(k, n) for k, n in zip(batch_keys, counts))
+        assert tier.entries() == list(ref.store.entries.items())
+        assert tier.num_blocks == ref.store.num_blocks
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(capacity=st.integers(1, 80), calls=ops, batch=st.lists(st.tuples(keys, st.integers(0, 40)), min_size=1,
+       max_size=12, unique_by=lambda p: p[0]), num_steps=st.integers(2, 40), block_size=st.integers(1, 8))
+def test_a_run_stored_once_at_its_last_step_matches_step_by_step(capacity, calls, batch, num_steps, block_size):
+    """A decode run's stores (``BaseScheduler._store_run_blocks``): its first step stored, then, where
+    ``restore`` applies, its last step's counts at once; the tier and the copies equal storing every step."""
+    tiers = [CpuBlockTier(capacity), CpuBlockTier(capacity)]
+    for tier in tiers:
+        for call in calls:
+            if call[0] in ("many", "store"):
+                tier.store([k for k, _ in call[1]], [n for _, n in call[1]])
+    batch_keys = [k for k, _ in batch]
+    tokens = [t + num_steps for _, t in batch]  # tokens computed after the run
+    step = [[(t - back) // block_size for t in tokens] for back in range(num_steps - 1, -1, -1)]
+    fast, slow = tiers
+    copied = fast.store(batch_keys, step[0])
+    last = fast.restore(batch_keys, step[-1])
+    if last >= 0:
+        copied += last
+    else:
+        copied += sum(fast.store(batch_keys, counts) for counts in step[1:])
+    assert copied == sum(slow.store(batch_keys, counts) for counts in step)
+    assert fast.entries() == slow.entries()
+    assert [fast.take_copied(k) for k in range(41)] == [slow.take_copied(k) for k in range(41)]
