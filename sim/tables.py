@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sim.engine.core import STEP_COLUMNS
-from sim.engine.request import Request, Status
+from sim.engine.request import OUTCOME_ATTRIBUTES, Request, Status, outcomes
 
 #: A request's share of the steps' time parts (transfer is not attributed per request: see its swapped blocks).
 REQUEST_TIME_COLUMNS = ("time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s")
@@ -74,11 +74,12 @@ class RequestLog:
         if not reqs:
             return
         rows = np.fromiter((r.index for r in reqs), dtype=np.int64, count=len(reqs))
-        self.status[rows] = [_STATUS_CODE[r.status] for r in reqs]
+        values = dict(zip(OUTCOME_ATTRIBUTES, outcomes(reqs)))  # (compiled field reads, not getattr by name)
+        self.status[rows] = [_STATUS_CODE[s] for s in values["status"]]
         for name, attr in _TIMES:
-            self.times[name][rows] = [getattr(r, attr) for r in reqs]
+            self.times[name][rows] = values[attr]
         for name, attr, _ in _COUNTERS:
-            self.counters[name][rows] = [getattr(r, attr) for r in reqs]
+            self.counters[name][rows] = values[attr]
 
     def table(self) -> pd.DataFrame:
         """One row per request of the workload, in arrival order, whatever its status."""

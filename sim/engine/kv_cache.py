@@ -23,7 +23,9 @@ import numpy as np
 
 
 class LruBlockStore:
-    """Per-request counts of leading full blocks, evicted least-recently-stored first, tail blocks first."""
+    """Per-request counts of leading full blocks, evicted least-recently-stored first, tail blocks first: the
+    ``OrderedDict`` reference that :class:`LinkedLru` (the GPU pool's) and :class:`CpuBlockTier` are tested against
+    (tests/sim/engine/test_cpu_tier.py)."""
 
     __slots__ = ("entries", "num_blocks")
 
@@ -67,6 +69,102 @@ class LruBlockStore:
             num_blocks -= have
 
 
+class LinkedLru:
+    """:class:`LruBlockStore`'s operations over compiled entries, a doubly linked list over keys (request indices, as
+    :class:`CpuBlockTier`'s): the GPU pool's cached blocks (``GpuBlockPool.cache``).  The ``OrderedDict`` calls of
+    ``LruBlockStore`` were method calls through the interpreter from the compiled engine (its ``evict`` 4-6% of a cold
+    incident or reasoning run, perf); tests/sim/engine/test_cpu_tier.py checks this against it call by call."""
+
+    __slots__ = ("_entries", "_head", "_tail", "num_blocks")
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+        self._head = -1  # the oldest entry's key
+        self._tail = -1  # the newest entry's key
+        self.num_blocks = 0
+
+    def put(self, key: int, num_blocks: int) -> None:
+        """Store ``num_blocks`` leading blocks of ``key`` as the most recent entry (replacing an older one)."""
+        entries = self._entries
+        if key >= len(entries):
+            entries.extend([_Entry() for _ in range(max(key + 1, 2 * len(entries), 1024) - len(entries))])
+        entry = entries[key]
+        if entry.count > 0:
+            self.num_blocks -= entry.count
+            entry.count = 0
+            self._unlink(entry)
+        if num_blocks > 0:
+            entry.count = num_blocks
+            self.num_blocks += num_blocks
+            tail = self._tail
+            entry.prev = tail
+            entry.next = -1
+            if tail >= 0:
+                entries[tail].next = key
+            else:
+                self._head = key
+            self._tail = key
+
+    def count(self, key: int) -> int:
+        return self._entries[key].count if 0 <= key < len(self._entries) else 0
+
+    def take(self, key: int, num_blocks: int) -> int:
+        """Remove up to ``num_blocks`` leading blocks of ``key``; returns how many were there (the rest keeps its
+        place)."""
+        have = self.count(key)
+        if have <= 0:
+            return 0
+        entry = self._entries[key]
+        taken = min(have, num_blocks)
+        if taken == have:
+            entry.count = 0
+            self._unlink(entry)
+        else:
+            entry.count = have - taken
+        self.num_blocks -= taken
+        return taken
+
+    def evict(self, num_blocks: int) -> None:
+        """Drop ``num_blocks`` blocks, oldest entries first (the last one perhaps in part: it stays the oldest)."""
+        entries = self._entries
+        self.num_blocks -= num_blocks
+        while num_blocks > 0:
+            head = self._head
+            if head < 0:
+                raise RuntimeError("LinkedLru: fewer blocks than evicted")
+            entry = entries[head]
+            have = entry.count
+            if have > num_blocks:
+                entry.count = have - num_blocks
+                return
+            entry.count = 0
+            self._unlink(entry)
+            num_blocks -= have
+
+    def _unlink(self, entry: _Entry) -> None:
+        p, q = entry.prev, entry.next
+        if p >= 0:
+            self._entries[p].next = q
+        else:
+            self._head = q
+        if q >= 0:
+            self._entries[q].prev = p
+        else:
+            self._tail = p
+        entry.prev = entry.next = -1
+
+    def items(self) -> list[tuple[int, int]]:
+        """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries.items()`` lists them)."""
+        out: list[tuple[int, int]] = []
+        key = self._head
+        while key >= 0:
+            out.append((key, self._entries[key].count))
+            key = self._entries[key].next
+            if len(out) > len(self._entries):
+                raise AssertionError("LinkedLru: its entry list has a cycle")
+        return out
+
+
 class GpuBlockPool:
     """The GPU's usable KV blocks: ``num_used + num_cached + num_empty == num_blocks`` at all times.
 
@@ -80,7 +178,7 @@ class GpuBlockPool:
         self.num_blocks = num_blocks
         self.num_used = 0
         self.num_empty = num_blocks
-        self.cache = LruBlockStore()
+        self.cache = LinkedLru()
         self.enable_caching = enable_caching
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.kv_cache import CpuBlockTier, LruBlockStore
+from sim.engine.kv_cache import CpuBlockTier, LinkedLru, LruBlockStore
 
 
 class ReferenceTier:
@@ -137,3 +137,29 @@ def test_a_run_stored_once_at_its_last_step_matches_step_by_step(capacity, calls
     assert copied == sum(slow.store(batch_keys, counts) for counts in step)
     assert fast.entries() == slow.entries()
     assert [fast.take_copied(k) for k in range(41)] == [slow.take_copied(k) for k in range(41)]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(calls=st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 40), st.integers(-1, 30)),
+    st.tuples(st.just("take"), st.integers(0, 2000), st.integers(0, 30)),
+    st.tuples(st.just("evict"), st.integers(0, 1000)),
+    st.tuples(st.just("count"), st.integers(0, 2000)),
+), max_size=80))
+def test_the_gpu_pools_linked_lru_matches_lru_block_store(calls):
+    """``LinkedLru`` (the GPU pool's cached blocks) against the ``OrderedDict`` store it replaced, call by call."""
+    lru, ref = LinkedLru(), LruBlockStore()
+    for call in calls:
+        if call[0] == "put":
+            lru.put(call[1], call[2])
+            ref.put(call[1], call[2])
+        elif call[0] == "take":
+            assert lru.take(call[1], call[2]) == ref.take(call[1], call[2])
+        elif call[0] == "evict":
+            n = call[1] % (ref.num_blocks + 1)  # (the pool evicts only blocks it has)
+            lru.evict(n)
+            ref.evict(n)
+        else:
+            assert lru.count(call[1]) == ref.count(call[1])
+        assert lru.items() == list(ref.entries.items())
+        assert lru.num_blocks == ref.num_blocks
