@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +21,20 @@ BASE_KNOBS = {"block_size": 32, "max_model_len": 2048, "max_num_seqs": 64}
 SCARCE = {**BASE_KNOBS, "num_gpu_blocks_override": 100, "enable_prefix_caching": False}
 #: 4,096 blocks (131k tokens: all 60 requests at once fit), prefix caching on.
 AMPLE = {**BASE_KNOBS, "num_gpu_blocks_override": 4096}
+
+
+#: The real-engine benchmark's folder (run.py, scale.py, workloads.py).
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_engine"
+
+
+def load_benchmark(file: str, name: str):
+    """``benchmarks/real_engine/<file>`` as the module ``name`` (a name of its own per test file), registered in
+    ``sys.modules`` first: its dataclasses look their module up while the file runs."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 _HANDED_OUT: set[int] = set()

@@ -14,28 +14,18 @@ shared ones of test_real_vllm.py are started (file order)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from real_engine_helpers import free_port_in
+from real_engine_helpers import free_port_in, load_benchmark
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "benchmarks" / "real_engine"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("real_engine_bench", BENCH / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run.py", "real_engine_bench")
 
 
 def test_quick_mode_calibrates_and_meets_its_accuracy_bound(vllm_install, tiny_model, tmp_path, capsys):

@@ -4,23 +4,15 @@ the errors there.  No engine needed."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_engine"
+from real_engine_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def scale():
-    spec = importlib.util.spec_from_file_location("real_engine_scale_diagnosis", BENCH / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scale.py", "real_engine_scale_diagnosis")
 
 
 def _queue(offered: float, engine_bound: bool = True):

@@ -4,25 +4,17 @@ No engine needed."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_engine"
+from real_engine_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def scale():
-    spec = importlib.util.spec_from_file_location("real_engine_scale", BENCH / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scale.py", "real_engine_scale")
 
 
 def _m(pred, meas, lo, hi):
@@ -119,11 +111,7 @@ def test_cell_and_summary_against_the_targets(scale):
 
 
 def _run_module():
-    spec = importlib.util.spec_from_file_location("real_engine_bench_scale", BENCH / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run.py", "real_engine_bench_scale")
 
 
 def test_the_scale_workloads_hold_150_requests_and_are_deterministic():

@@ -3,22 +3,15 @@ arrivals and client timeouts compressed by the pace, and a measurement folder th
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_engine"
+from real_engine_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def modules():
-    spec = importlib.util.spec_from_file_location("real_engine_bench_pace", BENCH / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = run
-    spec.loader.exec_module(run)
+    run = load_benchmark("run.py", "real_engine_bench_pace")
     import workloads  # run.py put its folder on sys.path
 
     return workloads, run
