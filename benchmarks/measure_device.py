@@ -87,6 +87,7 @@ def main() -> None:
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     print(f"# Measured by benchmarks/measure_device.py on {time.strftime('%Y-%m-%d')} (CPU seconds, best of 10)")
     print(f"name: {args.name}")
+    print("kind: cpu")  # vLLM's CPU platform rules (sim/engine/defaults.py is_cpu_device), whatever the name
     print(f"mem_gb: {mem_kb * 1024 / 1e9:.1f}")
     print(f"hbm_bw_gbps: {bw:.1f}")
     print(f"bf16_tflops: {tflops:.4f}")
