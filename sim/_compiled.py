@@ -40,6 +40,7 @@ COMPILED = (
     "sim.engine.prefix_pool",
     "sim.latency._base",
     "sim.latency._roofline",
+    "sim.fleet._loop",
 )
 #: Set (to anything but "" or "0") to run the interpreted sources; at build time, to build none.
 ENV = "KVTUNE_PURE_PYTHON"

@@ -82,6 +82,10 @@ class BaseScheduler(ABC):
         self.headroom_blocks = int(config.admission_headroom * num_gpu_blocks)
         self.predicted_output = predicted_output or {}
         self.finished: list[Request] = []
+        #: When a list (a fleet whose router follows its requests, ``sim.fleet``): each request is appended to it
+        #: at its first token and at its end, as they happen, so the router is told of them without a walk over
+        #: every request in flight.
+        self.news: list[Request] | None = None
         #: Host-link copy calls per block moved (V0 copies each block per layer for K and V; set by the core).
         self.copies_per_block = 1
         #: vLLM's AsyncScheduler (0.33 v1/engine/core.py step_with_batch_queue): schedule(N+1) runs before
@@ -297,6 +301,8 @@ class BaseScheduler(ABC):
                     if req.num_output_tokens == 1:
                         req.first_token_s = req.last_token_s = end_s
                         req.end_stall(end_s)  # preempted before its first token
+                        if self.news is not None:
+                            self.news.append(req)
                     else:
                         gap = end_s - req.last_token_s  # inline Request.token_out: the hot path
                         if not gap <= req.max_itl_s:
@@ -444,6 +450,8 @@ class BaseScheduler(ABC):
         req.end_stall(now)  # ended while preempted: the stall lasted until then
         self.settle(req)
         self.finished.append(req)
+        if self.news is not None:
+            self.news.append(req)
 
     def _account(self, out: SchedulerOutput, req: Request, num_new: int, sign: int = 1) -> None:
         """Record ``num_new`` scheduled tokens of ``req`` (``sign=-1`` takes them back): split into new

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import deque
@@ -15,7 +14,7 @@ import simpy
 
 from sim.engine.build import EnginePlan
 from sim.engine.config import EngineConfig
-from sim.engine.request import FINAL_STATUSES, Status
+from sim.engine.request import Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError
 from sim.latency import LatencyCoefficients, LatencyModel
@@ -24,6 +23,7 @@ from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, finish_run, 
                         predicted_output_for, run_info)
 from sim.tables import step_table
 from sim.workload.workload import Workload
+from sim.fleet._loop import Followed, RequestViews, refresh_counts, route_all
 from sim.fleet._routers import Router, make_router
 from sim.fleet._views import ReplicaView, RequestView
 
@@ -137,12 +137,12 @@ class FleetSimulation:
         self.replica_of = np.full(n, -1, dtype=np.int64)
         df = workload.requests
         column = next((c for c in SESSION_COLUMNS if c in df.columns), None)
-        self._sessions = df[column].tolist() if column is not None else None
+        sessions = df[column].tolist() if column is not None else None
         # As plain Python values, made once (a request's view is made at each arrival).
         self._arrival_list = self.arrivals_s.tolist()
-        self._classes = [str(c) for c in self.store.classes]
-        self._prompts = self.store.prompts.tolist()
-        self._sessions = None if self._sessions is None else [_session(v) for v in self._sessions]
+        self._requests = RequestViews(self._arrival_list, [str(c) for c in self.store.classes],
+                                      self.store.prompts.tolist(), self.store.keys, self.config.block_size,
+                                      None if sessions is None else [_session(v) for v in sessions])
         state = self.router.needs_state
         if state:
             # Decided at each arrival: every replica may receive any arrival (a shared feed), and each is advanced
@@ -171,16 +171,21 @@ class FleetSimulation:
                 rep.dirty = self._dirty
                 if self._reads_metrics:
                     rep.history = deque([(0.0, 0, 0, 0, None)])
-        #: In flight per replica, for ``tracks_requests`` routers: request index -> [request, first token seen].
-        self._inflight: list[dict[int, list]] = [{} for _ in range(replicas)]
+        #: For a ``tracks_requests`` router: its requests' first tokens and ends as the engines report them.
+        self._followed: Followed | None = None
+        if state and self.router.tracks_requests:
+            for rep in self.replicas:
+                rep.scheduler.news = []
+            self._followed = Followed([rep.scheduler.news for rep in self.replicas], n)
         #: Replicas that stepped (or were routed a request) since the router was last told of first tokens and ends
-        #: (``_notify``): only those can have news.
+        #: (``Followed.notify``): only those can have news.  A replica's first tokens and ends come at its step
+        #: ends, which it reaches (``advance``) only at or before the arrival that follows them, or when a request
+        #: is routed there.
         self._moved: list[int] = []
 
     # ---- routing ---------------------------------------------------------------------------------------------
     def _request_view(self, i: int) -> RequestView:
-        return RequestView(i, self._arrival_list[i], self._classes[i], self._prompts[i], self.store.keys[i],
-                           self.config.block_size, None if self._sessions is None else self._sessions[i])
+        return self._requests.view(i)
 
     def _preroute(self) -> None:
         # One view per replica, only the chosen one's replaced after each decision (views are read-only).
@@ -216,43 +221,9 @@ class FleetSimulation:
                     num_waiting=waiting, num_running=running, kv_usage=used / rep.scheduler.pool.num_blocks)
             self._dirty.clear()
             return views
-        dirty = self._dirty
-        if dirty:
-            follow = self.router.load_changed if self._follow else None
-            for r in dirty:
-                rep = replicas[r]
-                outstanding = rep.assigned - rep.ended_pub
-                views[r] = ReplicaView(r, rep.assigned, outstanding)
-                if follow is not None:
-                    follow(r, outstanding)
-            dirty.clear()
+        if self._dirty:
+            refresh_counts(replicas, views, self._dirty, self.router.load_changed if self._follow else None)
         return views
-
-    def _notify(self, now: float) -> None:
-        """Tell a ``tracks_requests`` router of its requests' first tokens and ends up to ``now``.  Only replicas
-        that moved since the last call are looked at: a replica's first tokens and ends come at its step ends,
-        which it reaches (``advance``) only at or before the arrival that follows them, or when a request is
-        routed there."""
-        router = self.router
-        moved = self._moved
-        seen = set()
-        for r in moved:
-            if r in seen:
-                continue
-            seen.add(r)
-            inflight = self._inflight[r]
-            gone = []
-            for index, entry in inflight.items():
-                req = entry[0]
-                if not entry[1] and req.first_token_s <= now:
-                    entry[1] = True
-                    router.on_first_token(index, r, req.first_token_s)
-                if req.end_s <= now or (req.status in FINAL_STATUSES and req.end_s != req.end_s):
-                    gone.append(index)
-            for index in gone:
-                router.on_complete(index, r, now)
-                del inflight[index]
-        moved.clear()
 
     # ---- processes -------------------------------------------------------------------------------------------
     def _arrivals(self, env: simpy.Environment):
@@ -274,54 +245,14 @@ class FleetSimulation:
         boundary, run end or wake-up at or before it advanced up to it (``EngineLoop.advance``), the rest left as
         they are (they have nothing due; what the router reads of them is as of their last boundary); then the
         router decides and the chosen replica gets the request (its pending run cut there).  No SimPy: the replicas
-        are advanced in time order through a heap of when each next acts.  Returns the last arrival's time."""
-        store = self.store
+        are advanced in time order through a heap of when each next acts (``sim.fleet._loop.route_all``, compiled
+        with the engine).  Returns the last arrival's time."""
+        assert self._feed is not None
         router = self.router
-        replicas = self.replicas
-        feed = self._feed
-        assert feed is not None
-        tracks = router.tracks_requests
-        dirty = self._dirty
-        moved = self._moved
-        inflight = self._inflight
-        route, check, request_view, views = router.route, self._check, self._request_view, self._views
-        replica_of = self.replica_of
-        inf = math.inf
-        #: When each replica next acts (a heap entry is live only while it matches this).
-        due = [0.0] * len(replicas)
-        heap = [(0.0, r) for r in range(len(replicas))]
-        heappush, heappop = heapq.heappush, heapq.heappop
-        again: list[int] = []
-        now = 0.0
-        for i, now in enumerate(self._arrival_list):
-            while heap and heap[0][0] <= now:
-                at, r = heappop(heap)
-                if at == due[r]:
-                    due[r] = -1.0  # taken (a second entry at the same time is stale)
-                    again.append(r)
-            for r in again:
-                nxt = due[r] = replicas[r].advance(now)
-                if nxt < inf:
-                    heappush(heap, (nxt, r))
-            if tracks:
-                moved.extend(again)
-                self._notify(now)
-            again.clear()
-            chosen = check(route(request_view(i), views(now)), i)
-            replica_of[i] = chosen
-            feed.next += 1
-            rep = replicas[chosen]
-            rep.cut(now)  # a run of decode steps under way there ends at this arrival
-            req = store.request(i)
-            rep.add(req, now)
-            dirty.append(chosen)
-            if rep.clock != due[chosen]:
-                due[chosen] = rep.clock
-                heappush(heap, (rep.clock, chosen))
-            if tracks:
-                moved.append(chosen)
-                inflight[chosen][i] = [req, False]
-        return now
+        return route_all(self.replicas, self.store, self._feed, self._requests, router, self._check,
+                         self.replica_of, self._view_list, self._views if self._reads_metrics else None,
+                         router.load_changed if self._follow else None, self._dirty,
+                         self._followed, self._moved)
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self) -> FleetResult:

@@ -71,6 +71,7 @@ class Router(abc.ABC):
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         self.num_replicas = num_replicas
+        self._draws: _TieDraws | None = None
         self.rng = np.random.default_rng(seed)
         for key, value in params.items():
             setattr(self, key, value)
@@ -91,6 +92,30 @@ class Router(abc.ABC):
         loads = self._loads
         if loads is not None:
             loads.set(replica, outstanding)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The router's seeded generator.  Its tie draws (:meth:`_draw`) read its bit generator directly; reading
+        ``rng`` hands their buffered half word back first, so any use of it continues the same stream."""
+        draws = self._draws
+        if draws is not None:
+            draws.hand_back()
+            self._draws = None
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        if self._draws is not None:
+            self._draws.hand_back()
+            self._draws = None
+        self._rng = value
+
+    def _draw(self, n: int) -> int:
+        """``self.rng.integers(n)`` (``n >= 1``): the same number and the same generator state after it."""
+        draws = self._draws
+        if draws is None:
+            draws = self._draws = _TieDraws(self._rng)
+        return draws.below(n)
 
     def _followed_loads(self, replicas: Sequence[ReplicaView]) -> _Loads | None:
         return self._loads if replicas is self._followed else None
@@ -114,13 +139,67 @@ class Router(abc.ABC):
         """The index of the smallest value, a tie broken at random (seeded)."""
         best = min(values)
         ties = [i for i, v in enumerate(values) if v == best]
-        return ties[0] if len(ties) == 1 else int(ties[self.rng.integers(len(ties))])
+        return ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
 
     def _pick_least_loaded(self, loads: _Loads) -> int:
         """:meth:`_pick_min` over the followed loads: the replicas at the least count in index order, one drawn
         when several (the same draw as the scan's)."""
         ties = loads.at[loads.lo]
-        return ties[0] if len(ties) == 1 else ties[self.rng.integers(len(ties))]
+        return ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+
+
+class _TieDraws:
+    """``Generator.integers(n)`` of numpy's PCG64 generator, drawn in Python from its bit generator's raw 64-bit
+    outputs: a tie among a few replicas is drawn at most arrivals, and numpy's call costs several times the draw.
+
+    numpy 2.x (numpy/random/src/distributions/distributions.c, ``random_bounded_uint64_fill`` for a range below
+    2**32: ``buffered_bounded_lemire_uint32``) draws ``n`` values below 2**32 by Lemire's multiply-and-reject on 32-bit
+    words, which PCG64 (``pcg64_next32``) takes as the low then the high half of one 64-bit output, keeping the high
+    half (``has_uint32``, ``uinteger``) for the next word.  The half word lives here while draws are taken and is
+    handed back to the generator's state (:meth:`hand_back`) before anything else uses the generator
+    (``Router.rng``); larger ranges and other generators are left to numpy."""
+
+    __slots__ = ("bits", "exact", "generator", "half", "has")
+
+    def __init__(self, generator: np.random.Generator) -> None:
+        self.generator = generator
+        self.bits = generator.bit_generator
+        state = self.bits.state
+        self.exact = state.get("bit_generator") == "PCG64"
+        self.has = int(state.get("has_uint32", 0))
+        self.half = int(state.get("uinteger", 0))
+
+    def _word(self) -> int:
+        if self.has:
+            self.has = 0
+            return self.half
+        raw = self.bits.random_raw()
+        self.has = 1
+        self.half = raw >> 32
+        return raw & 0xFFFFFFFF
+
+    def below(self, n: int) -> int:
+        if n <= 1:
+            return 0  # numpy returns the low end without a draw
+        if not self.exact or n > 0xFFFFFFFF:
+            self.hand_back()
+            return int(self.generator.integers(n))
+        m = self._word() * n
+        if (m & 0xFFFFFFFF) < n:
+            threshold = (0xFFFFFFFF - (n - 1)) % n
+            while (m & 0xFFFFFFFF) < threshold:
+                m = self._word() * n
+        return m >> 32
+
+    def hand_back(self) -> None:
+        """The buffered half word back into the generator's state (nothing to do for another bit generator)."""
+        if not self.exact:
+            return
+        state = self.bits.state
+        state["has_uint32"], state["uinteger"] = self.has, self.half
+        self.bits.state = state
+        # The generator may now be used directly: take its buffer again at the next draw.
+        self.has = int(state["has_uint32"])
 
 
 class _Loads:
@@ -472,7 +551,7 @@ class DynamoKV(Router):
         if self._vector:
             costs = self._costs_array(prompt, bs, new_blocks, overlaps if hashes else None)
             ties = (costs == costs.min()).nonzero()[0]  # _pick_min's ties, in index order
-            chosen = int(ties[0]) if len(ties) == 1 else int(ties[self.rng.integers(len(ties))])
+            chosen = int(ties[0]) if len(ties) == 1 else int(ties[self._draw(len(ties))])
         else:
             chosen = self._pick_min(self._costs_scan(prompt, bs, new_blocks, overlaps))
         uncached = max(0, prompt - overlaps[chosen] * bs)

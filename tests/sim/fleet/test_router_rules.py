@@ -330,3 +330,21 @@ def test_a_router_told_of_each_load_change_decides_as_one_that_scans(router, par
     followed, scanned = run(True), run(False)
     assert followed["replica"].nunique() == 5
     pd.testing.assert_frame_equal(followed, scanned)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.tuples(st.booleans(), st.integers(1, 2**33)), max_size=60))
+def test_tie_draws_are_numpys(seed, steps):
+    """A router's tie draw (``Router._draw``, numpy's bounded draw in Python) gives ``rng.integers(n)``'s numbers,
+    and the generator's stream goes on the same when it is used directly between draws (``Router.rng``)."""
+    import numpy as np
+
+    router = make_router("least_outstanding", {}, 2, seed)
+    reference = np.random.default_rng(seed)
+    for direct, n in steps:
+        if direct:  # someone else uses the router's generator: a 32-bit draw shares the buffered half word
+            assert router.rng.integers(n, dtype=np.uint32 if n <= 2**32 else np.int64) == reference.integers(
+                n, dtype=np.uint32 if n <= 2**32 else np.int64)
+        else:
+            assert router._draw(n) == reference.integers(n)
+    assert router.rng.bit_generator.state == reference.bit_generator.state
