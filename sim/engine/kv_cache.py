@@ -155,14 +155,7 @@ class LinkedLru:
 
     def items(self) -> list[tuple[int, int]]:
         """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries.items()`` lists them)."""
-        out: list[tuple[int, int]] = []
-        key = self._head
-        while key >= 0:
-            out.append((key, self._entries[key].count))
-            key = self._entries[key].next
-            if len(out) > len(self._entries):
-                raise AssertionError("LinkedLru: its entry list has a cycle")
-        return out
+        return _chain(self._entries, self._head, "LinkedLru")
 
 
 class GpuBlockPool:
@@ -454,14 +447,20 @@ class CpuBlockTier:
 
     def entries(self) -> list[tuple[int, int]]:
         """``(key, blocks)`` of every entry, oldest first (as ``LruBlockStore.entries`` would list them)."""
-        out: list[tuple[int, int]] = []
-        key = self._head
-        while key >= 0:
-            out.append((key, self._entries[key].count))
-            key = self._entries[key].next
-            if len(out) > len(self._entries):
-                raise AssertionError("CpuBlockTier: its entry list has a cycle")
-        return out
+        return _chain(self._entries, self._head, "CpuBlockTier")
+
+
+def _chain(entries: list[_Entry], head: int, owner: str) -> list[tuple[int, int]]:
+    """``(key, blocks)`` along a linked list of :class:`_Entry` from ``head``, oldest first (:class:`LinkedLru` and
+    :class:`CpuBlockTier`); AssertionError naming ``owner`` if the list has a cycle."""
+    out: list[tuple[int, int]] = []
+    key = head
+    while key >= 0:
+        out.append((key, entries[key].count))
+        key = entries[key].next
+        if len(out) > len(entries):
+            raise AssertionError(f"{owner}: its entry list has a cycle")
+    return out
 
 
 def _ints(values: Any) -> list[int]:
