@@ -322,7 +322,7 @@ class BaseScheduler(ABC):
             if self.async_scheduling:
                 self.deferred_free.append(req)
             else:
-                self._free(req)
+                self._free(req, True)
             self._end(req, Status.FINISHED, end_s)
         return grown
 
@@ -399,7 +399,7 @@ class BaseScheduler(ABC):
                 # v1/core/sched/scheduler.py: cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
                 # with output placeholders): the block its last step filled, which no schedule() hashed.
                 self.pool.cache_blocks(req, req.num_computed_tokens)
-            self._free(req)
+            self._free(req, True)
         self.deferred_free.clear()
         return True
 
@@ -428,17 +428,19 @@ class BaseScheduler(ABC):
             self.loading = [(ready, r) for ready, r in self.loading if r is not req]
         else:
             return
-        self._free(req)
+        self._free(req, True)
         self._end(req, status, now)
 
     def _drop_swapped(self, req: Request) -> None:
         raise NotImplementedError
 
-    def _free(self, req: Request) -> None:
+    def _free(self, req: Request, final: bool = False) -> None:
+        """Give back ``req``'s blocks; ``final``: it has ended (finished or aborted), so the shared-prefix pool may
+        keep its own blocks as one entry (``PrefixBlockPool.free``)."""
         if self.async_scheduling:
             self.run_seq.pop(req.index, None)
         if self.blocks_hashed:
-            self.pool.free(req)
+            self.pool.free(req, final)
         elif req.blocks:
             self.pool.release(req.index, req.blocks, req.num_computed_tokens // self.block_size)
             req.blocks = 0

@@ -64,12 +64,12 @@ class V0Scheduler(BaseScheduler):
         self.cpu_swap_used -= req.blocks
         req.blocks = 0
 
-    def _free(self, req: Request) -> None:
+    def _free(self, req: Request, final: bool = False) -> None:
         if req.status == Status.SWAPPED:
             self.cpu_swap_used -= req.blocks
             req.blocks = 0
             return
-        super()._free(req)
+        super()._free(req, final)
 
     # ------------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:

@@ -152,7 +152,7 @@ def _requests(prefixes) -> list[Request]:
 def pool_runs(draw):
     # Few distinct shared keys, so requests share prefixes, repeat a key, or diverge part way.
     prefixes = draw(st.lists(st.lists(st.integers(0, 5), max_size=8), min_size=2, max_size=5))
-    ops = draw(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "lookup"]), st.integers(0, 4),
+    ops = draw(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "lookup", "end"]), st.integers(0, 4),
                                   st.integers(0, 12), st.integers(0, 12), st.integers(0, BLOCK - 1)), min_size=10, max_size=80))
     return prefixes, draw(st.integers(4, 24)), ops
 
@@ -164,8 +164,11 @@ def test_pool_fast_paths_match_the_block_by_block_pool(run):
     # (Freeing a request and admitting it again sends its later hashing down the slow path.)
     fast, slow = PrefixBlockPool(num_blocks, BLOCK), ReferencePool(num_blocks, BLOCK)
     fast_reqs, slow_reqs = _requests(prefixes), _requests(prefixes)
+    ended: set[int] = set()
     for op, which, size, fill, step in ops:
         which %= len(prefixes)
+        if which in ended:
+            continue  # (an ended request is never looked up or given blocks again)
         if op == "lookup":
             serial = _serials(fast, fast_reqs)
             assert [serial[s] for s in fast.lookup(fast_reqs[which], size)] == slow.lookup(slow_reqs[which], size)
@@ -190,6 +193,15 @@ def test_pool_fast_paths_match_the_block_by_block_pool(run):
                 pool.cache_blocks(req, min(len(req.block_ids) + fill % 3, req.blocks) * BLOCK + step)
             elif op == "free":
                 pool.free(req)
+            elif op == "end":
+                # The request ended (finished or aborted): the fast pool keeps its own blocks not in the map as one
+                # free-queue entry (PrefixBlockPool.free's ``final``); the reference frees them block by block.
+                if isinstance(pool, PrefixBlockPool):
+                    pool.free(req, final=True)
+                else:
+                    pool.free(req)
+        if op == "end":
+            ended.add(which)
         assert _array_state(fast, fast_reqs) == _state(slow, slow_reqs)
         assert fast.num_used + fast.num_cached + fast.num_empty == num_blocks
 
