@@ -7,13 +7,17 @@ Modules, one idea each:
 - :mod:`~replay.calibration.runs`: a calibration run (what was replayed and measured), read from a result folder;
 - :mod:`~replay.calibration.engine_timing`: the engine's own timings (vLLM's histograms) and, for a CPU engine,
   how much of its core it got (kernel ``schedstat``);
+- :mod:`~replay.calibration.step_log`: the engine's own record of each step (vLLM's per-step log lines);
 - :mod:`~replay.calibration.loss`: how far a simulation is from a run;
 - :mod:`~replay.calibration.solvers`: bounded minimizers (Levenberg-Marquardt, Nelder-Mead);
 - :mod:`~replay.calibration.fit`: ``calibrate`` and ``CalibrationFit``;
 - :mod:`~replay.calibration.profile`: profile files (``save_profile``, ``coefficients_from``);
 - :mod:`~replay.calibration.cli`: the ``kvtune calibrate`` command.
 
-Simulation-based fit: for candidate coefficients, every replayed run is simulated (same workload slice, same
+Step fit (where the engine logged its steps, as ``kvtune calibrate --launch vllm`` has it do): each step's
+duration is compared with the latency model's for a step of that shape, thousands of steps of known shapes
+(no simulation of the runs, so no scheduling difference enters).  Otherwise a simulation-based fit: for candidate
+coefficients, every replayed run is simulated (same workload slice, same
 config, same seed, so the same clients) and compared with what was measured: the engine's own mean prefill and
 decode time where vLLM exports them, else the client's per-request TTFT and TPOT, on a log scale (a soft-L1
 loss).  Identifiability: prefill-heavy steps are compute-bound (``mfu``), decode steps memory-bound (``bw_eff``,
@@ -38,6 +42,8 @@ _EXPORTS = {
     "record_engine_times": "replay.calibration.engine_timing",
     "BOUNDS": "replay.calibration.fit",
     "DEFAULT_FIT_PARAMS": "replay.calibration.fit",
+    "STEP_FIT_PARAMS": "replay.calibration.fit",
+    "TARGETS": "replay.calibration.fit",
     "CalibrationFit": "replay.calibration.fit",
     "calibrate": "replay.calibration.fit",
     "ClientLatency": "replay.calibration.loss",
@@ -45,11 +51,13 @@ _EXPORTS = {
     "engine_errors": "replay.calibration.loss",
     "frontend_latency": "replay.calibration.loss",
     "run_errors": "replay.calibration.loss",
+    "step_errors": "replay.calibration.loss",
     "with_client_latency": "replay.calibration.loss",
     "PROBE_CLASS": "replay.calibration.probes",
     "ProbeGroup": "replay.calibration.probes",
     "probe_groups": "replay.calibration.probes",
     "probe_workload": "replay.calibration.probes",
+    "recorded_config": "replay.calibration.probes",
     "run_probes": "replay.calibration.probes",
     "coefficients_from": "replay.calibration.profile",
     "save_profile": "replay.calibration.profile",

@@ -13,9 +13,9 @@ from sim.errors import ConfigError
 
 # ---- the command -----------------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from replay.calibrate import DEFAULT_FIT_PARAMS, calibrate, load_runs, save_profile
+    from replay.calibrate import calibrate, load_runs, save_profile
 
-    params = tuple(p.strip() for p in args.params.split(",")) if args.params else DEFAULT_FIT_PARAMS
+    params = tuple(p.strip() for p in args.params.split(",")) if args.params else None  # the target's default
     if args.results and (args.url or args.launch):
         raise ConfigError("calibrate", "give result folders or --url/--launch (to replay the probe), not both")
     if args.results:
@@ -51,6 +51,19 @@ def _probe_runs(args: argparse.Namespace):
     preset = dict(QUICK_PROBES) if args.quick else {}
     repeats = args.repeats if args.repeats is not None else preset.pop("repeats", 2)
     preset.pop("repeats", None)
+    install = None
+    if not args.url:
+        from replay.calibration.step_log import logs_steps
+        from replay.vllm_env import find_vllm
+
+        install = find_vllm(args.vllm_python)
+        steps = logs_steps(install.release)
+    else:
+        steps = False  # the server's log is not at hand
+    if not steps:
+        # The bursts serve the fit to the engine's steps only (the host work per request shows in busy steps);
+        # the request-mean and client targets compare them no better than the other probes.
+        preset["bursts"] = ()
     groups = probe_groups(config, model, gpu, repeats=repeats, **preset)
     warmup = warmup_groups(config, model, gpu)
     max_repeats = args.max_repeats if args.max_repeats is not None else (3 if args.quick else 4)
@@ -69,20 +82,27 @@ def _probe_runs(args: argparse.Namespace):
         counters = (lambda: engine_times(pgid)) if pgid else None
         return run_probes(args.url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
                           engine_counters=counters, model_ref=args.model, gpu_ref=args.gpu, **probing)
+    import tempfile
+
+    from replay.calibration.step_log import ITERATION_LOG_FLAG, logging_env
     from replay.flags import serve_command
     from replay.launcher import EngineProcess, free_port
-    from replay.vllm_env import find_vllm
 
-    install = find_vllm(args.vllm_python)
     port = free_port()
-    argv, env = serve_command(args.model, config, port=port, install=install, extra_args=tuple(args.vllm_arg or ()))
+    extra = tuple(args.vllm_arg or ())
+    if steps and ITERATION_LOG_FLAG not in extra:
+        extra += (ITERATION_LOG_FLAG,)  # the engine logs each step: the fit's evidence (target "steps")
+    argv, env = serve_command(args.model, config, port=port, install=install, extra_args=extra)
     log = (out_dir / "engine.log") if out_dir else None
     print(f"kvtune calibrate: starting vLLM {install.version} ({len(groups)} probes to replay)", flush=True)
-    with EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log) as engine:
-        pgid = engine.proc.pid
-        return run_probes(engine.base_url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
-                          engine_counters=lambda: engine_times(pgid), model_ref=args.model, gpu_ref=args.gpu,
-                          **probing)
+    with tempfile.TemporaryDirectory(prefix="kvtune-calibrate-") as tmp:
+        if steps:
+            env.update(logging_env(out_dir or tmp))
+        with EngineProcess(argv, f"http://127.0.0.1:{port}", env=env, log_path=log) as engine:
+            pgid = engine.proc.pid
+            return run_probes(engine.base_url, groups, config, model, gpu, out_dir=out_dir, progress=progress,
+                              engine_counters=lambda: engine_times(pgid), model_ref=args.model, gpu_ref=args.gpu,
+                              step_log=engine.log_path if steps else None, **probing)
 
 
 def add_calibrate_parser(subparsers) -> None:
@@ -116,11 +136,13 @@ def add_calibrate_parser(subparsers) -> None:
     cal.add_argument("--engine-pgid", type=int, default=None,
                      help="with --url: the engine's process group, to record its CPU share (CPU engines)")
     add_vllm_arguments(cal)
-    cal.add_argument("--target", choices=("auto", "engine", "client"), default="auto",
-                     help="fit engine-side timings (vLLM's histograms), client-side ones, or auto (engine if present)")
+    cal.add_argument("--target", choices=("auto", "steps", "engine", "client"), default="auto",
+                     help="fit the engine's own steps (vLLM's per-step log, recorded by --launch vllm), its engine-side "
+                          "request timings (vLLM's histograms), client-side ones, or auto (the first the runs have)")
     cal.add_argument("--out", required=True, help="profile YAML to write")
     cal.add_argument("--params", default=None,
-                     help="coefficients to fit, comma-separated (default overhead_s,per_seq_overhead_s,mfu,bw_eff)")
+                     help="coefficients to fit, comma-separated (default overhead_s,per_seq_overhead_s,mfu,bw_eff; "
+                          "with the steps target also per_prefill_seq_overhead_s)")
     cal.add_argument("--start-profile", help="start from this profile's coefficients (default: built-in)")
     cal.add_argument("--max-evals", type=int, default=400, help="simulations at most (shared by the starts)")
     cal.add_argument("--starts", type=int, default=2,

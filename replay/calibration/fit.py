@@ -30,14 +30,19 @@ import numpy as np
 
 from replay.calibration.engine_timing import at_cpu_share
 from replay.calibration.loss import (_CLIENT_PARAMS, ClientLatency, RunErrors, _steady_shares, engine_errors,
-                                     frontend_latency, run_errors)
+                                     frontend_latency, has_steps, run_errors, step_errors)
 from replay.calibration.runs import CalibrationRun
 from replay.calibration.solvers import levenberg_marquardt, nelder_mead
 from sim.errors import ConfigError, KvtuneError
 from sim.latency import PROFILE_KIND, LatencyCoefficients
 from sim.latency import describe_device, same_device
 
+#: What ``calibrate`` can fit to (see its docstring).
+TARGETS = ("auto", "steps", "engine", "client")
 DEFAULT_FIT_PARAMS = ("overhead_s", "per_seq_overhead_s", "mfu", "bw_eff")
+#: What a fit to the engine's steps determines besides: the host work per request (the steps of a burst of
+#: arrivals carry it; request means and client timings do not separate it from the rest).
+STEP_FIT_PARAMS = (*DEFAULT_FIT_PARAMS, "per_prefill_seq_overhead_s")
 #: Physical bounds of each coefficient (the fit never leaves them; a coefficient that ends at one is warned of).
 BOUNDS: dict[str, tuple[float, float]] = {
     "overhead_s": (1e-5, 0.5),
@@ -47,7 +52,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "link_eff": (0.01, 1.0),
     "per_copy_overhead_s": (1e-8, 1e-2),
     "allreduce_latency_s": (1e-8, 1e-3),
+    "per_prefill_seq_overhead_s": (1e-7, 0.05),
 }
+#: Where the fit starts a coefficient whose default is 0 (the per-request host work of a CPU engine: a few ms).
+ZERO_DEFAULT_START = {"per_prefill_seq_overhead_s": 1e-3}
 #: A fitted coefficient this close to a bound (log units: 1%) is "at its bound".
 AT_BOUND_LOG = 0.01
 #: A 95% bootstrap interval wider than this factor (high / low) marks a coefficient the runs do not determine.
@@ -91,7 +99,8 @@ class CalibrationFit:
     client: ClientLatency = field(default_factory=ClientLatency)
     #: Probe phase of each run ("" for a trace replay).
     phases: list[str] = field(default_factory=list)
-    #: What was fitted: ``engine`` (vLLM's engine-side means) or ``client`` (per-request client timings).
+    #: What was fitted: ``steps`` (the engine's own steps), ``engine`` (vLLM's engine-side means) or ``client``
+    #: (per-request client timings).
     target: str = "client"
     #: Median over the runs of the engine's CPU share (:func:`cpu_share`, at most one core); NaN when not
     #: recorded.  With it the engine target fits the engine's speed on a core of its own (``coefficients``), and
@@ -120,7 +129,8 @@ class CalibrationFit:
         return at_cpu_share(self.coefficients, self.cpu_share_median)
 
     def describe(self) -> str:
-        lines = [f"fitted {', '.join(self.params)} to {self.target}-side timings of {len(self.sources)} run(s) in "
+        what = "the engine's steps" if self.target == "steps" else f"{self.target}-side timings"
+        lines = [f"fitted {', '.join(self.params)} to {what} of {len(self.sources)} run(s) in "
                  f"{self.evaluations} simulations: loss {self.loss_start:.4g} -> {self.loss:.4g}"]
         for warning in self.warnings:
             lines.append(f"WARNING: {warning}")
@@ -136,7 +146,7 @@ class CalibrationFit:
             best = self.starts[0][2]
             same = [s for s in self.starts if s[2] <= best * (1 + SAME_LOSS) + 1e-15]
             lines.append(f"  {len(same)} of {len(self.starts)} starts reached the best loss"
-                         + (f"; spread among them: " + ", ".join(
+                         + ("; spread among them: " + ", ".join(
                              f"{p} x{_spread([s[1][p] for s in same]):.3f}" for p in self.params)
                             if len(same) > 1 else ""))
         if self.device is not None:
@@ -144,18 +154,20 @@ class CalibrationFit:
         if self.cpu_share_median == self.cpu_share_median:
             lines.append(f"  the engine got {self.cpu_share_median:.0%} of a core (median over the runs): the values "
                          f"above are its speed on a core of its own, the profile holds them at that share")
-        if self.target == "engine":
+        if self.target in ("engine", "steps"):
             lines.append(f"  client-side latency beyond the engine (measured: client TTFT - engine queue+prefill, "
                          f"median over runs): {self.client.offset_s * 1e3:.1f} ms")
         elif self.client.offset_s or self.client.fanout_s:
             lines.append(f"  client-side TTFT latency (not a coefficient): {self.client.offset_s * 1e3:.2f} ms "
                          f"+ {self.client.fanout_s * 1e6:.0f} us per stream served in the same step")
-        first, second = ("prefill", "decode") if self.target == "engine" else ("TTFT", "TPOT")
-        how = "run means" if self.target == "engine" else "median over each run's requests"
+        first, second, how, unit = {
+            "engine": ("prefill", "decode", "run means", "requests"),
+            "steps": ("steps with a prefill", "decode-only steps", "median over each run's steps", "steps"),
+        }.get(self.target, ("TTFT", "TPOT", "median over each run's requests", "requests"))
         lines.append(f"residuals (simulated / measured, {how}):")
         for src, err in zip(self.sources, self.errors):
             lines.append(f"  {src}: {first} x{math.exp(err.ttft_log_ratio):.3f}, "
-                         f"{second} x{math.exp(err.tpot_log_ratio):.3f} over {err.num_compared} requests")
+                         f"{second} x{math.exp(err.tpot_log_ratio):.3f} over {err.num_compared} {unit}")
         phases = self.phase_residuals()
         if phases:
             lines.append("per phase, median |error| over its runs:")
@@ -249,7 +261,7 @@ def _slow_repeats(runs: Sequence[CalibrationRun], ratio: float) -> tuple[list[Ca
 
 def calibrate(
     runs: Sequence[CalibrationRun],
-    params: Sequence[str] = DEFAULT_FIT_PARAMS,
+    params: Sequence[str] | None = None,
     start: LatencyCoefficients | None = None,
     max_evals: int = 400,
     scale: float = 0.1,
@@ -263,12 +275,17 @@ def calibrate(
     seed: int = 0,
     outlier_ratio: float = 1.5,
 ) -> CalibrationFit:
-    """Fit ``params`` (names of LatencyCoefficients fields) so that simulating ``runs`` reproduces them.
+    """Fit ``params`` (names of LatencyCoefficients fields; default :data:`STEP_FIT_PARAMS` for the steps target,
+    else :data:`DEFAULT_FIT_PARAMS`) so that simulating ``runs`` reproduces them.
 
-    ``target``: ``engine`` fits each run's mean prefill and decode time to the engine-side means vLLM exports
+    ``target``: ``steps`` fits the duration of every engine step the runs recorded (vLLM's own per-step log,
+    :func:`step_errors`: each step's shape is known, so the coefficients are separated by thousands of steps of
+    many shapes, and the engine's speed is taken as it ran, on its core, without a CPU-share correction);
+    ``engine`` fits each run's mean prefill and decode time to the engine-side means vLLM exports
     (:func:`engine_errors`; the client-side latency is then measured, not fitted: :func:`frontend_latency`);
-    ``client`` fits per-request TTFT and TPOT as the client saw them (:func:`run_errors`); ``auto``: engine
-    when every run has the engine-side means (a real vLLM), else client (the twin exports none).
+    ``client`` fits per-request TTFT and TPOT as the client saw them (:func:`run_errors`); ``auto``: steps when
+    every run recorded them, else engine when every run has the engine-side means (a real vLLM), else client
+    (the twin exports neither).
     ``fit_client_latency`` (client target): also fit the client-side part of TTFT (``ClientLatency``), so that
     HTTP time and the fan-out of a step's first tokens are not mistaken for engine overhead.
 
@@ -280,8 +297,8 @@ def calibrate(
     """
     if not runs:
         raise KvtuneError("calibrate: no runs to fit")
-    if target not in ("auto", "engine", "client"):
-        raise ConfigError("--target", f"must be auto, engine or client, got {target!r}")
+    if target not in TARGETS:
+        raise ConfigError("--target", f"must be one of {', '.join(TARGETS)}, got {target!r}")
     discarded = [f"{run.source}: warm-up" for run in runs if run.phase == "warmup"]
     runs = [run for run in runs if run.phase != "warmup"]
     if not runs:
@@ -291,8 +308,16 @@ def calibrate(
         missing = next(run.source for run in runs if "prefill_time" not in run.engine)
         raise ConfigError("--target", f"{missing}: no engine-side request timings (vllm:request_prefill_time_seconds)"
                                       " were recorded; use --target client")
-    use_engine = target == "engine" or (target == "auto" and has_engine)
+    all_steps = all(has_steps(run) for run in runs)
+    if target == "steps" and not all_steps:
+        missing = next(run.source for run in runs if not has_steps(run))
+        raise ConfigError("--target", f"{missing}: no engine steps were recorded (kvtune calibrate --launch vllm "
+                                      f"records them); use --target engine or client")
+    use_steps = target == "steps" or (target == "auto" and all_steps)
+    use_engine = not use_steps and (target == "engine" or (target == "auto" and has_engine))
     warnings: list[str] = []
+    if use_steps:
+        fit_client_latency = False
     if use_engine:
         fit_client_latency = False
         runs = _steady_shares(runs)
@@ -303,7 +328,7 @@ def calibrate(
                             f"span); counted as one core")
         runs, slow = _slow_repeats(runs, outlier_ratio)
         discarded += slow
-    params = tuple(params)
+    params = tuple(params) if params is not None else STEP_FIT_PARAMS if use_steps else DEFAULT_FIT_PARAMS
     for name in params:
         if name not in BOUNDS:
             raise ConfigError("--params", f"cannot fit {name!r}; fittable: {sorted(BOUNDS)}")
@@ -317,8 +342,13 @@ def calibrate(
     # linearly (in units that make a step of ~0.1 meaningful).
     lows = np.log([BOUNDS[p][0] for p in params])
     highs = np.log([BOUNDS[p][1] for p in params])
-    x_start = np.clip(np.log([base[p] for p in params]), lows, highs)
-    x_prior = np.clip(np.log([getattr(prior, p) for p in params]), lows, highs)
+    # A coefficient whose default is 0 starts from a typical value (on a log scale its lower bound is flat).
+    x_start = np.clip(np.log([base[p] or ZERO_DEFAULT_START.get(p, BOUNDS[p][0]) for p in params]), lows, highs)
+    x_prior = np.clip(np.log([getattr(prior, p) or ZERO_DEFAULT_START.get(p, BOUNDS[p][0]) for p in params]),
+                      lows, highs)
+    # No ridge toward a prior of 0 (a term the built-in model leaves out, per_prefill_seq_overhead_s): the data
+    # alone decide it, or it ends at its lower bound with a warning.
+    pulled = np.array([getattr(prior, p) > 0 for p in params], dtype=float)
     client_params = _CLIENT_PARAMS if fit_client_latency else ()
     for _, upper, unit in client_params:
         lows = np.append(lows, 0.0)
@@ -333,6 +363,8 @@ def calibrate(
         return LatencyCoefficients(**{**base, **values}), ClientLatency(**extra)
 
     def errors(run: CalibrationRun, c: LatencyCoefficients, client: ClientLatency) -> RunErrors:
+        if use_steps:
+            return step_errors(run, c, scale)
         return engine_errors(run, c, scale) if use_engine else run_errors(run, c, scale, client)
 
     def run_residuals(x: np.ndarray) -> list[np.ndarray]:
@@ -346,7 +378,8 @@ def calibrate(
         data = np.concatenate(run_residuals(x)) * norm
         if not ridge["weight"]:
             return data
-        return np.concatenate([data, math.sqrt(ridge["weight"]) * (np.clip(x[:n], lows[:n], highs[:n]) - x_prior[:n])])
+        return np.concatenate([data, math.sqrt(ridge["weight"]) * pulled
+                               * (np.clip(x[:n], lows[:n], highs[:n]) - x_prior[:n])])
 
     def data_loss(x: np.ndarray) -> float:
         r = np.concatenate(run_residuals(x)) * norm
@@ -408,7 +441,7 @@ def calibrate(
     fitted, client = split(x)
     final_loss = data_loss(x)
     evals += 1
-    if use_engine:
+    if use_engine or use_steps:
         client = frontend_latency(runs)
     shares = [run.engine["cpu_share"] for run in runs if "cpu_share" in run.engine]
 
@@ -426,7 +459,7 @@ def calibrate(
                 jac_blocks[i][:, j] = (bj - blocks[i]) / h
         evals += len(x)
         lam = np.zeros(len(x))
-        lam[:n] = ridge["weight"]
+        lam[:n] = ridge["weight"] * pulled
         gen = np.random.default_rng(seed + 1)
         samples = []
         jtj = np.stack([jb.T @ jb for jb in jac_blocks])
@@ -480,7 +513,7 @@ def calibrate(
     return CalibrationFit(
         coefficients=fitted, start=start, params=params, loss_start=loss_start, loss=final_loss, evaluations=evals,
         errors=[errors(run, fitted, client) for run in runs], model=runs[0].model.name,
-        target="engine" if use_engine else "client",
+        target="steps" if use_steps else "engine" if use_engine else "client",
         gpu=runs[0].gpu.name, sources=[run.source for run in runs], client=client,
         phases=[run.phase for run in runs],
         cpu_share_median=float(np.median(shares)) if shares and use_engine else math.nan,

@@ -1,5 +1,6 @@
-"""How far a simulation is from a run: per-request client timings (``run_errors``) or the engine's own means
-(``engine_errors``), as robust log-ratios; the client-side latency the engine model lacks."""
+"""How far a simulation is from a run: per-request client timings (``run_errors``), the engine's own means
+(``engine_errors``) or the engine's own steps (``step_errors``), as robust log-ratios; the client-side latency
+the engine model lacks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from replay.calibration.runs import CalibrationRun
+from replay.calibration.step_log import after_idle, log_errors, step_shapes, step_targets
+from sim.engine import resolve_engine, roofline_for
 from sim.latency import LatencyCoefficients, add_client_latency
 from sim.runner import simulate
 
@@ -125,6 +128,56 @@ def engine_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale:
     robust = np.sign(r) * np.sqrt(_soft_l1(r, scale)) / math.sqrt(max(1, len(r)))
     return RunErrors(loss=float(robust @ robust), ttft_log_ratio=ratios[0], tpot_log_ratio=ratios[1],
                      num_compared=len(done), residuals=robust)
+
+
+def _run_steps(run: CalibrationRun) -> tuple[np.ndarray, list, object, np.ndarray, np.ndarray]:
+    """(targets, shapes, resolved plan, steps after an idle spell, sequences each step prefills) of ``run``'s
+    engine steps, computed once per run (the fit evaluates them hundreds of times)."""
+    cached = run.__dict__.get("_step_cache")
+    if cached is None:
+        plan = resolve_engine(run.config, run.model, run.gpu)
+        shapes = step_shapes(run.steps, plan.sizing.num_gpu_blocks, int(plan.config.block_size))
+        prefilling = np.array([float(s.num_seqs - s.num_decode) if s.prefill_tokens else 0.0 for s in shapes])
+        cached = (step_targets(run.steps), shapes, plan, after_idle(run.steps), prefilling)
+        run.__dict__["_step_cache"] = cached
+    return cached
+
+
+def has_steps(run: CalibrationRun) -> bool:
+    """Whether ``run`` recorded engine steps that a fit can compare (:func:`step_errors`)."""
+    return run.steps is not None and len(run.steps) > 0 and bool(np.isfinite(step_targets(run.steps)).any())
+
+
+#: Steps a run of the fit has on the scale of its residuals (every step weighs alike across runs: a run of
+#: hundreds of busy steps says more than a prefill's four).
+STEP_NORM = 50.0
+
+
+def step_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale: float = 0.1) -> RunErrors:
+    """Compare each engine step ``run`` recorded (:mod:`replay.calibration.step_log`) with the latency model's
+    duration of a step of that shape: no simulation of the run, so no scheduling difference between the
+    simulator and the engine enters the fit, only the step times.
+
+    Residuals: the robust log-ratio of every step, scaled so that each run's steps weigh as one residual, and one
+    more for the run's total (simulated over measured time of its steps: what its throughput follows).  A step
+    after an idle spell is compared without ``per_prefill_seq_overhead_s``: the per-request host work it stands
+    for was done while the engine idled (:func:`~replay.calibration.step_log.after_idle`).  ``ttft_log_ratio`` /
+    ``tpot_log_ratio`` hold the median over the steps that prefill and over the decode-only steps."""
+    targets, shapes, plan, idle, prefilling = _run_steps(run)
+    latency = roofline_for(plan.config, run.model, run.gpu, coefficients)
+    credit = idle * prefilling * coefficients.per_prefill_seq_overhead_s
+    r, total_sim, total_meas = log_errors(targets, shapes, latency, credit)
+    keep = np.isfinite(targets) & (targets > 0)
+    prefill = (prefilling > 0)[keep]
+    per_step = np.sign(r) * np.sqrt(_soft_l1(r, scale))
+    total = math.log(total_sim / total_meas) if total_sim > 0 and total_meas > 0 else math.log(2.0)
+    weight = math.sqrt(max(1, len(r)))
+    robust = np.append(per_step, weight * math.copysign(math.sqrt(_soft_l1(np.array([total]), scale)[0]), total))
+    robust = robust / math.sqrt(STEP_NORM)
+    return RunErrors(loss=float(robust @ robust),
+                     ttft_log_ratio=float(np.median(r[prefill])) if prefill.any() else math.nan,
+                     tpot_log_ratio=float(np.median(r[~prefill])) if (~prefill).any() else math.nan,
+                     num_compared=len(r), residuals=robust)
 
 
 #: A run whose engine used less CPU than this has too coarse a CPU share (10 ms clock ticks, the worker waking

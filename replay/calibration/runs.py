@@ -37,10 +37,14 @@ class CalibrationRun:
     probe: str = ""
     #: The machine the engine ran on (``sim.latency._profile_file.machine_device``), when recorded.
     device: dict | None = None
+    #: The engine's own record of its steps during the run (``replay.calibration.step_log.read_steps``), when
+    #: the engine was started to log them; None otherwise.
+    steps: pd.DataFrame | None = None
 
 
 
-def load_run(path: str | Path, model: str | None = None, gpu: str | None = None) -> CalibrationRun:
+def load_run(path: str | Path, model: str | None = None, gpu: str | None = None,
+             _logs: dict | None = None) -> CalibrationRun:
     """A replay result folder (``ReplayResult.save`` with the ``engine`` entry ReplayBackend writes)."""
     result, meta = ReplayResult.load(path)
     engine = meta.get("engine") or {}
@@ -56,10 +60,42 @@ def load_run(path: str | Path, model: str | None = None, gpu: str | None = None)
     return CalibrationRun(
         workload=result.workload, config=config, model=load_model(model_name), gpu=load_gpu(gpu_name),
         seed=int(result.info.get("seed", 0)), measured=result.requests, source=str(path), phase=phase, probe=probe,
-        engine=engine_means(result), device=meta.get("device") or None,
+        engine=engine_means(result), device=meta.get("device") or None, steps=_saved_steps(Path(path), result.info, {} if _logs is None else _logs),
     )
 
 
-def load_runs(paths: Sequence[str | Path], model: str | None = None, gpu: str | None = None) -> list[CalibrationRun]:
-    return [load_run(p, model, gpu) for p in paths]
+#: A run folder's engine steps (``run_probes`` writes it beside the replay result).
+STEPS_FILE = "engine_steps.parquet"
 
+
+def _saved_steps(path: Path, info: dict, logs: dict) -> pd.DataFrame | None:
+    """The engine steps of the run saved in ``path``: its ``engine_steps.parquet``, else the part of the engine
+    log beside it (``kvtune calibrate --save-runs`` writes ``engine.log`` next to the runs) logged while it ran;
+    None when neither is there or the log has no stamped step lines."""
+    from replay.calibration.step_log import read_steps, steps_in
+
+    file = path / STEPS_FILE
+    if file.is_file():
+        try:
+            return pd.read_parquet(file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(file), f"unreadable engine steps ({exc})") from None
+    log = path.parent / "engine.log"
+    started, wall = info.get("started_unix"), info.get("wall_s")
+    if not log.is_file() or started is None or wall is None:
+        return None
+    if log not in logs:  # the runs of one calibration share the log: read once
+        try:
+            logs[log] = read_steps(log)
+        except ConfigError:
+            logs[log] = None  # a log without kvtune's time stamps: no steps to fit, the other targets remain
+    steps = logs[log]
+    if steps is None:
+        return None
+    part = steps_in(steps, float(started), float(wall))
+    return part if len(part) else None
+
+
+def load_runs(paths: Sequence[str | Path], model: str | None = None, gpu: str | None = None) -> list[CalibrationRun]:
+    logs: dict = {}
+    return [load_run(p, model, gpu, logs) for p in paths]

@@ -92,6 +92,10 @@ def _client_offset(data: dict, path: Path) -> float:
     return float(value)
 
 
+#: Coefficients whose default is 0 (a term only some engines have): 0 is a value, not a missing one.
+_MAY_BE_ZERO = frozenset({"per_prefill_seq_overhead_s"})
+
+
 def coefficients_from_mapping(values: dict, where: str = "coefficients") -> LatencyCoefficients:
     """LatencyCoefficients from a mapping (values numbers, or their text from ``--coef NAME=VALUE``); unknown names
     and non-positive values are errors naming the field."""
@@ -104,7 +108,9 @@ def coefficients_from_mapping(values: dict, where: str = "coefficients") -> Late
             value = float(value)
         except (TypeError, ValueError, OverflowError):
             raise fail(at(where, key), "a number", value) from None
-        if not (value > 0 and (math.isfinite(value) or key == "roofline_norm")):
+        if key in _MAY_BE_ZERO and value == 0:
+            pass  # a term the model may leave out (its default)
+        elif not (value > 0 and (math.isfinite(value) or key == "roofline_norm")):
             raise fail(at(where, key), "a positive number", value)
         out[key] = value
     return LatencyCoefficients(**out)

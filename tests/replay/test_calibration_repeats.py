@@ -30,7 +30,8 @@ class _Result:
 
 def test_a_probe_is_repeated_while_its_repeats_disagree(monkeypatch):
     model, gpu = load_model("Llama-3-8B"), load_gpu("A100-80GB")
-    groups = probe_groups(CONFIG, model, gpu, prompt_sweep=(256,), batch_sweep=((4, 64, 16),), mixed=(), repeats=2)
+    groups = probe_groups(CONFIG, model, gpu, prompt_sweep=(256,), batch_sweep=((4, 64, 16),), mixed=(), bursts=(),
+                          repeats=2)
     assert sorted({g.name for g in groups}) == sorted(DECODE_MEANS)
     replayed: list[str] = []
     seen: dict[str, int] = {}
