@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from optimizer import add_engine_arguments  # noqa: E402
+from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
 from replay.calibration.step_log import after_idle, log_errors, read_steps, step_shapes, step_targets  # noqa: E402
 from replay.engine_options import engine_config  # noqa: E402
 from sim.engine import resolve_engine, roofline_for  # noqa: E402
@@ -62,11 +62,12 @@ def check(log: Path, profile: Path, model, gpu, config) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", type=Path, help="engine logs with vLLM's step lines")
-    ap.add_argument("--profile", required=True, type=Path, help="the latency profile (kvtune calibrate)")
+    add_latency_arguments(ap, profile_help="the latency profile (kvtune calibrate)", coef=False, required=True)
     add_engine_arguments(ap, model_help="the HF model folder the engine served", gpu_help="device (default: the "
                          "profile's)", set_help="the engine's config (repeatable), as it was started")
     args = ap.parse_args(argv)
     try:
+        args.profile = Path(args.profile)
         prof = read_profile(args.profile)
         model = load_model(args.model, field="--model")
         gpu = load_gpu(args.gpu or prof.gpu or "vllm-cpu-1core", field="--gpu")
