@@ -625,10 +625,10 @@ class BaseScheduler(ABC):
         # a leading steady decode ran in the previous step; the block is hashed at the next schedule()).
         known = 0 if self.async_scheduling else 1
         to_hash = []
-        # V1 under FCFS, blocks counted (not hashed), no decode columns, no finished request holding blocks: a
-        # request whose block does not fit preempts from the back here, as the general loop would (below).
-        preempts = (now is not None and not touch_one and not hashed and cols is None
-                    and not self.deferred_free)
+        # FCFS, blocks counted (not hashed), no decode columns, no finished request holding blocks: a request whose
+        # block does not fit preempts from the back here, as the general loop would (below).
+        preempts = (now is not None and not hashed and cols is None and not self.deferred_free
+                    and not self.waiting.priority)
         while count < len(running):
             req = running[count]
             if count >= limit:
@@ -639,22 +639,23 @@ class BaseScheduler(ABC):
                 break
             blocks = (computed + block_size) // block_size
             grow = blocks - req.blocks
-            if touch_one:
-                if need >= free or req.appended_tokens != computed:
-                    break  # (its block table has seen every token but the last: then it touches one block)
-            elif need + grow > free:
+            if touch_one and req.appended_tokens != computed:
+                break  # (its block table has seen every token but the last: then it touches one block)
+            if need >= free if touch_one else need + grow > free:
                 if not preempts or now is None:
                     break
-                # The general loop (V1Scheduler.schedule, vLLM 0.33.0 v1/core/sched/scheduler.py) has allocated
-                # the blocks of the requests before this one; it now preempts the last running request until
-                # this one's block fits, or until it is the last and preempts itself (then it stops).  Fast path:
-                # done here, so that the steady decodes after it stay on this path (a preemption sent the rest of
-                # the batch to the general loop: ~13% of the reasoning case's decodes, each several times dearer).
+                # The general loop (V1Scheduler.schedule, vLLM 0.33.0 v1/core/sched/scheduler.py; V0's
+                # _schedule_running, 0.8.5 core/scheduler.py) has allocated the blocks of the requests before this
+                # one; it now preempts the last running request until this one's block fits (V0: a free block is
+                # left), or until it is the last and preempts itself (then it stops).  Fast path: done here, so that
+                # the steady decodes after it stay on this path (a preemption sent the rest of the batch to the
+                # general loop: ~13% of the reasoning case's decodes, each several times dearer).
                 self.pool.allocate(need)
                 need = 0
-                while grow > self.pool.num_free:
+                fits = 1 if touch_one else grow
+                while fits > self.pool.num_free:
                     victim = running.pop()
-                    self._preempt_recompute(out, victim, now)
+                    self._preempt_running(out, victim, now)
                     if victim is req:
                         break
                 if count == len(running):  # it preempted itself: nothing after it is scheduled
