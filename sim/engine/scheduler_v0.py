@@ -181,7 +181,9 @@ class V0Scheduler(BaseScheduler):
         self.running = []
         # Stage of each scheduled request (vllm/sequence.py: DECODE once its prompt, or recompute, was computed
         # whole: it has a token the block table has not seen), and whether a prefill chunk finishes it.
-        self._decoding: set[Request] = set(scheduled)
+        # (Read by _schedule_chunked only, to order the running queue: the default order is unchanged, and a set of
+        # every scheduled request made at every step was ~10% of the v0-swap case, perf.)
+        self._decoding: set[Request] = set(scheduled) if self.chunked else set()
         self._finishing: dict[int, bool] = {}
         pool = self.pool
         used = count
