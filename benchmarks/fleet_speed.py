@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from optimizer import add_rate_scale_argument  # noqa: E402 (after the path set-up)
+#: ``compare_case``'s requests: the trace's first N.
+COMPARE_REQUESTS = 3000
 
 
 def _workload(requests: int | None, rate: float, prefix: bool):
@@ -55,6 +56,27 @@ def _workload(requests: int | None, rate: float, prefix: bool):
             next_id += blocks - shared
         df["hash_ids"] = hashes
     return workload.with_requests(df).scale_rate(rate)
+
+
+def compare_case(name: str) -> tuple:
+    """A fleet case of ``benchmarks/tools/compare_tables.py``, ``fleet:ROUTER:N:VARIANT``: (workload, config, model,
+    gpu, ``simulate_fleet`` kwargs), VARIANT ``plain``, ``prefix`` or ``pressure`` (its docstring says what each is)."""
+    import dataclasses
+
+    from sim.engine.config import EngineConfig
+
+    _, router, replicas, variant = name.split(":")
+    n = int(replicas)
+    workload = _workload(COMPARE_REQUESTS, float(n), variant != "plain")
+    config = EngineConfig(enable_prefix_caching=variant != "plain")
+    kwargs = dict(replicas=n, router=router, record_steps=True)
+    if variant == "pressure":
+        config = dataclasses.replace(config, num_gpu_blocks_override=900)
+        classes = {key: dataclasses.replace(cls, timeout_s=4.0, cancel_probability=0.1)
+                   for key, cls in workload.classes.items()}
+        workload = dataclasses.replace(workload, classes=classes)
+        kwargs["seed"] = 3
+    return workload, config, "Llama-3-8B", "H100-SXM", kwargs
 
 
 def _case(args: tuple) -> dict:
@@ -96,6 +118,8 @@ def _run(args: tuple, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from optimizer import add_rate_scale_argument
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", default="1,8,64")
     parser.add_argument("--routers", default="round_robin,least_outstanding")

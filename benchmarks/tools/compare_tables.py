@@ -7,6 +7,13 @@ columns must be equal; float columns equal up to ``--rtol`` (relative, default 1
 shares may be added in another order) with NaN equal to NaN.
 
     python benchmarks/tools/compare_tables.py --base /path/to/other/checkout [--cases 1x,incident,...] [--merge-runs]
+    python benchmarks/tools/compare_tables.py --base /path/to/other/checkout --cases fleet
+
+A case ``fleet:ROUTER:N:VARIANT`` is a fleet of N replicas behind ROUTER (``sim.fleet.simulate_fleet``, the request
+table with its ``replica`` column, every replica's step table): the first 3,000 requests of ``fleet_speed.py``'s
+trace at N times the rate, VARIANT ``plain`` (no shared prefixes), ``prefix`` (its ``--prefix`` hash_ids, prefix
+caching on) or ``pressure`` (those, 900 KV blocks a replica, a client timeout of 4 s and 10% of requests cancelled
+after 1-30 s, seed 3).  ``--cases fleet`` is every registered router at 1, 3, 8 and 64 replicas in each variant.
 
 ``--merge-runs`` compares the step tables in :func:`merge_runs`'s form, for a change that cuts the same decode steps
 into runs differently (more steps per row); the request tables must still be equal.
@@ -31,16 +38,24 @@ import pickle, sys
 root, case, path, cases_root = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, cases_root + "/benchmarks")
 import sim_speed  # the cases of the checkout under test (it puts that checkout first on sys.path)
+import fleet_speed  # (its fleet cases; it imports no sim before the line below)
 sys.path.insert(0, root)  # then the engine of the checkout being run (sim is imported by _build, not before)
 from sim.profiles import load_gpu, load_model
 from sim.runner import simulate
-workload, config, model, gpu, kwargs = sim_speed._build(case)
+if case.startswith("fleet:"):
+    workload, config, model, gpu, kwargs = fleet_speed.compare_case(case)
+else:
+    workload, config, model, gpu, kwargs = sim_speed._build(case)
 kwargs.pop("trial", None)
 import sim
 assert sim.__file__.startswith(str(__import__("pathlib").Path(root).resolve())), f"ran {sim.__file__}, not {root}"
-result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
+if case.startswith("fleet:"):
+    from sim.fleet import simulate_fleet
+    result = simulate_fleet(workload, config, load_model(model), load_gpu(gpu), **kwargs)
+else:
+    result = simulate(workload, config, load_model(model), load_gpu(gpu), **kwargs)
 with open(path, "wb") as f:
-    pickle.dump((result.requests, result.steps, result.num_iterations, result.aborted), f)
+    pickle.dump((result.requests, result.steps, result.num_iterations, result.aborted, result.makespan_s), f)
 """
 
 
@@ -95,6 +110,15 @@ def merge_runs(steps):
     return steps.groupby(group, sort=False).agg(agg).reset_index(drop=True)
 
 
+def _fleet_cases() -> list[str]:
+    """Every registered router at 1, 3, 8 and 64 replicas in each variant (see the module's docstring)."""
+    sys.path.insert(0, str(HERE))
+    from sim.fleet import router_names
+
+    return [f"fleet:{router}:{n}:{variant}" for variant in ("plain", "prefix", "pressure") for router in router_names()
+            for n in (1, 3, 8, 64)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path, help="the other checkout (e.g. a `git archive` of main)")
@@ -113,15 +137,16 @@ def main() -> int:
             print(f"error: {root}: not a kvtune checkout (no sim/__init__.py)", file=sys.stderr)
             return 2
     failed = False
+    cases = [c for name in args.cases.split(",") for c in (_fleet_cases() if name == "fleet" else [name])]
     with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases.split(","):
+        for case in cases:
             base = _dump(args.base, case, Path(tmp) / f"base-{case}.pkl", args.new)
             new = _dump(args.new, case, Path(tmp) / f"new-{case}.pkl", args.new)
             steps_a, steps_b = (merge_runs(base[1]), merge_runs(new[1])) if args.merge_runs else (base[1], new[1])
             problems = (_diff("requests", base[0], new[0], args.rtol, args.atol)
                         + _diff("steps", steps_a, steps_b, args.rtol, args.atol))
             if base[2:] != new[2:]:
-                problems.append(f"iterations/aborted: {base[2:]} vs {new[2:]}")
+                problems.append(f"iterations/aborted/makespan: {base[2:]} vs {new[2:]}")
             failed |= bool(problems)
             rows = f"{len(base[1])} -> {len(new[1])} step rows ({len(steps_b)} merged)" if args.merge_runs \
                 else f"{len(new[1])} step rows"

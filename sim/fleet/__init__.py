@@ -1,8 +1,8 @@
 """A fleet of engine replicas behind a router, in one simulation.
 
 N replicas of one engine config (each the V1/V0 engine of ``sim.engine``, with its own KV cache and prefix cache,
-built from one ``sim.engine.build.resolve_engine`` plan: ``plan.build()`` per replica) share one SimPy clock behind a router that places each arriving
-request on one of them::
+built from one ``sim.engine.build.resolve_engine`` plan: ``plan.build()`` per replica) share one clock behind a
+router that places each arriving request on one of them::
 
     from sim.fleet import simulate_fleet
     result = simulate_fleet(workload, config, model, gpu, replicas=8, router="sglang_cache_aware",
@@ -43,19 +43,21 @@ their own approximate index of the block hashes they sent where (no engine intro
 Each replica is the single engine's own loop (``sim.runner.EngineLoop``, one copy for both) over one shared store
 of the workload's requests (``sim.runner.RequestStore``).
 
-Speed (``benchmarks/fleet_speed.py``; figures in benchmarks/speed/README.md, "Fleet speed"): a router that reads
-no engine state (``round_robin``, ``session_affinity``: ``Router.needs_state = False``) is run ahead of the
-simulation, so each replica looks ahead to its own arrivals as the single engine does (one SimPy process each).
-One that reads state is asked at each arrival, with no SimPy at all: the arrivals in order, and before each only
-the replicas with a step boundary, a run's end or a wake-up before it are advanced up to it
-(``EngineLoop.advance``, through a heap of when each next acts); a replica with nothing due is not touched, and
-what the router reads of it is what it published at its last boundary.  A busy replica's run of identical decode
-steps is not cut at arrivals routed elsewhere: it is bounded by its own deadlines only, its end applied once no
-fleet arrival before it remains, and an arrival routed to it ends it at that arrival (``EngineLoop.cut`` /
-``EngineCore.cut_run``: the steps that start before the arrival, exactly what the bound known in advance gives, so
-one replica still reproduces ``simulate``).  Views are remade only for replicas whose counts changed, unless the
-router reads metrics (then every replica's, O(N) per arrival); a ``tracks_requests`` router is told of first
-tokens and ends from the replicas that moved since the last arrival only.
+Speed (``benchmarks/fleet_speed.py``; figures in benchmarks/speed/README.md, "Fleet speed"): no SimPy.  A router
+that reads state is asked at each arrival: the arrivals in order, and before each only the replicas with a step
+boundary, a run's end or a wake-up before it are advanced up to it (``EngineLoop.advance``, through a heap of when
+each next acts); a replica with nothing due is not touched, and what the router reads of it is what it published
+at its last boundary.  A busy replica's run of identical decode steps is not cut at arrivals routed elsewhere: it
+is bounded by its own deadlines only, its end applied once no fleet arrival before it remains, and an arrival
+routed to it ends it at that arrival (``EngineLoop.cut`` / ``EngineCore.cut_run``: the steps that start before the
+arrival, exactly what the bound known in advance gives, so one replica still reproduces ``simulate``).  Views are
+remade only for replicas whose counts changed, unless the router reads metrics (then every replica's, O(N) per
+arrival); a ``tracks_requests`` router is told of first tokens and ends from the replicas that moved since the
+last arrival only.  A router that reads no engine state (``round_robin``, ``session_affinity``:
+``Router.needs_state = False``) is run ahead of the simulation; its replicas then do not interact, and each is
+driven the same way at its own arrivals only, one replica after another over each stretch of 65,536 arrivals
+(``sim.fleet._loop.run_routed``: an engine stays in the CPU's caches while it runs, where taking every arrival in
+time order switched engines at each).
 
 A replica that aborts (as vLLM aborts on a lack of swap space) stays behind the router; what is routed to it is
 left unfinished.  The fleet has no progress callback and no streamed step sink yet.

@@ -1,4 +1,4 @@
-"""A fleet of engine replicas behind a router, on one SimPy clock."""
+"""A fleet of engine replicas behind a router, on one clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Mapping
 
 import numpy as np
 import pandas as pd
-import simpy
 
 from sim.engine.build import EnginePlan
 from sim.engine.config import EngineConfig
@@ -19,13 +18,14 @@ from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError
 from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
+from sim.request_store import LIST_CHUNK
 from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, finish_run, plan_for,
                         predicted_output_for, run_info)
 from sim.tables import step_table
 from sim.workload.workload import Workload
-from sim.fleet._loop import Followed, RequestViews, refresh_counts, route_all
+from sim.fleet._loop import Followed, RequestViews, preroute, refresh_counts, route_all, run_routed
 from sim.fleet._routers import Router, make_router
-from sim.fleet._views import ReplicaView, RequestView
+from sim.fleet._views import ReplicaView
 
 #: Workload columns read as a request's session id, the first present.
 SESSION_COLUMNS = ("session_id", "conversation_id")
@@ -89,7 +89,7 @@ def replica_summary(requests: pd.DataFrame, num_replicas: int) -> tuple[pd.DataF
 
 
 class FleetSimulation:
-    """N replicas of one engine config behind a router, sharing one SimPy clock."""
+    """N replicas of one engine config behind a router, sharing one clock."""
 
     def __init__(
         self,
@@ -131,7 +131,6 @@ class FleetSimulation:
             core.scheduler.use_decode_columns()  # as Simulation does (decode_columns=True)
             if share:
                 core.scheduler.share_prefixes()
-        self.env = simpy.Environment()
         self.arrivals_s = self.store.arrivals_s
         n = len(self.arrivals_s)
         self.replica_of = np.full(n, -1, dtype=np.int64)
@@ -152,11 +151,11 @@ class FleetSimulation:
             feeds = [feed] * replicas
             self._feed: Feed | None = feed
         else:
-            # Routed ahead of the run: each replica looks ahead to its own next arrival only.
-            self._preroute()
-            feeds = [Feed(self.arrivals_s[self.replica_of == r].tolist()) for r in range(replicas)]
+            # Routed before the run: the replicas do not interact, and each runs through its own arrivals
+            # (``sim.fleet._loop.run_routed``).
+            feeds = [Feed(times) for times in self._preroute()]
             self._feed = None
-        self.replicas = [EngineLoop(core, self.store, feeds[r], max_sim_time_s, own_feed=not state, index=r)
+        self.replicas = [EngineLoop(core, self.store, feeds[r], max_sim_time_s, own_feed=False, index=r)
                          for r, core in enumerate(cores)]
         #: Replicas whose published state changed since the router's views were last brought up to date.
         self._dirty: list[int] = list(range(replicas))
@@ -184,17 +183,12 @@ class FleetSimulation:
         self._moved: list[int] = []
 
     # ---- routing ---------------------------------------------------------------------------------------------
-    def _request_view(self, i: int) -> RequestView:
-        return self._requests.view(i)
-
-    def _preroute(self) -> None:
-        # One view per replica, only the chosen one's replaced after each decision (views are read-only).
-        views = [ReplicaView(index=r, routed=0) for r in range(self.router.num_replicas)]
-        route, replica_of = self.router.route, self.replica_of
-        for i in range(len(self.arrivals_s)):
-            chosen = self._check(route(self._request_view(i), views), i)
-            replica_of[i] = chosen
-            views[chosen] = ReplicaView(index=chosen, routed=views[chosen].routed + 1)
+    def _preroute(self) -> list[list[float]]:
+        """Every request routed before the run (``sim.fleet._loop.preroute``, compiled with the engine); returns
+        each replica's arrival times."""
+        self._replica_list, times = preroute(self.router, self._requests, self.router.num_replicas, self._check)
+        self.replica_of[:] = self._replica_list
+        return times
 
     def _check(self, chosen: object, i: int) -> int:
         if type(chosen) is int and 0 <= chosen < self.router.num_replicas:
@@ -204,42 +198,7 @@ class FleetSimulation:
                              f"expected a replica index in [0, {self.router.num_replicas})")
         return int(chosen)
 
-    def _views(self, now: float) -> list[ReplicaView]:
-        """Each replica as the router sees it at ``now``: its own counts exact, the engine's metrics as published
-        at the last step boundary at or before ``now - lag`` (None for a router that reads none).
-
-        Every boundary a replica published lies before ``now`` (``advance`` stops at the first at or after it).  A boundary inside a run of decode steps is computed from the run (``RunRecord``).  Without
-        metrics the views are kept and only those of replicas whose counts changed are made again."""
-        views = self._view_list
-        replicas = self.replicas
-        if self._reads_metrics:
-            cutoff = now - self.router.metrics_lag
-            for rep in replicas:
-                waiting, running, used = rep.metrics_at(cutoff)
-                views[rep.index] = ReplicaView(
-                    index=rep.index, routed=rep.assigned, outstanding=rep.assigned - rep.ended_pub,
-                    num_waiting=waiting, num_running=running, kv_usage=used / rep.scheduler.pool.num_blocks)
-            self._dirty.clear()
-            return views
-        if self._dirty:
-            refresh_counts(replicas, views, self._dirty, self.router.load_changed if self._follow else None)
-        return views
-
-    # ---- processes -------------------------------------------------------------------------------------------
-    def _arrivals(self, env: simpy.Environment):
-        """Routed ahead of the run (``needs_state`` false): each request to its replica at its arrival."""
-        arrivals = self.arrivals_s.tolist()
-        store = self.store
-        replicas = self.replicas
-        replica_of = self.replica_of.tolist()
-        for i in range(len(arrivals)):
-            delay = arrivals[i] - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            rep = replicas[replica_of[i]]
-            rep.feed.next += 1
-            rep.add(store.request(i), env.now)
-
+    # ---- the run loops ---------------------------------------------------------------------------------------
     def _route_all(self) -> float:
         """Routed at each arrival (``needs_state``): the arrivals in order, and before each every replica with a
         boundary, run end or wake-up at or before it advanced up to it (``EngineLoop.advance``), the rest left as
@@ -250,29 +209,24 @@ class FleetSimulation:
         assert self._feed is not None
         router = self.router
         return route_all(self.replicas, self.store, self._feed, self._requests, router, self._check,
-                         self.replica_of, self._view_list, self._views if self._reads_metrics else None,
+                         self.replica_of, self._view_list, self._reads_metrics, router.metrics_lag,
                          router.load_changed if self._follow else None, self._dirty,
                          self._followed, self._moved)
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self) -> FleetResult:
         wall0 = time.perf_counter()
-        if self._feed is not None:
-            with FrozenHeap():
+        with FrozenHeap():
+            if self._feed is not None:
                 now = self._route_all() if len(self._arrival_list) else 0.0
-                for rep in self.replicas:
-                    if rep.idle:
-                        rep.clock = now  # woken by the arrivals' end, to end (or to find itself stuck)
-                    rep.advance(math.inf)
-                    if not rep.stopped:
-                        now = max(now, rep.clock)
-        else:
-            env = self.env
-            env.process(self._arrivals(env))
-            procs = [env.process(rep.process(env)) for rep in self.replicas]
-            with FrozenHeap():
-                env.run(until=simpy.AllOf(env, procs))
-            now = env.now
+            else:
+                now = run_routed(self.replicas, self.store, self._arrival_list, self._replica_list, LIST_CHUNK)
+            for rep in self.replicas:
+                if rep.idle:
+                    rep.clock = now  # woken by the arrivals' end, to end (or to find itself stuck)
+                rep.advance(math.inf)
+                if not rep.stopped:
+                    now = max(now, rep.clock)
         requests, makespan, _ = finish_run(self.replicas, self.store, now, self.replica_of)
         requests["replica"] = self.replica_of
         steps = []

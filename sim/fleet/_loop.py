@@ -1,7 +1,9 @@
-"""The fleet's per-arrival loop behind a router that decides at each arrival (``FleetSimulation._route_all``),
-compiled with the engine (``sim._compiled.COMPILED``): its calls into the replicas (``EngineLoop.advance``,
-``cut``, ``add``) and the request store are native calls, and only the router's own methods run interpreted.
-The interpreted source is the same loop (``KVTUNE_PURE_PYTHON``), so decisions cannot differ."""
+"""The fleet's run loops, compiled with the engine (``sim._compiled.COMPILED``): behind a router that decides at each
+arrival (``FleetSimulation._route_all``: :func:`route_all`, with the views it hands the router) and behind one that
+routed every request before the run (:func:`preroute`, :func:`run_routed`); and ``DynamoKV``'s cost pass
+(:func:`least_costs`).  Their calls into the replicas (``EngineLoop.advance``, ``cut``, ``add``) and the request
+store are native calls, and only the router's own methods run interpreted.  The interpreted source is the same
+code (``KVTUNE_PURE_PYTHON``), so decisions cannot differ."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from sim.engine.request import FINAL_STATUSES, Request
 from sim.fleet._views import ReplicaView, RequestView
 from sim.request_store import RequestStore
 from sim.run_loop import EngineLoop, Feed
+
+#: ``tuple.__new__``: a view (a named tuple) made from all its fields in one C call, without the named tuple's own
+#: ``__new__`` (generated Python, run interpreted at each call).
+_new_tuple: Any = tuple.__new__
 
 
 class RequestViews:
@@ -30,8 +36,101 @@ class RequestViews:
 
     def view(self, i: int) -> Any:
         sessions = self.sessions
-        return RequestView(i, self.arrivals[i], self.classes[i], self.prompts[i], self.keys[i], self.block_size,
-                           None if sessions is None else sessions[i])
+        return _new_tuple(RequestView, (i, self.arrivals[i], self.classes[i], self.prompts[i], self.keys[i],
+                                        self.block_size, None if sessions is None else sessions[i]))
+
+
+def preroute(router: Any, requests: RequestViews, num: int, check: Callable[[Any, int], int]
+             ) -> tuple[list[int], list[list[float]]]:
+    """``FleetSimulation._preroute``'s loop (a router with ``needs_state`` false: every request routed before the
+    run, each replica's view carrying only ``routed``, the requests sent there so far).  Returns the replica of each
+    request and each replica's arrival times, in order."""
+    route = router.route
+    routed = [0] * num
+    views: list[Any] = [_new_tuple(ReplicaView, (r, 0, None, None, None, None)) for r in range(num)]
+    replica_of: list[int] = []
+    times: list[list[float]] = [[] for _ in range(num)]
+    arrivals = requests.arrivals
+    for i in range(len(arrivals)):
+        answer = route(requests.view(i), views)
+        if type(answer) is int and 0 <= answer < num:
+            chosen: int = answer
+        else:
+            chosen = check(answer, i)
+        replica_of.append(chosen)
+        times[chosen].append(arrivals[i])
+        count = routed[chosen] + 1
+        routed[chosen] = count
+        views[chosen] = _new_tuple(ReplicaView, (chosen, count, None, None, None, None))
+    return replica_of, times
+
+
+def run_routed(replicas: list[EngineLoop], store: RequestStore, arrivals: list[float], replica_of: list[int],
+               window: int) -> float:
+    """``FleetSimulation.run``'s loop for a fleet routed before the run (``preroute``): each replica's arrivals in
+    order, the replicas one after another over each ``window`` of arrivals (a replica's engine stays in the CPU's
+    caches while it runs, where taking the arrivals in time order switched engines at every arrival), up to the last
+    arrival; returns its time (0 without arrivals).
+
+    The replicas do not interact (the router decided without them; each writes its own requests' rows), so each
+    may run ahead of the others.  Each is driven as :func:`route_all` drives a replica (``EngineLoop.advance`` up
+    to an arrival when it has something due before it, ``cut`` and ``add`` at each arrival routed to it), at its
+    own arrivals only: an engine that is advanced to a time and then to a later one, with no arrival routed to it
+    in between, acts as one advanced to the later time alone (its steps and wake-ups are its own; the time it is
+    advanced to only says where it stops), so skipping the other replicas' arrivals changes nothing.  ``window``: a
+    multiple of ``sim.request_store.LIST_CHUNK``, so that the store makes each chunk of requests once."""
+    num = len(replicas)
+    total = len(arrivals)
+    #: When each replica next acts (``route_all``'s ``due``).
+    due = [0.0] * num
+    for start in range(0, total, window):
+        stop = min(start + window, total)
+        mine: list[list[int]] = [[] for _ in range(num)]
+        for i in range(start, stop):
+            mine[replica_of[i]].append(i)
+        for r in range(num):
+            rep = replicas[r]
+            feed = rep.feed
+            nxt = due[r]
+            for i in mine[r]:
+                now = arrivals[i]
+                if nxt <= now:
+                    rep.advance(now)
+                feed.next += 1
+                rep.cut(now)  # a run of decode steps under way there ends at this arrival
+                rep.add(store.request(i), now)
+                nxt = rep.clock
+            due[r] = nxt
+    if not total:
+        return 0.0
+    last = arrivals[total - 1]
+    for r in range(num):
+        if due[r] <= last:
+            replicas[r].advance(last)  # where the arrivals after its own leave it
+    return last
+
+
+def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: list[int] | None, prompt: int,
+                bs: int, new_blocks: int, scale: float, credit: float) -> list[int]:
+    """``DynamoKV``'s workers at the least cost, in index order: each worker's ``worker_logit`` as
+    ``DynamoKV._costs_scan`` computes it (the same float operations in the same order, so the same values and the
+    same ties) and ``Router._pick_min``'s ties among them, in one compiled pass.  Finite ``scale`` and ``credit``
+    only (every cost is then finite, so the least and its ties are those of ``min``); ``overlaps`` None: none."""
+    ties: list[int] = []
+    best = 0.0
+    for w in range(len(prefill_tokens)):
+        prefill = (prefill_tokens[w] + prompt) / bs
+        if overlaps is not None:
+            prefill = prefill - credit * overlaps[w]
+        if not prefill > 0.0:  # max(0.0, prefill): the first of equals, 0.0
+            prefill = 0.0
+        cost = scale * prefill + (active_blocks[w] + new_blocks)
+        if not ties or cost < best:
+            best = cost
+            ties = [w]
+        elif cost == best:
+            ties.append(w)
+    return ties
 
 
 def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int],
@@ -42,10 +141,25 @@ def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int
     for r in dirty:
         rep = replicas[r]
         outstanding = rep.assigned - rep.ended_pub
-        views[r] = ReplicaView(r, rep.assigned, outstanding)
+        views[r] = _new_tuple(ReplicaView, (r, rep.assigned, outstanding, None, None, None))
         if follow is not None:
             follow(r, outstanding)
     dirty.clear()
+
+
+def metric_views(replicas: list[EngineLoop], views: list[Any], cutoff: float, dirty: list[int]) -> list[Any]:
+    """Each replica as a router that reads engine metrics sees it: its own counts exact, the engine's metrics as
+    published at the last step boundary at or before ``cutoff`` (the arrival less the router's lag; every boundary
+    a replica published lies before the arrival: ``advance`` stops at the first at or after it; one inside a run of
+    decode steps is computed from the run, ``RunRecord``).  Every view made again (``views`` replaced in place,
+    ``dirty`` emptied); returns ``views``."""
+    for rep in replicas:
+        waiting, running, used = rep.metrics_at(cutoff)
+        assigned = rep.assigned
+        views[rep.index] = _new_tuple(ReplicaView, (rep.index, assigned, assigned - rep.ended_pub, waiting, running,
+                                                    used / rep.scheduler.pool.num_blocks))
+    dirty.clear()
+    return views
 
 
 class Followed:
@@ -109,13 +223,13 @@ class Followed:
 
 
 def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, requests: RequestViews, router: Any,
-              check: Callable[[Any, int], int], replica_of: Any, views: list[Any],
-              metric_views: Callable[[float], Any] | None, follow: Callable[[int, int], None] | None,
+              check: Callable[[Any, int], int], replica_of: Any, views: list[Any], reads_metrics: bool,
+              metrics_lag: float, follow: Callable[[int, int], None] | None,
               dirty: list[int], followed: Followed | None, moved: list[int]) -> float:
     """``FleetSimulation._route_all``'s loop (its docstring says what it does).  ``views``: the views list the
-    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`), or ``metric_views``
-    (called with the arrival's time) for a router that reads engine metrics; ``notify``: told of each arrival's
-    ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
+    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`), or for a router that reads
+    engine metrics (``reads_metrics``) every one made again at each arrival (:func:`metric_views`, ``metrics_lag``
+    old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
     advanced, of the replicas that moved (``moved``).  Returns the last arrival's time."""
     route = router.route
     num = len(replicas)
@@ -140,8 +254,8 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
             moved.extend(again)
             followed.notify(router, moved, now)
         again.clear()
-        if metric_views is not None:
-            given = metric_views(now)
+        if reads_metrics:
+            given = metric_views(replicas, views, now - metrics_lag, dirty)
         else:
             if dirty:
                 refresh_counts(replicas, views, dirty, follow)

@@ -18,6 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
+from sim.fleet._loop import least_costs
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -521,21 +522,15 @@ class DynamoKV(Router):
         "ttl_s": Param(120.0, 0.0, math.inf, low_open=True),
     }
 
-    #: From this many replicas a decision's costs are one numpy pass (:meth:`_costs_array`, a near-constant cost),
-    #: below it one worker at a time (:meth:`_costs_scan`, cheaper for a few); both give the same values.
-    VECTOR_FROM = 16
-
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         super().__init__(num_replicas, seed, **params)
         self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
-        self._vector = (num_replicas >= self.VECTOR_FROM and math.isfinite(self.prefill_load_scale)
-                        and math.isfinite(self.overlap_credit))
-        #: Per worker (arrays where the costs are, lists where the scan reads them).
-        self.prefill_tokens: list[int] | np.ndarray = [0] * num_replicas
-        self.active_blocks: list[int] | np.ndarray = [0] * num_replicas
-        if self._vector:
-            self.prefill_tokens = np.zeros(num_replicas, dtype=np.int64)
-            self.active_blocks = np.zeros(num_replicas, dtype=np.int64)
+        #: A decision's costs and ties in one compiled pass (``sim.fleet._loop.least_costs``), for finite
+        #: parameters; else one worker at a time (:meth:`_costs_scan`), which gives the same values.
+        self._compiled = math.isfinite(self.prefill_load_scale) and math.isfinite(self.overlap_credit)
+        #: Per worker.
+        self.prefill_tokens: list[int] = [0] * num_replicas
+        self.active_blocks: list[int] = [0] * num_replicas
         #: index -> (replica, prefill tokens still counted, blocks)
         self._live: dict[int, list[int]] = {}
 
@@ -548,10 +543,10 @@ class DynamoKV(Router):
             overlaps = [index.match(hashes, now, self.ttl_s) for index in self.indexes]
         else:  # no block can match
             overlaps = [0] * self.num_replicas
-        if self._vector:
-            costs = self._costs_array(prompt, bs, new_blocks, overlaps if hashes else None)
-            ties = (costs == costs.min()).nonzero()[0]  # _pick_min's ties, in index order
-            chosen = int(ties[0]) if len(ties) == 1 else int(ties[self._draw(len(ties))])
+        if self._compiled:
+            ties = least_costs(self.prefill_tokens, self.active_blocks, overlaps if hashes else None, prompt, bs,
+                               new_blocks, self.prefill_load_scale, self.overlap_credit)
+            chosen = ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
         else:
             chosen = self._pick_min(self._costs_scan(prompt, bs, new_blocks, overlaps))
         uncached = max(0, prompt - overlaps[chosen] * bs)
@@ -561,25 +556,8 @@ class DynamoKV(Router):
         self.indexes[chosen].insert(hashes, now)
         return chosen
 
-    def _costs_array(self, prompt: int, bs: int, new_blocks: int, overlaps: Sequence[int] | None) -> np.ndarray:
-        """:meth:`_costs_scan` as one array: the scan's float operations in its order (int sums exact, then one
-        division, the credit, max with 0, the scale, the decode blocks), so the same values and the same ties.
-        Finite parameters only (``inf * 0`` is a NaN that the scan's ``max(0.0, .)`` drops).  ``overlaps`` None:
-        none (a worker's credit times 0 subtracts 0.0, which changes no value)."""
-        costs = (self.prefill_tokens + prompt) / bs
-        if overlaps is not None:
-            credit = self.overlap_credit
-            for w, blocks in enumerate(overlaps):
-                if blocks:
-                    costs[w] -= credit * blocks
-            np.maximum(costs, 0.0, out=costs)  # without a credit every value is already >= +0.0
-        if self.prefill_load_scale != 1.0:  # x * 1.0 is x
-            costs *= self.prefill_load_scale
-        costs += self.active_blocks + new_blocks
-        return costs
-
     def _costs_scan(self, prompt: int, bs: int, new_blocks: int, overlaps: Sequence[int]) -> list[float]:
-        """Each worker's ``worker_logit``, one at a time (the reference for the arrays in :meth:`route`)."""
+        """Each worker's ``worker_logit``, one at a time (the rule as written; ``least_costs`` computes the same)."""
         prefill_tokens, active_blocks = self.prefill_tokens, self.active_blocks
         scale, credit = self.prefill_load_scale, self.overlap_credit
         costs = []

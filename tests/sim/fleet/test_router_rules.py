@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
 from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, router_class, simulate_fleet
+from sim.fleet._loop import RequestViews, least_costs, metric_views, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from tests.sim.engine.conftest import make_workload
@@ -115,18 +116,17 @@ _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0]) | st.floats(0.0, 10.0)
 
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_dynamo_costs_as_arrays_equal_the_scan(data):
-    """From DynamoKV.VECTOR_FROM workers the costs are one numpy pass, below it a scan; every value of both equals
-    the rule's written out (so the same minimum and the same ties), with and without overlaps, on round weights
-    (ties) and arbitrary ones."""
-    n = 20
+def test_dynamo_least_costs_are_the_scans_ties(data):
+    """The compiled pass (``least_costs``) and the scan compute the rule written out: the scan's every value, the
+    compiled pass the same least cost's ties in index order, with and without overlaps, on round weights (ties) and
+    arbitrary ones."""
+    n = data.draw(st.sampled_from([1, 2, 8, 20, 64]))
     params = {"prefill_load_scale": data.draw(_weights), "overlap_credit": data.draw(_weights)}
-    vec, scan = make_router("dynamo_kv", params, n), make_router("dynamo_kv", params, n)
-    assert vec._vector
+    router = make_router("dynamo_kv", params, n)
+    assert router._compiled
     loads = st.lists(st.sampled_from([0, 16, 64]) | st.integers(0, 10**6), min_size=n, max_size=n)
     prefill, active = data.draw(loads), data.draw(loads)
-    vec.prefill_tokens[:], vec.active_blocks[:] = prefill, active
-    scan.prefill_tokens, scan.active_blocks = list(prefill), list(active)
+    router.prefill_tokens, router.active_blocks = list(prefill), list(active)
     bs = data.draw(st.sampled_from([1, 16, 64, 7]))
     prompt = data.draw(st.integers(1, 20_000))
     new_blocks = -(-prompt // bs)
@@ -135,24 +135,25 @@ def test_dynamo_costs_as_arrays_equal_the_scan(data):
     scale, credit = params["prefill_load_scale"], params["overlap_credit"]
     rule = [scale * max(0.0, (p + prompt) / bs - credit * o) + (a + new_blocks)
             for p, a, o in zip(prefill, active, overlaps or [0] * n)]
-    assert vec._costs_array(prompt, bs, new_blocks, overlaps).tolist() == rule
-    assert scan._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n) == rule
+    assert router._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n) == rule
+    assert least_costs(prefill, active, overlaps, prompt, bs, new_blocks, scale, credit) == \
+        [w for w, cost in enumerate(rule) if cost == min(rule)]
 
 
 @pytest.mark.parametrize("params", [{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}])
-def test_dynamo_fleet_routes_the_same_with_arrays_or_the_scan(monkeypatch, params):
+def test_dynamo_fleet_routes_the_same_compiled_or_with_the_scan(params):
     """20 replicas behind dynamo_kv, shared prefixes and ties at the start: the same request table whichever way
     the costs are computed."""
     workload = make_workload([(0.004 * i, 64 + 16 * (i % 7), 20) for i in range(400)])
     workload.requests["hash_ids"] = [[i % 3, 10 + i % 3, 100 + i] for i in range(400)]
-    kwargs = dict(replicas=20, router="dynamo_kv", router_params=params, hash_block_tokens=32, seed=1,
-                  latency=LinearStepModel(0.01, 1e-4))
+    kwargs = dict(replicas=20, hash_block_tokens=32, latency=LinearStepModel(0.01, 1e-4))
     config = EngineConfig(enable_prefix_caching=True)
-    arrays = simulate_fleet(workload, config, MODEL, GPU, **kwargs)
-    monkeypatch.setattr(router_class("dynamo_kv"), "VECTOR_FROM", 10**9)
-    scan = simulate_fleet(workload, config, MODEL, GPU, **kwargs)
-    pd.testing.assert_frame_equal(arrays.requests, scan.requests)
-    assert arrays.requests["replica"].nunique() > 10 and (arrays.requests["prefix_hit_tokens"] > 0).any()
+    compiled = simulate_fleet(workload, config, MODEL, GPU, router=make_router("dynamo_kv", params, 20, 1), **kwargs)
+    scan = make_router("dynamo_kv", params, 20, 1)
+    scan._compiled = False
+    scanned = simulate_fleet(workload, config, MODEL, GPU, router=scan, **kwargs)
+    pd.testing.assert_frame_equal(compiled.requests, scanned.requests)
+    assert compiled.requests["replica"].nunique() > 10 and (compiled.requests["prefix_hit_tokens"] > 0).any()
 
 
 def test_session_affinity_keeps_sessions_and_balances_the_rest():
@@ -348,3 +349,31 @@ def test_tie_draws_are_numpys(seed, steps):
         else:
             assert router._draw(n) == reference.integers(n)
     assert router.rng.bit_generator.state == reference.bit_generator.state
+
+
+def test_the_loops_views_are_the_named_tuples():
+    """The compiled loop makes the views from all their fields at once (``tuple.__new__``): each equals the named
+    tuple's own constructor's, of the same type."""
+    requests = RequestViews([0.5, 1.5], ["a", "b"], [64, 80], [(), (7, 8)], 16, [None, "s"])
+    for i in range(2):
+        view = requests.view(i)
+        assert type(view) is RequestView and view == RequestView(
+            i, requests.arrivals[i], requests.classes[i], requests.prompts[i], requests.keys[i], 16,
+            requests.sessions[i])
+    workload = make_workload([(0.1 * i, 64, 4) for i in range(4)])
+    fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=2, router="least_kv_usage")
+    rep = fleet.replicas[1]
+    rep.assigned, rep.ended_pub = 5, 2
+    given: list = [None, None]
+    refresh_counts(fleet.replicas, given, [1], None)
+    assert type(given[1]) is ReplicaView and given[1] == ReplicaView(1, 5, 3)
+    rep.history = deque([(0.0, 4, 1, 30, None)])
+    metric_views(fleet.replicas, given, 0.5, [1])
+    assert type(given[1]) is ReplicaView and given[1] == ReplicaView(
+        1, 5, 3, 4, 1, 30 / rep.scheduler.pool.num_blocks)
+    router = make_router("round_robin", {}, 2)
+    seen = []
+    route = router.route
+    router.route = lambda request, views: seen.append(list(views)) or route(request, views)
+    assert preroute(router, requests, 2, None) == ([0, 1], [[0.5], [1.5]])
+    assert seen[1] == [ReplicaView(0, 1), ReplicaView(1, 0)] and all(type(v) is ReplicaView for v in seen[1])
