@@ -7,6 +7,7 @@ code (``KVTUNE_PURE_PYTHON``), so decisions cannot differ."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -131,6 +132,59 @@ def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: l
         elif cost == best:
             ties.append(w)
     return ties
+
+
+class Loads:
+    """Outstanding requests per replica, and the replicas at each count (in index order): the least and the most
+    loaded, and the ties among the least, are read without a scan of the replicas (a router's load index updated
+    on its own events; a change costs a bisection in the few replicas at its old and new count).  Compiled with
+    the loop that tells it of each change (``refresh_counts``, through ``Router.load_changed``)."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = list(counts)
+        self.at: dict[int, list[int]] = {}
+        for r, c in enumerate(self.counts):
+            self.at.setdefault(c, []).append(r)
+        self.lo = min(self.counts)
+        self.hi = max(self.counts)
+
+    def set(self, replica: int, value: int) -> None:
+        counts = self.counts
+        old = counts[replica]
+        if old == value:
+            return
+        counts[replica] = value
+        at = self.at
+        bucket = at[old]
+        if len(bucket) == 1:
+            del at[old]
+            emptied = True
+        else:
+            del bucket[bisect.bisect_left(bucket, replica)]
+            emptied = False
+        others = at.get(value)
+        if others is None:
+            at[value] = [replica]
+        else:
+            bisect.insort(others, replica)
+        if value < self.lo:
+            self.lo = value
+        elif emptied and old == self.lo:
+            lo = old + 1  # the least moved up, to at most ``value``
+            while lo not in at:
+                lo += 1
+            self.lo = lo
+        if value > self.hi:
+            self.hi = value
+        elif emptied and old == self.hi:
+            hi = old - 1
+            while hi not in at:
+                hi -= 1
+            self.hi = hi
+
+    def first_least(self) -> int:
+        """The lowest-indexed replica at the least count (``counts.index(min(counts))``)."""
+        return self.at[self.lo][0]
 
 
 def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int],

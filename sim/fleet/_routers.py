@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import least_costs
+from sim.fleet._loop import Loads, least_costs
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -203,58 +203,8 @@ class _TieDraws:
         self.has = int(state["has_uint32"])
 
 
-class _Loads:
-    """Outstanding requests per replica, and the replicas at each count (in index order): the least and the most
-    loaded, and the ties among the least, are read without a scan of the replicas (a router's load index updated
-    on its own events; a change costs a bisection in the few replicas at its old and new count)."""
-
-    __slots__ = ("counts", "at", "lo", "hi")
-
-    def __init__(self, counts: list[int]) -> None:
-        self.counts = list(counts)
-        self.at: dict[int, list[int]] = {}
-        for r, c in enumerate(self.counts):
-            self.at.setdefault(c, []).append(r)
-        self.lo = min(self.counts)
-        self.hi = max(self.counts)
-
-    def set(self, replica: int, value: int) -> None:
-        counts = self.counts
-        old = counts[replica]
-        if old == value:
-            return
-        counts[replica] = value
-        at = self.at
-        bucket = at[old]
-        if len(bucket) == 1:
-            del at[old]
-            emptied = True
-        else:
-            del bucket[bisect.bisect_left(bucket, replica)]
-            emptied = False
-        others = at.get(value)
-        if others is None:
-            at[value] = [replica]
-        else:
-            bisect.insort(others, replica)
-        if value < self.lo:
-            self.lo = value
-        elif emptied and old == self.lo:
-            lo = old + 1  # the least moved up, to at most ``value``
-            while lo not in at:
-                lo += 1
-            self.lo = lo
-        if value > self.hi:
-            self.hi = value
-        elif emptied and old == self.hi:
-            hi = old - 1
-            while hi not in at:
-                hi -= 1
-            self.hi = hi
-
-    def first_least(self) -> int:
-        """The lowest-indexed replica at the least count (``counts.index(min(counts))``)."""
-        return self.at[self.lo][0]
+#: The load index (compiled with the fleet's loop).
+_Loads = Loads
 
 
 _REGISTRY: dict[str, type[Router]] = {}
@@ -600,20 +550,24 @@ class SessionAffinity(Router):
         points = sorted((_md5_int(f"replica-{r}-{v}"), r) for r in range(num_replicas) for v in range(int(self.vnodes)))
         self._ring_keys = [p for p, _ in points]
         self._ring_replicas = [r for _, r in points]
-        self._recent: list[deque[float]] = [deque() for _ in range(num_replicas)]
+        #: (time, replica) of each request routed in the window, oldest first (one queue for all replicas: a
+        #: replica's own window is its entries, in the same order), and how many each replica has there.
+        self._recent: deque[tuple[float, int]] = deque()
+        self._counts = Loads([0] * num_replicas)
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         now = request.arrival_s
-        for window in self._recent:
-            while window and window[0] <= now - self.qps_window_s:
-                window.popleft()
+        recent, counts = self._recent, self._counts
+        while recent and recent[0][0] <= now - self.qps_window_s:
+            r = recent.popleft()[1]
+            counts.set(r, counts.counts[r] - 1)
         if request.session_id is not None:
             i = bisect.bisect_left(self._ring_keys, _md5_int(str(request.session_id))) % len(self._ring_keys)
             chosen = self._ring_replicas[i]
         else:
-            counts = [len(w) for w in self._recent]
-            chosen = counts.index(min(counts))
-        self._recent[chosen].append(now)
+            chosen = counts.first_least()  # the lowest count, the first of equals
+        recent.append((now, chosen))
+        counts.set(chosen, counts.counts[chosen] + 1)
         return chosen
 
 

@@ -161,8 +161,30 @@ def test_session_affinity_keeps_sessions_and_balances_the_rest():
     homes = {s: router.route(req(i, float(i), session=s), views(n=4)) for i, s in enumerate(["a", "b", "c"] * 3)}
     again = [router.route(req(10 + i, 10.0 + i, session=s), views(n=4)) for i, s in enumerate(["a", "b", "c"])]
     assert again == [homes["a"], homes["b"], homes["c"]]
-    counts = [len(w) for w in router._recent]
+    counts = list(router._counts.counts)
     assert router.route(req(20, 20.0), views(n=4)) == counts.index(min(counts))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 3.0), st.sampled_from([None, "a", "b", "c", "d"])), max_size=60),
+       st.sampled_from([1, 3, 8]), st.sampled_from([0.5, 2.0, 60.0]))
+def test_session_affinity_counts_the_window_as_written(steps, n, window):
+    """The window's counts kept from one queue of (time, replica) give the rule as written: each replica's own window
+    pruned at each arrival, the lowest count (the first of equals) for a request without a session."""
+    router = make_router("session_affinity", {"qps_window_s": window}, n)
+    windows: list[deque] = [deque() for _ in range(n)]
+    now = 0.0
+    for i, (gap, session) in enumerate(steps):
+        now += gap
+        chosen = router.route(req(i, now, session=session), views(n=n))
+        for w in windows:
+            while w and w[0] <= now - window:
+                w.popleft()
+        if session is None:
+            lens = [len(w) for w in windows]
+            assert chosen == lens.index(min(lens))
+        windows[chosen].append(now)
+        assert router._counts.counts == [len(w) for w in windows]
 
 
 def test_session_column_reaches_the_router_through_the_fleet():
