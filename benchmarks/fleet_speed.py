@@ -13,8 +13,8 @@ A router that reads engine state (every router but round_robin and session_affin
 before each arrival only the replicas with a step boundary, run end or wake-up before it are advanced to it
 (``sim.runner.EngineLoop.advance``; no SimPy event per replica step); a replica's run of identical decode steps
 ends only at an arrival routed to it (cut there, as a bound known in advance would have ended it).  A router that
-reads none is run ahead of the simulation, so each replica looks ahead to its own arrivals only, as the single
-engine does.  Figures: benchmarks/speed/README.md, "Fleet speed".
+reads none is run ahead of the simulation, and each replica then runs through its own arrivals, one replica after
+another (``sim.fleet._loop.run_routed``).  Figures: benchmarks/speed/README.md, "Fleet speed".
 
     python benchmarks/fleet_speed.py [--replicas 1,8,64] [--routers round_robin,least_outstanding]
                                      [--requests N] [--rate-scale X] [--prefix] [--repeats N]
