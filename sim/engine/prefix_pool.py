@@ -182,6 +182,18 @@ class PrefixBlockPool:
             self._stack[self._top] = s
             self._top += 1
 
+    def _append(self, s: int) -> None:
+        """Put slot ``s`` at the free queue's back (evicted last)."""
+        slot = self._slots[s]
+        tail = self._qtail
+        slot.qprev = tail
+        slot.qnext = -1
+        if tail >= 0:
+            self._slots[tail].qnext = s
+        else:
+            self._qhead = s
+        self._qtail = s
+
     def _unlink(self, s: int) -> None:
         """Take slot ``s`` out of the free queue."""
         slot = self._slots[s]
@@ -335,14 +347,7 @@ class PrefixBlockPool:
                 slot.own = own
                 slot.ids = ids
                 slot.ref = 0
-                tail = self._qtail
-                slot.qprev = tail
-                slot.qnext = -1
-                if tail >= 0:
-                    slots[tail].qnext = s
-                else:
-                    self._qhead = s
-                self._qtail = s
+                self._append(s)
                 freed = last - first + 1
                 last = first - 1
             for i in range(last, -1, -1):
@@ -368,14 +373,7 @@ class PrefixBlockPool:
                     raise RuntimeError("prefix pool: freed a block nobody holds")
                 slot.ref = count
                 if count == 0:
-                    tail = self._qtail
-                    slot.qprev = tail
-                    slot.qnext = -1
-                    if tail >= 0:
-                        slots[tail].qnext = s
-                    else:
-                        self._qhead = s
-                    self._qtail = s
+                    self._append(s)
                     freed += 1
         self.num_cached += freed
         self.num_used -= unhashed + freed
