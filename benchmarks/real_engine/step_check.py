@@ -24,7 +24,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
-from replay.calibration.step_log import after_idle, log_errors, read_steps, step_shapes, step_targets  # noqa: E402
+from replay.calibration.step_log import (after_idle, log_errors, prefilling, read_steps, step_shapes,  # noqa: E402
+                                         step_targets)
 from replay.engine_options import engine_config  # noqa: E402
 from sim.engine import resolve_engine, roofline_for  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
@@ -44,8 +45,8 @@ def check(log: Path, profile: Path, model, gpu, config) -> dict:
         raise ConfigError(str(log), "no engine step lines (was vLLM started with --enable-logging-iteration-details?)")
     targets = step_targets(steps)
     shapes = step_shapes(steps, plan.sizing.num_gpu_blocks, int(plan.config.block_size))
-    prefilling = np.array([float(s.num_seqs - s.num_decode) if s.prefill_tokens else 0.0 for s in shapes])
-    credit = after_idle(steps) * prefilling * prof.coefficients.per_prefill_seq_overhead_s
+    prefills = prefilling(shapes)
+    credit = after_idle(steps) * prefills * prof.coefficients.per_prefill_seq_overhead_s
     r, total_sim, total_meas = log_errors(targets, shapes, latency, credit)
     keep = np.isfinite(targets) & (targets > 0)
     rows = steps[keep].copy()
@@ -56,7 +57,9 @@ def check(log: Path, profile: Path, model, gpu, config) -> dict:
     table = rows.groupby(["kind", "batch"], observed=True).agg(
         steps=("err", "size"), median_err=("err", "median"), measured_ms=("cycle_s", lambda s: 1e3 * s.median()))
     return {"log": str(log), "steps": int(keep.sum()), "busy_steps": int(steps["cycle_s"].notna().sum()),
-            "total_ratio": total_sim / total_meas, "median_err": float(np.median(np.expm1(r))), "table": table}
+            "total_ratio": total_sim / total_meas,
+            # The measured time the model leaves unexplained, per sequence prefilled (the host work per request).
+            "gap_per_prefill_s": (total_meas - total_sim) / max(1.0, float(prefills[keep].sum())), "median_err": float(np.median(np.expm1(r))), "table": table}
 
 
 def main(argv=None) -> int:
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
         return 2
     for res in results:
         print(f"{res['log']}: {res['steps']} steps ({res['busy_steps']} busy): simulated / measured total "
-              f"{res['total_ratio']:.3f}, median step error {res['median_err']:+.1%}")
+              f"{res['total_ratio']:.3f}, median step error {res['median_err']:+.1%}, measured - simulated per "
+              f"prefilled sequence {1e3 * res['gap_per_prefill_s']:+.2f} ms")
         print(res["table"].to_string(float_format=lambda x: f"{x:.3f}"))
     return 0
 

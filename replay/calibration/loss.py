@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from replay.calibration.runs import CalibrationRun
-from replay.calibration.step_log import after_idle, log_errors, step_shapes, step_targets
+from replay.calibration.step_log import after_idle, log_errors, prefilling, step_shapes, step_targets
 from sim.engine import resolve_engine, roofline_for
 from sim.latency import LatencyCoefficients, add_client_latency
 from sim.runner import simulate
@@ -137,8 +137,7 @@ def _run_steps(run: CalibrationRun) -> tuple[np.ndarray, list, object, np.ndarra
     if cached is None:
         plan = resolve_engine(run.config, run.model, run.gpu)
         shapes = step_shapes(run.steps, plan.sizing.num_gpu_blocks, int(plan.config.block_size))
-        prefilling = np.array([float(s.num_seqs - s.num_decode) if s.prefill_tokens else 0.0 for s in shapes])
-        cached = (step_targets(run.steps), shapes, plan, after_idle(run.steps), prefilling)
+        cached = (step_targets(run.steps), shapes, plan, after_idle(run.steps), prefilling(shapes))
         run.__dict__["_step_cache"] = cached
     return cached
 
@@ -163,12 +162,12 @@ def step_errors(run: CalibrationRun, coefficients: LatencyCoefficients, scale: f
     after an idle spell is compared without ``per_prefill_seq_overhead_s``: the per-request host work it stands
     for was done while the engine idled (:func:`~replay.calibration.step_log.after_idle`).  ``ttft_log_ratio`` /
     ``tpot_log_ratio`` hold the median over the steps that prefill and over the decode-only steps."""
-    targets, shapes, plan, idle, prefilling = _run_steps(run)
+    targets, shapes, plan, idle, prefills = _run_steps(run)
     latency = roofline_for(plan.config, run.model, run.gpu, coefficients)
-    credit = idle * prefilling * coefficients.per_prefill_seq_overhead_s
+    credit = idle * prefills * coefficients.per_prefill_seq_overhead_s
     r, total_sim, total_meas = log_errors(targets, shapes, latency, credit)
     keep = np.isfinite(targets) & (targets > 0)
-    prefill = (prefilling > 0)[keep]
+    prefill = (prefills > 0)[keep]
     per_step = np.sign(r) * np.sqrt(_soft_l1(r, scale))
     total = math.log(total_sim / total_meas) if total_sim > 0 and total_meas > 0 else math.log(2.0)
     weight = math.sqrt(max(1, len(r)))

@@ -173,6 +173,11 @@ def after_idle(steps: pd.DataFrame) -> np.ndarray:
     return ~(np.isfinite(cycle) & (cycle > 0))
 
 
+def prefilling(shapes: list[StepShape]) -> np.ndarray:
+    """Sequences each step prefills (the ``per_prefill_seq_overhead_s`` count of the latency model)."""
+    return np.array([float(s.num_seqs - s.num_decode) if s.prefill_tokens else 0.0 for s in shapes])
+
+
 def log_errors(targets: np.ndarray, shapes: list[StepShape], latency, credit: np.ndarray | None = None
                ) -> tuple[np.ndarray, float, float]:
     """(log(simulated / measured) duration of every step with a target, simulated and measured total over those
@@ -197,4 +202,4 @@ def log_errors(targets: np.ndarray, shapes: list[StepShape], latency, credit: np
 
 
 __all__ = ["COLUMNS", "ITERATION_LOG_FLAG", "after_idle", "LOGGING_CONFIG", "LOGGING_CONFIG_ENV", "log_errors", "logging_env", "logs_steps",
-           "parse_steps", "read_steps", "step_shapes", "step_targets", "steps_in"]
+           "parse_steps", "prefilling", "read_steps", "step_shapes", "step_targets", "steps_in"]

@@ -155,6 +155,7 @@ class RooflineModel(LatencyModel):
         #: Per-step GPU time that does not depend on the batch: the small kernels of every layer.
         self._gpu_fixed_s = c.per_layer_overhead_s * model.num_layers
         self._fixed_s = c.overhead_s + self._gpu_fixed_s
+        self._per_prefill_seq_s = c.per_prefill_seq_overhead_s
         p = float(c.roofline_norm)
         self._p = None if math.isinf(p) else p
         self._decode_fixed_cache: dict[int, tuple[float, float]] = {}
@@ -274,8 +275,8 @@ class RooflineModel(LatencyModel):
         """Step time without swap; every argument may be a float or an array (same formula for both paths).
         ``prefill_seqs``: the sequences the step prefills (``per_prefill_seq_overhead_s`` each)."""
         host = self._host_time(num_seqs)
-        if self.coefficients.per_prefill_seq_overhead_s:
-            host = host + self.coefficients.per_prefill_seq_overhead_s * prefill_seqs
+        if self._per_prefill_seq_s:
+            host = host + self._per_prefill_seq_s * prefill_seqs
         return self._combine(host,
                              self._gpu_time(tokens, num_seqs, prefill_attention, prefill_context, decode_context))
 
