@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,4 +51,15 @@ def _ext_modules() -> list:
     return mypycify(flags + paths, opt_level="3", group_name="sim._engine")
 
 
-setup(ext_modules=_ext_modules())
+class _BuildExt(build_ext):
+    """``build_ext --inplace`` that puts each built module in place as a new file (unlink, then copy) instead of
+    writing over the old one: a process that has the old module loaded (a benchmark or a study running while the
+    tree is rebuilt) keeps its mapping instead of crashing on truncated pages (SIGBUS)."""
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        if self.inplace and os.path.isfile(outfile):
+            os.unlink(outfile)
+        return super().copy_file(infile, outfile, *args, **kwargs)
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": _BuildExt})
