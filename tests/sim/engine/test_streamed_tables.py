@@ -20,6 +20,7 @@ from objectives import StepTotals, step_stats, summarize
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from sim.runner import Simulation
+from sim.tables import StepColumns
 from tests.sim.engine.test_invariants import configs, workloads
 
 
@@ -54,10 +55,17 @@ def test_streamed_run_reports_what_a_kept_run_does(workload, config_and_runs, st
     stop = float(workload.requests["arrival_s"].median()) + 0.05
     for max_sim_time_s in ((stop,) if stop_early else (math.inf,)):
         _, kept = _run(workload, config, batch_runs, max_sim_time_s)
-        totals = StepTotals()
+        totals, columns = StepTotals(), StepColumns()
+
+        def sink(chunk):
+            totals.add(chunk)
+            columns.add(chunk)
+
         sim, streamed = _run(workload, config, batch_runs, max_sim_time_s, keep_requests=False,
-                             record_steps=False, step_sink=totals.add)
+                             record_steps=False, step_sink=sink)
         pd.testing.assert_frame_equal(kept.requests, streamed.requests)
+        # The streamed chunks (the engine's flat float64 rows) are the kept step table, value for value.
+        pd.testing.assert_frame_equal(kept.steps, columns.table(), check_exact=True)
         assert sim.requests == [] and len(streamed.steps) == 0
         assert totals.rows == len(kept.steps)
         _same_stats(step_stats(kept.steps), totals.stats())
