@@ -799,7 +799,12 @@ class BaseScheduler(ABC):
         if seg:
             tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
             return cols.run_block_limit(tokens, free, limit)
-        return block_limit([r.num_tokens for r in rest], self.block_size, free, limit)
+        # block_limit's residue counts, straight from the requests (no list of token counts made per run).
+        block_size = self.block_size
+        per_residue = [0] * block_size
+        for r in rest:
+            per_residue[(-(r.prompt_tokens + r.num_output_tokens) % block_size + 1) % block_size] += 1
+        return periodic_block_limit(per_residue, len(rest), block_size, free, limit)
 
     def min_remaining_outputs(self) -> int:
         """Fewest outputs any running request still has to produce."""
@@ -830,14 +835,19 @@ def block_limit(tokens: list[int], block_size: int, free: int, limit: int) -> in
     arrays per run): the demand is periodic, each ``block_size`` steps every request crosses once, so after
     ``j = q * block_size + r`` steps it is ``q * len(tokens) + S[r]`` (``S``: the first ``r`` steps' crossings),
     and the first step whose demand exceeds ``free`` is found in whole periods, then within one period."""
-    num = len(tokens)
+    per_residue = [0] * block_size
+    for t in tokens:
+        per_residue[((-t) % block_size + 1) % block_size] += 1
+    return periodic_block_limit(per_residue, len(tokens), block_size, free, limit)
+
+
+def periodic_block_limit(per_residue: list[int], num: int, block_size: int, free: int, limit: int) -> int:
+    """:func:`block_limit` of ``num`` requests given how many first need a new block at each step residue
+    ``r`` (``per_residue[r % block_size]``: steps ``r``, ``r + block_size``, ...)."""
     if free < 0 or num == 0:
         # Every step needs >= 0 blocks: the first exceeds a negative ``free``; with no request none ever does.
         first = 1 if free < 0 else limit
         return first if first < limit else limit
-    per_residue = [0] * block_size
-    for t in tokens:
-        per_residue[((-t) % block_size + 1) % block_size] += 1
     periods = free // num  # whole periods whose demand stays within ``free``
     left = free - periods * num
     step = periods * block_size
