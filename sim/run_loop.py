@@ -353,19 +353,24 @@ class EngineLoop:
         self.clock = clock
         return math.inf if self.stopped or not more else clock
 
-    def metrics_at(self, at_s: float) -> tuple[int, int, int]:
+    def metrics_at(self, at_s: float) -> tuple[int, int, int, float]:
         """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
-        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call)."""
+        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call), and the time of the
+        next boundary known after ``at_s`` (``inf``: none yet): the same figures are published at any time before
+        it, until this engine is advanced again or a request is added here (``sim.fleet._loop.MetricViews``)."""
         history = self.history
         assert history is not None
         while len(history) > 1 and history[1][0] <= at_s:
             history.popleft()
         t, waiting, running, used, run = history[0]
+        nxt = history[1][0] if len(history) > 1 else math.inf
         if run is not None and run.num_steps > 1:
             j = run.last_boundary(at_s)
+            if j + 1 < run.num_steps:
+                nxt = min(nxt, run.boundary_s(j + 1))
             if j >= 1:
-                return run.metrics(j, self.scheduler.block_size)
-        return waiting, running, used
+                waiting, running, used = run.metrics(j, self.scheduler.block_size)
+        return waiting, running, used, nxt
 
     def _record_run(self, now: float, num_steps: int) -> None:
         """A run of ``num_steps`` decode steps began at ``now``: its inner boundaries for ``history``."""

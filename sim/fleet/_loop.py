@@ -201,19 +201,42 @@ def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int
     dirty.clear()
 
 
-def metric_views(replicas: list[EngineLoop], views: list[Any], cutoff: float, dirty: list[int]) -> list[Any]:
+class MetricViews:
     """Each replica as a router that reads engine metrics sees it: its own counts exact, the engine's metrics as
     published at the last step boundary at or before ``cutoff`` (the arrival less the router's lag; every boundary
     a replica published lies before the arrival: ``advance`` stops at the first at or after it; one inside a run of
-    decode steps is computed from the run, ``RunRecord``).  Every view made again (``views`` replaced in place,
-    ``dirty`` emptied); returns ``views``."""
-    for rep in replicas:
-        waiting, running, used = rep.metrics_at(cutoff)
-        assigned = rep.assigned
-        views[rep.index] = _new_tuple(ReplicaView, (rep.index, assigned, assigned - rep.ended_pub, waiting, running,
+    decode steps is computed from the run, ``RunRecord``).
+
+    A view is made again only when it may have changed: for the replicas whose counts changed or that were
+    advanced since it was made (their history grew), and for those whose next known boundary it had not reached
+    (``EngineLoop.metrics_at``'s second figure) the cutoff has now reached; any other replica publishes the same
+    figures (nothing of it moved, and no boundary of it lies between the two cutoffs), so its view is kept."""
+
+    def __init__(self, num: int) -> None:
+        #: Per replica, the cutoff its view is good until (exclusive; ``-inf``: to be made again).
+        self.until = [-math.inf] * num
+
+    def refresh(self, replicas: list[EngineLoop], views: list[Any], cutoff: float, dirty: list[int],
+                moved: list[int]) -> list[Any]:
+        """``views`` (replaced in place) as of ``cutoff``, which may not decrease from call to call; ``dirty``
+        (replicas whose counts changed: emptied) and ``moved`` (advanced since the last call: left as it is) are
+        made again whatever their cutoff.  Returns ``views``."""
+        until = self.until
+        stale = -math.inf
+        for r in dirty:
+            until[r] = stale
+        for r in moved:
+            until[r] = stale
+        for r in range(len(until)):
+            if until[r] <= cutoff:
+                rep = replicas[r]
+                waiting, running, used, nxt = rep.metrics_at(cutoff)
+                until[r] = nxt
+                assigned = rep.assigned
+                views[r] = _new_tuple(ReplicaView, (r, assigned, assigned - rep.ended_pub, waiting, running,
                                                     used / rep.scheduler.pool.num_blocks))
-    dirty.clear()
-    return views
+        dirty.clear()
+        return views
 
 
 class Followed:
@@ -282,12 +305,13 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
               dirty: list[int], followed: Followed | None, moved: list[int]) -> float:
     """``FleetSimulation._route_all``'s loop (its docstring says what it does).  ``views``: the views list the
     router is given, kept up to date from the replicas' counts (:func:`refresh_counts`), or for a router that reads
-    engine metrics (``reads_metrics``) every one made again at each arrival (:func:`metric_views`, ``metrics_lag``
+    engine metrics (``reads_metrics``) brought up to date at each arrival (:class:`MetricViews`, ``metrics_lag``
     old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
     advanced, of the replicas that moved (``moved``).  Returns the last arrival's time."""
     route = router.route
     num = len(replicas)
     inf = math.inf
+    metrics = MetricViews(num) if reads_metrics else None
     #: When each replica next acts (a heap entry is live only while it matches this).
     due = [0.0] * num
     heap: list[tuple[float, int]] = [(0.0, r) for r in range(num)]
@@ -307,10 +331,11 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
         if followed is not None:
             moved.extend(again)
             followed.notify(router, moved, now)
-        again.clear()
-        if reads_metrics:
-            given = metric_views(replicas, views, now - metrics_lag, dirty)
+        if metrics is not None:
+            given = metrics.refresh(replicas, views, now - metrics_lag, dirty, again)
+            again.clear()
         else:
+            again.clear()
             if dirty:
                 refresh_counts(replicas, views, dirty, follow)
             given = views

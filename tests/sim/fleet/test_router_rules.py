@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
 from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, router_class, simulate_fleet
-from sim.fleet._loop import RequestViews, least_costs, metric_views, preroute, refresh_counts
+from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from tests.sim.engine.conftest import make_workload
@@ -277,6 +277,32 @@ def test_metrics_are_a_published_boundary_at_least_lag_old(router, lag):
             assert (waiting, kv) == (past[-1][1], past[-1][3] / blocks)
 
 
+@pytest.mark.parametrize("router, lag, batch", [("least_kv_usage", 0.0, True), ("least_kv_usage", 0.05, True),
+                                                ("llm_d_weighted", 0.03, False)])
+def test_kept_metric_views_are_those_made_again(router, lag, batch):
+    """The fleet keeps a replica's metric view while nothing of it moved and the cutoff has not reached its next
+    boundary (``MetricViews``): at every arrival each view the router is shown equals one made afresh from the
+    replica."""
+    workload = make_workload([(0.003 * i, 200 + 37 * (i % 5), 30 + i % 11) for i in range(300)])
+    fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=8, router=router,
+                            router_params={"metrics_lag_s": lag}, latency=LinearStepModel(0.01, 1e-5),
+                            batch_decode_runs=batch)
+    route = fleet.router.route
+    checked = []
+
+    def spy(request, replicas):
+        for rep in fleet.replicas:
+            waiting, running, used, _ = rep.metrics_at(request.arrival_s - lag)
+            assert replicas[rep.index] == ReplicaView(rep.index, rep.assigned, rep.assigned - rep.ended_pub, waiting,
+                                                      running, used / rep.scheduler.pool.num_blocks)
+        checked.append(request.index)
+        return route(request, replicas)
+
+    fleet.router.route = spy
+    fleet.run()
+    assert checked == list(range(300))
+
+
 def _shown(router, lag, batch, workload, config=None, replicas=3):
     fleet = FleetSimulation(workload, config or EngineConfig(), MODEL, GPU, replicas=replicas, router=router,
                             router_params={"metrics_lag_s": lag}, latency=LinearStepModel(0.01, 1e-5),
@@ -390,7 +416,7 @@ def test_the_loops_views_are_the_named_tuples():
     refresh_counts(fleet.replicas, given, [1], None)
     assert type(given[1]) is ReplicaView and given[1] == ReplicaView(1, 5, 3)
     rep.history = deque([(0.0, 4, 1, 30, None)])
-    metric_views(fleet.replicas, given, 0.5, [1])
+    MetricViews(2).refresh(fleet.replicas, given, 0.5, [1], [])
     assert type(given[1]) is ReplicaView and given[1] == ReplicaView(
         1, 5, 3, 4, 1, 30 / rep.scheduler.pool.num_blocks)
     router = make_router("round_robin", {}, 2)
