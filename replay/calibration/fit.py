@@ -30,7 +30,7 @@ import numpy as np
 
 from replay.calibration.engine_timing import at_cpu_share
 from replay.calibration.loss import (_CLIENT_PARAMS, ClientLatency, RunErrors, _steady_shares, engine_errors,
-                                     frontend_latency, has_steps, run_errors, step_errors)
+                                     frontend_latency, has_steps, run_errors, run_max_num_seqs, step_errors)
 from replay.calibration.runs import CalibrationRun
 from replay.calibration.solvers import levenberg_marquardt, nelder_mead
 from sim.errors import ConfigError, KvtuneError
@@ -53,9 +53,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "per_copy_overhead_s": (1e-8, 1e-2),
     "allreduce_latency_s": (1e-8, 1e-3),
     "per_prefill_seq_overhead_s": (1e-7, 0.05),
+    "per_seq_slot_overhead_s": (1e-9, 1e-3),
 }
-#: Where the fit starts a coefficient whose default is 0 (the per-request host work of a CPU engine: a few ms).
-ZERO_DEFAULT_START = {"per_prefill_seq_overhead_s": 1e-3}
+#: Where the fit starts a coefficient whose default is 0 (the per-request host work of a CPU engine: a few ms;
+#: the per-slot host work: ~10 us).
+ZERO_DEFAULT_START = {"per_prefill_seq_overhead_s": 1e-3, "per_seq_slot_overhead_s": 1e-5}
+#: What the steps of runs at two or more ``max_num_seqs`` values determine besides: the per-step host work per
+#: slot of the config (with one value it is one more constant beside ``overhead_s``, so it is left out).
+SLOT_PARAM = "per_seq_slot_overhead_s"
 #: A fitted coefficient this close to a bound (log units: 1%) is "at its bound".
 AT_BOUND_LOG = 0.01
 #: A 95% bootstrap interval wider than this factor (high / low) marks a coefficient the runs do not determine.
@@ -276,6 +281,7 @@ def calibrate(
     outlier_ratio: float = 1.5,
 ) -> CalibrationFit:
     """Fit ``params`` (names of LatencyCoefficients fields; default :data:`STEP_FIT_PARAMS` for the steps target,
+    with :data:`SLOT_PARAM` when the runs probed two or more ``max_num_seqs`` values,
     else :data:`DEFAULT_FIT_PARAMS`) so that simulating ``runs`` reproduces them.
 
     ``target``: ``steps`` fits the duration of every engine step the runs recorded (vLLM's own per-step log,
@@ -328,7 +334,11 @@ def calibrate(
                             f"span); counted as one core")
         runs, slow = _slow_repeats(runs, outlier_ratio)
         discarded += slow
-    params = tuple(params) if params is not None else STEP_FIT_PARAMS if use_steps else DEFAULT_FIT_PARAMS
+    if params is None:
+        params = STEP_FIT_PARAMS if use_steps else DEFAULT_FIT_PARAMS
+        if use_steps and len({run_max_num_seqs(run) for run in runs}) > 1:
+            params = (*params, SLOT_PARAM)
+    params = tuple(params)
     for name in params:
         if name not in BOUNDS:
             raise ConfigError("--params", f"cannot fit {name!r}; fittable: {sorted(BOUNDS)}")

@@ -142,6 +142,11 @@ def _run_steps(run: CalibrationRun) -> tuple[np.ndarray, list, object, np.ndarra
     return cached
 
 
+def run_max_num_seqs(run: CalibrationRun) -> int:
+    """The ``max_num_seqs`` of the engine ``run`` probed, as its config resolves for its device."""
+    return int(resolve_engine(run.config, run.model, run.gpu).config.max_num_seqs)
+
+
 def has_steps(run: CalibrationRun) -> bool:
     """Whether ``run`` recorded engine steps that a fit can compare (:func:`step_errors`)."""
     return run.steps is not None and len(run.steps) > 0 and bool(np.isfinite(step_targets(run.steps)).any())

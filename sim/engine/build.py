@@ -105,6 +105,7 @@ def roofline_for(config: EngineConfig, model: ModelProfile, gpu: GpuProfile,
         block_size=config.block_size,
         coefficients=coefficients,
         async_scheduling=bool(config.async_scheduling),
+        max_num_seqs=int(config.max_num_seqs or 0),
     )
 
 

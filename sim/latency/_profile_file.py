@@ -93,7 +93,7 @@ def _client_offset(data: dict, path: Path) -> float:
 
 
 #: Coefficients whose default is 0 (a term only some engines have): 0 is a value, not a missing one.
-_MAY_BE_ZERO = frozenset({"per_prefill_seq_overhead_s"})
+_MAY_BE_ZERO = frozenset({"per_prefill_seq_overhead_s", "per_seq_slot_overhead_s"})
 
 
 def coefficients_from_mapping(values: dict, where: str = "coefficients") -> LatencyCoefficients:

