@@ -96,6 +96,33 @@ def test_llm_d_weights_prefix_against_load():
     assert router.route(req(2, 2.0, 64, prefix), views(waiting=[4, 0], kv=[0.9, 0.0])) == 1
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_llm_d_scores_each_replica_as_written(data):
+    """llm_d_weighted's one-pass scoring picks what scoring one replica at a time by the rule as written picks
+    (3 * prefix + 2 * (1 - KV usage) + 2 * queue, the highest, ties drawn alike), over a run of requests with and
+    without shared hashes, equal and unequal queues, round weights (ties) and arbitrary ones."""
+    n = data.draw(st.sampled_from([1, 2, 5, 64]))
+    params = {key: data.draw(_weights) for key in ("prefix_weight", "kv_weight", "queue_weight")}
+    router, twin = make_router("llm_d_weighted", params, n, 7), make_router("llm_d_weighted", params, n, 7)
+    pw, kw, qw = params["prefix_weight"], params["kv_weight"], params["queue_weight"]
+    for i in range(data.draw(st.integers(1, 12))):
+        bs = 16
+        prompt = data.draw(st.integers(1, 100))
+        blocks = prompt // bs
+        hashes = tuple(data.draw(st.sampled_from([0, 1, 2])) * 100 + k for k in range(data.draw(st.integers(0, blocks))))
+        waiting = data.draw(st.lists(st.sampled_from([0, 3]) | st.integers(0, 50), min_size=n, max_size=n))
+        kv = data.draw(st.lists(st.sampled_from([0.0, 0.5]) | st.floats(0.0, 1.0), min_size=n, max_size=n))
+        request = req(i, float(i), prompt, hashes)
+        chosen = router.route(request, views(waiting=waiting, kv=kv))
+        hi, lo = max(waiting), min(waiting)
+        rule = [pw * (index.match(hashes, float(i)) / blocks if blocks else 0.0) + kw * (1.0 - kv[r])
+                + qw * (1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)) for r, index in enumerate(twin.indexes)]
+        expected = twin._pick_min([-s for s in rule])
+        twin.indexes[expected].insert(hashes, float(i))
+        assert chosen == expected
+
+
 def test_dynamo_credits_overlap_and_charges_load():
     router = make_router("dynamo_kv", {}, 2)
     prefix = list(range(10))
