@@ -31,7 +31,7 @@ from sim.latency import LatencyCoefficients, LatencyModel
 from sim.profiles import GpuProfile, ModelProfile
 from sim.request_store import LIST_CHUNK, RequestStore  # noqa: F401 (LIST_CHUNK: importable from here too)
 from sim.run_loop import EngineLoop, Feed, Progress, RunRecord, finish_run  # noqa: F401 (RunRecord: likewise)
-from sim.tables import step_frame, step_table
+from sim.tables import step_table
 from sim.workload.workload import MOONCAKE_HASH_BLOCK_TOKENS, Workload  # noqa: F401 (512: importable from here too)
 
 __all__ = ["EngineLoop", "Feed", "FrozenHeap", "Progress", "RequestStore", "RunRecord", "SimResult", "Simulation",
@@ -119,7 +119,7 @@ class Simulation:
         self.hash_block_tokens = workload.hash_block_tokens if hash_block_tokens is None else hash_block_tokens
         self.keep_requests = keep_requests
         if step_sink is not None and not record_steps:
-            self.core.on_rows = lambda rows: step_sink(step_frame(rows))
+            self.core.on_rows = lambda rows: step_sink(step_table(rows))
         self.store = RequestStore(workload, self.config, seed, self.hash_block_tokens,
                                   self.core.scheduler.predicted_output, keep_requests)
         self.log = self.store.log

@@ -10,7 +10,6 @@ are affine along the run, with numpy otherwise), so simulation work grows with e
 from __future__ import annotations
 
 import math
-from array import array
 from typing import Any, Callable
 
 import numpy as np
@@ -76,13 +75,12 @@ class EngineCore:
         record_steps: bool = True,
         batch_decode_runs: bool = True,
         observer: Callable[[int, float, SchedulerOutput], None] | None = None,
-        on_rows: Callable[[np.ndarray], None] | None = None,
+        on_rows: Callable[[list[tuple]], None] | None = None,
     ):
         self.scheduler = scheduler
         self.latency = latency
         #: Keep every step row in ``step_rows``.  When off, rows are still made if ``on_rows`` is given, which
-        #: receives them in chunks of ``ROWS_CHUNK`` (and the rest from :meth:`flush_rows`) as a float64 matrix of
-        #: ``len(STEP_COLUMNS)`` columns (``sim.tables.step_frame``), and they are dropped.
+        #: receives them in chunks of ``ROWS_CHUNK`` (and the rest from :meth:`flush_rows`) and they are dropped.
         self.record_steps = record_steps
         self.on_rows = on_rows
         #: Off for step-by-step comparisons (conformance), where every iteration must be visible.
@@ -102,10 +100,6 @@ class EngineCore:
         #: run): a request whose deadline came is still in that schedule's batch.  Returns the requests aborted.
         self.abort_due: Callable[[float], list[Request]] | None = None
         self.step_rows: list[tuple] = []
-        #: The rows not yet handed to ``on_rows``, flat (row after row): a row's values are converted to float64
-        #: as ``sim.tables.step_table`` converts them, at the step, so that no row tuple outlives its step (a kept
-        #: tuple of Python numbers is ~500 bytes to free at the chunk's end, and the garbage collector walks it).
-        self._row_values = array("d")
         self.num_iterations = 0
         self._pending: StepResult | None = None
         self.last_step_end = 0.0
@@ -207,18 +201,13 @@ class EngineCore:
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
         grown = scheduler.update_from_output(out, now, k, first_end, result.last_s, _shares(out, parts, k))
-        row = (
+        self.step_rows.append((
             self.num_iterations - k, k, self._pending_start, result.duration_s, running, waiting, swapped,
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
             out.swap_out_blocks, out.swap_in_blocks, len(out.preempted), *parts.as_tuple(),
-        )
-        if self.record_steps:
-            self.step_rows.append(row)
-        else:
-            values = self._row_values
-            values.extend(row)
-            if len(values) >= ROWS_CHUNK * len(STEP_COLUMNS):
-                self.flush_rows()
+        ))
+        if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
+            self.flush_rows()
         self._flush_if_idle()
         if self.step_hook is not None:
             self._call_step_hook()
@@ -293,10 +282,10 @@ class EngineCore:
 
     def flush_rows(self) -> None:
         """Hand the buffered step rows to ``on_rows`` and drop them (no-op while the step table is kept)."""
-        if self.record_steps or self.on_rows is None or not len(self._row_values):
+        if self.record_steps or self.on_rows is None or not self.step_rows:
             return
-        values, self._row_values = self._row_values, array("d")
-        self.on_rows(np.frombuffer(values, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)))
+        rows, self.step_rows = self.step_rows, []
+        self.on_rows(rows)
 
     # ------------------------------------------------------------------------------------------------
     def _decode_run(self, out: SchedulerOutput, now: float, next_event_s: float) -> StepResult:
