@@ -163,3 +163,26 @@ def test_the_gpu_pools_linked_lru_matches_lru_block_store(calls):
             assert lru.count(call[1]) == ref.count(call[1])
         assert lru.items() == list(ref.entries.items())
         assert lru.num_blocks == ref.num_blocks
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 6)), min_size=1, max_size=40),
+       capacity=st.integers(1, 20))
+def test_only_stored_keys_get_entries_of_their_own(keys, capacity):
+    """Keys are request indices over a whole workload (a fleet's replica sees a few of many): the lists are sized by
+    the largest key, but a key gets an entry object only when it is stored, and the shared empty entry is never
+    written (issue 31: one object per key was 2M objects at 64 replicas)."""
+    from sim.engine import kv_cache
+
+    unused = kv_cache._UNUSED
+    tier, lru = CpuBlockTier(capacity), LinkedLru()
+    for key, blocks in keys:
+        tier.offload(key, blocks)
+        lru.put(key, blocks)
+        lru.take(key + 1, 1)
+        tier.take_copied(key + 2)
+    for store in (tier, lru):
+        own = {id(e) for e in store._entries if e is not unused}
+        stored = {key for key, blocks in keys if blocks > 0}
+        assert len(own) == len(stored)
+    assert (unused.count, unused.prev, unused.next, unused.copied) == (0, -1, -1, 0)
