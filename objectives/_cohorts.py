@@ -21,7 +21,7 @@ import numpy as np
 from objectives._busy import BusyTime
 from objectives._censor import LATENCY_METRICS, LatencySamples
 from objectives._percentile import SortedColumn, sorted_percentiles
-from objectives._requests import STALL_METRICS, RequestArrays
+from objectives._requests import RequestArrays
 from objectives._tables import STATUSES
 from sim.errors import ConfigError
 

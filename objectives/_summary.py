@@ -19,7 +19,6 @@ from objectives._censor import LATENCY_METRICS, censor
 from objectives._cohorts import (
     DEFAULT_OUTPUT_EDGES,
     DEFAULT_PROMPT_EDGES,
-    STALL_METRICS,
     CohortInputs,
     CohortStats,
     cohort_stats,
@@ -29,7 +28,7 @@ from objectives._cohorts import (
     prompt_edges,
 )
 from objectives._preemptions import PreemptionStats, preemption_stats_of
-from objectives._requests import RequestArrays
+from objectives._requests import STALL_METRICS, RequestArrays
 from objectives._steps import StepStats, StepTotals, step_stats
 from objectives._throughput import judge, span_s
 from sim.workload.classes import RequestClass

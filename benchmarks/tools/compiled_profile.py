@@ -113,7 +113,7 @@ def main() -> int:
         print(f"| {label} (`{name}`) | {share:.1f}% |")
     shares = inclusive
     engine = sorted(((v, k) for k, v in shares.items() if k.startswith("CPyDef_")), reverse=True)
-    print(f"\n| compiled function | inclusive share |\n|---|---|")
+    print("\n| compiled function | inclusive share |\n|---|---|")
     for share, name in engine[:args.top]:
         print(f"| `{name}` | {share:.1f}% |")
     return 0

@@ -23,7 +23,7 @@ from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, finish_run, 
                         predicted_output_for, run_info)
 from sim.tables import step_table
 from sim.workload.workload import Workload
-from sim.fleet._loop import Followed, RequestViews, preroute, refresh_counts, route_all, run_routed
+from sim.fleet._loop import Followed, RequestViews, preroute, route_all, run_routed
 from sim.fleet._routers import Router, make_router
 from sim.fleet._views import ReplicaView
 

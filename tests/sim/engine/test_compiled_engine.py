@@ -39,7 +39,6 @@ from sim.engine.config import EngineConfig
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from sim.runner import Simulation
-from sim.workload import bundled_trace_path, load_trace
 from tests.sim.engine.test_invariants import configs, shared_prefix_workloads, workloads
 
 ROOT = Path(__file__).resolve().parents[3]

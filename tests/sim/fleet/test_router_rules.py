@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
-from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, router_class, simulate_fleet
+from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, simulate_fleet
 from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
