@@ -17,7 +17,7 @@ reads none is run ahead of the simulation, and each replica then runs through it
 another (``sim.fleet._loop.run_routed``).  Figures: benchmarks/speed/README.md, "Fleet speed".
 
     python benchmarks/fleet_speed.py [--replicas 1,8,64] [--routers round_robin,least_outstanding]
-                                     [--requests N] [--rate-scale X] [--prefix] [--repeats N]
+                                     [--requests N] [--rate-scale X] [--prefix] [--caching] [--repeats N]
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def compare_case(name: str) -> tuple:
 
 
 def _case(args: tuple) -> dict:
-    replicas, router, requests, rate, prefix = args
+    replicas, router, requests, rate, prefix, caching = args
     import sim  # noqa: F401 - the compiled-engine check, before timing
     from sim import compiled_state
     from sim.engine.config import EngineConfig
@@ -89,7 +89,7 @@ def _case(args: tuple) -> dict:
     from sim.runner import simulate
 
     workload = _workload(requests, rate * (replicas or 1), prefix)
-    config = EngineConfig(enable_prefix_caching=prefix)
+    config = EngineConfig(enable_prefix_caching=prefix or caching)
     model, gpu = load_model("Llama-3-8B"), load_gpu("H100-SXM")
     kwargs = dict(record_steps=False, keep_requests=False)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -126,13 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=None, help="the trace's first N requests (default: all)")
     add_rate_scale_argument(parser, help="the single engine's rate; a fleet of N: N times it")
     parser.add_argument("--prefix", action="store_true", help="shared-prefix hash_ids and prefix caching")
+    parser.add_argument("--caching", action="store_true",
+                        help="prefix caching on without shared prefixes (vLLM's default; each request re-hits only "
+                             "its own blocks)")
     parser.add_argument("--repeats", type=int, default=1)
     opts = parser.parse_args(argv)
     replicas = [int(x) for x in opts.replicas.split(",")]
     routers = opts.routers.split(",")
-    base = _run((0, None, opts.requests, opts.rate_scale, opts.prefix), opts.repeats)
+    base = _run((0, None, opts.requests, opts.rate_scale, opts.prefix, opts.caching), opts.repeats)
     rate0 = base["requests"] / base["cpu_s"]
-    print(f"engine: {base['engine']}; {base['requests']} requests; prefix: {opts.prefix}; rate scale "
+    print(f"engine: {base['engine']}; {base['requests']} requests; prefix: {opts.prefix}; caching: {opts.prefix or opts.caching}; rate scale "
           f"{opts.rate_scale} per engine")
     header = f"{'case':<34} {'wall s':>7} {'cpu s':>7} {'req/cpu s':>10} {'vs single':>9} {'hit rate':>8} {'max share':>9}"
     print(header)
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{base['hit_rate']:8.3f} {1.0:9.2f}")
     for router in routers:
         for n in replicas:
-            out = _run((n, router, opts.requests, opts.rate_scale, opts.prefix), opts.repeats)
+            out = _run((n, router, opts.requests, opts.rate_scale, opts.prefix, opts.caching), opts.repeats)
             rate = out["requests"] / out["cpu_s"]
             print(f"{f'{n} x {router}':<34} {out['wall_s']:7.2f} {out['cpu_s']:7.2f} {rate:10.0f} "
                   f"{rate / rate0:9.2f} {out['hit_rate']:8.3f} {out['max_load_ratio']:9.2f}", flush=True)

@@ -143,8 +143,9 @@ def _run_steps(run: CalibrationRun) -> tuple[np.ndarray, list, object, np.ndarra
 
 
 def run_max_num_seqs(run: CalibrationRun) -> int:
-    """The ``max_num_seqs`` of the engine ``run`` probed, as its config resolves for its device."""
-    return int(resolve_engine(run.config, run.model, run.gpu).config.max_num_seqs)
+    """The ``max_num_seqs`` of the engine ``run`` probed, as its config resolves for its device (the plan
+    :func:`_run_steps` resolved once for the steps fit)."""
+    return int(_run_steps(run)[2].config.max_num_seqs)
 
 
 def has_steps(run: CalibrationRun) -> bool:

