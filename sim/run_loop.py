@@ -143,6 +143,10 @@ class EngineLoop:
         self.assigned = 0
         self.done = 0
         self.deadlines: list[tuple[float, int]] = []
+        #: Async scheduling: ``(last_token_s, max_itl_s)`` before the step that ends next, of the running requests
+        #: whose client deadline comes by its end (:meth:`_mark_undelivered`): the token that step samples for them
+        #: is not delivered, so :meth:`expire_deadlines` puts these back.
+        self.undelivered: dict[int, tuple[float, float]] = {}
         self.wake: simpy.Event | None = None
         self.aborted: str | None = None
         self.progress: Callable[[Progress], None] | None = None
@@ -199,6 +203,8 @@ class EngineLoop:
         if record is not None and result.num_steps < steps:
             record.num_steps = result.num_steps
         self.clock = start + result.duration_s
+        if core.abort_due is not None and self.deadlines and self.deadlines[0][0] <= self.clock:
+            self._mark_undelivered(self.clock)
         core.end_step(self.clock)
 
     def drain(self) -> None:
@@ -240,11 +246,56 @@ class EngineLoop:
                 aborted.append(req)
                 if scheduler.async_scheduling and req.last_token_s == now and req.num_output_tokens > 0:
                     # The token of the step that just ended is not delivered: vLLM's update_from_output, after
-                    # the aborts, skips finished requests (0.33.0 v1/core/sched/scheduler.py).
+                    # the aborts, skips finished requests (0.33.0 v1/core/sched/scheduler.py).  Its time and
+                    # gap go with it.
                     req.num_output_tokens -= 1
                     if req.num_output_tokens == 0:
                         req.first_token_s = math.nan
+                    marks = self.undelivered.get(index)
+                    if marks is not None:
+                        req.last_token_s, req.max_itl_s = marks
+        self.undelivered.clear()
         return aborted
+
+    def _mark_undelivered(self, end_s: float) -> None:
+        """Async scheduling, before the step ending at ``end_s`` is applied: keep ``(last_token_s, max_itl_s)`` of
+        the running requests whose deadline comes by then (``undelivered``), the step's token for them being
+        taken back when they are aborted right after the next ``schedule()``.  Only when such a deadline exists."""
+        deadlines = self.deadlines
+        due: list[tuple[float, int]] = []
+        while deadlines and deadlines[0][0] <= end_s:
+            due.append(heapq.heappop(deadlines))
+        live = self.store.live
+        for entry in due:
+            heapq.heappush(deadlines, entry)
+            req = live.get(entry[1])
+            if req is not None and req.status == Status.RUNNING:
+                self.undelivered[entry[1]] = self._marks_before_last_step(req, end_s)
+
+    def _marks_before_last_step(self, req: Request, end_s: float) -> tuple[float, float]:
+        """``(last_token_s, max_itl_s)`` of a running request as they will be after the pending step or run ending
+        at ``end_s`` less its last step, as ``BaseScheduler.update_from_output`` makes them: a run's gaps are the
+        one to its first token, then its step times, which only grow (so its second-to-last step is the longest
+        of those left)."""
+        last, peak = self.scheduler.token_marks(req)
+        core = self.core
+        result = core._pending
+        if result is None or result.num_steps <= 1:
+            return last, peak
+        k = result.num_steps
+        gap = core._pending_start + result.first_s - last
+        if not gap <= peak:
+            peak = gap
+        if k >= 3:
+            affine, durations = core.run_starts()
+            if affine is not None:
+                gap = affine[0] + affine[1] * (k - 2)
+            else:
+                assert durations is not None
+                gap = float(durations[k - 2])
+            if not gap <= peak:
+                peak = gap
+        return end_s - result.last_s, peak
 
     def _take_passed_deadlines(self, now: float) -> bool:
         """With async scheduling the run loop takes client deadlines only right after a ``schedule()``
@@ -289,6 +340,8 @@ class EngineLoop:
         if self.pending_end >= 0.0:
             if self.pending_end > until_s:
                 return self.pending_end
+            if core.abort_due is not None and self.deadlines and self.deadlines[0][0] <= self.pending_end:
+                self._mark_undelivered(self.pending_end)
             core.end_step(self.pending_end)
             self.pending_end = -1.0
         scheduler = self.scheduler
@@ -349,6 +402,8 @@ class EngineLoop:
                 # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
                 self.pending_end = self.clock = clock
                 return clock
+            if deadlines and deadlines[0][0] <= clock and core.abort_due is not None:
+                self._mark_undelivered(clock)
             core.end_step(clock)
         self.clock = clock
         return math.inf if self.stopped or not more else clock
@@ -442,6 +497,8 @@ class EngineLoop:
                 clock = env.now
                 continue
             clock = now + step.duration_s
+            if deadlines and deadlines[0][0] <= clock and core.abort_due is not None:
+                self._mark_undelivered(clock)
             core.end_step(clock)
             if self.progress is not None:
                 wall = time.perf_counter()

@@ -150,6 +150,13 @@ class DecodeColumns:
             req.blocks = -(-(c + 1) // block_size) if i < scheduled else blocks
             req.last_token_s, req.max_itl_s, req.time_decode_s, req.time_overhead_s = floats[i]
 
+    def token_marks(self, req: Request) -> tuple[float, float] | None:
+        """``(last_token_s, max_itl_s)`` of ``req`` as the arrays hold them (None: not in the segment)."""
+        for i, r in enumerate(self.requests):
+            if r is req:
+                return float(self.floats[_LT, i]), float(self.floats[_ITL, i])
+        return None
+
     def drop(self, positions: list[int] | None) -> None:
         """Take the requests at ``positions`` (ascending) out of the segment (``None``: all of them)."""
         if positions is None:

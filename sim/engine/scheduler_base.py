@@ -790,6 +790,12 @@ class BaseScheduler(ABC):
             cols.sync()
             cols.drop(None)
 
+    def token_marks(self, req: Request) -> tuple[float, float]:
+        """``(last_token_s, max_itl_s)`` of ``req`` between steps, from the decode columns if it is in them."""
+        cols = self._columns
+        marks = cols.token_marks(req) if cols is not None else None
+        return marks if marks is not None else (req.last_token_s, req.max_itl_s)
+
     def run_block_limit(self, free: int, limit: int) -> int:
         """Steps of a decode run of the whole running batch (at most ``limit``) before its new blocks exceed
         ``free`` (:func:`block_limit`); with decode columns, one compiled pass over them and the requests after."""

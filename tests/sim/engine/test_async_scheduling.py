@@ -194,3 +194,22 @@ def test_a_decode_block_is_hashed_one_step_late():
     assert sync.loc[2, "preempted_hit_tokens"] == 16
     assert asyn.loc[2, "preempted_hit_tokens"] == 0
     assert (2, 17) in async_steps[6][1]
+
+
+@pytest.mark.parametrize("batch_runs", [False, True])
+def test_a_dropped_token_takes_its_gap_and_time_with_it(batch_runs):
+    # The token that update_from_output(N) skips for a request aborted after schedule(N+1) never reaches the
+    # client: neither its time nor its gap counts.  Twelve decodes (the decode columns' path) time out in step 2,
+    # made long by a prefill chunk that joined it (0.01 s + 384 tokens x 10 us); request 12, admitted in step 1,
+    # times out before its second token.  Step 1: 12 decodes + request 12's 40-token prefill.
+    classes = {"c": RequestClass("c", timeout_s=0.025), "d": RequestClass("d")}
+    rows = [(0.0, 16, 100, "c")] * 12 + [(0.005, 40, 100, "c"), (0.015, 3000, 4, "d")]
+    sim = make_sim(make_workload(rows, classes), per_token_s=1e-5, async_scheduling=True,
+                   enable_prefix_caching=False, max_num_seqs=16, max_num_batched_tokens=32 * 12)
+    sim.core.batch_decode_runs = batch_runs
+    reqs = sim.run().requests.set_index("request_id")
+    assert set(reqs.index[reqs["status"] == "timed_out"]) == set(range(13))
+    steady = reqs.loc[range(12)]
+    assert (steady["generated_tokens"] == 2).all()
+    assert steady["max_itl_s"].to_numpy() == pytest.approx(0.01 + 52e-5, rel=1e-9)  # step 1, not step 2 (0.01384)
+    assert reqs.loc[12, "generated_tokens"] == 1 and np.isnan(reqs.loc[12, "max_itl_s"])

@@ -90,7 +90,7 @@ def test_step_rows_sum_to_their_duration_and_requests_share_them(workload, confi
     assert (parts.to_numpy() >= -1e-12).all()
     for part in ("prefill_new", "recompute", "decode", "overhead"):
         assert reqs[f"time_{part}_s"].sum() <= steps[f"time_{part}_s"].sum() + 1e-9
-    assert reqs[f"time_recompute_s"].sum() == pytest.approx(steps["time_recompute_s"].sum(), abs=1e-9)
+    assert reqs["time_recompute_s"].sum() == pytest.approx(steps["time_recompute_s"].sum(), abs=1e-9)
     assert (reqs["preempted_s"] >= reqs["resume_wait_s"] - 1e-9).all()  # a stall lasts at least until the resume
     assert (reqs.loc[reqs["num_preemptions"] == 0, "preempted_s"] == 0).all()
     two = reqs["generated_tokens"] >= 2
