@@ -54,6 +54,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, ahead of an installed kvtune
 import scale  # noqa: E402
+from scale import COUNT_METRICS, error  # noqa: E402  (relative errors; counts over max(meas, 1))
 from bench_config import BLOCK_SIZE, BenchConfig, predicted_metrics, table_metrics  # noqa: E402,F401
 from workloads import SCALE_REQUESTS, SCALE_WORKLOADS, WORKLOADS, build  # noqa: E402
 
@@ -122,8 +123,6 @@ QUICK_WORKLOAD = "reasoning-burst"
 SMALL_WORKLOADS = ("azure", "reasoning", "prefix")
 METRICS = ("preemptions", "requests_preempted", "preempted_twice", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
            "tpot_p50", "output_tok_s", "timed_out")
-#: Metrics whose error is relative; counts use (pred - meas) / max(meas, 1).
-COUNT_METRICS = ("preemptions", "requests_preempted", "preempted_twice", "timed_out")
 
 
 # ---- measuring --------------------------------------------------------------------------------------------
@@ -304,14 +303,6 @@ def simulate_run(workload, cfg: BenchConfig, model, gpu, coefficients, client: C
 
 def predict(workload, cfg: BenchConfig, model, gpu, coefficients, client: ClientLatency, seed: int) -> dict:
     return predicted_metrics(simulate_run(workload, cfg, model, gpu, coefficients, client, seed))
-
-
-def error(pred: float, meas: float, metric: str) -> float:
-    if not (pred == pred and meas == meas):
-        return math.nan
-    if metric in COUNT_METRICS:
-        return (pred - meas) / max(meas, 1.0)
-    return (pred - meas) / meas if meas else math.nan
 
 
 def overlapping_pairs(rows: pd.DataFrame, metric: str) -> int:
