@@ -61,6 +61,7 @@ from workloads import SCALE_REQUESTS, SCALE_WORKLOADS, WORKLOADS, build  # noqa:
 from optimizer import add_engine_arguments, add_latency_arguments, add_vllm_arguments  # noqa: E402
 from replay.calibrate import (ClientLatency, at_cpu_share, contended_share, cpu_share,  # noqa: E402
                               engine_times, record_engine_times, with_client_latency)
+from replay.calibration.step_log import ITERATION_LOG_FLAG, logging_env, read_steps  # noqa: E402
 from replay.flags import serve_command  # noqa: E402
 from replay.launcher import EngineProcess  # noqa: E402
 from replay.loadgen import ReplayOptions, replay  # noqa: E402
@@ -241,8 +242,10 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
         url = f"http://127.0.0.1:{args.port}"
         log = args.out / cfg.name / "engine.log"
         t0 = time.time()
-        argv, env = serve_command(args.model, cfg.engine_config(), port=args.port, install=install,
-                                  extra_args=FAST_START)
+        extra = FAST_START + ((ITERATION_LOG_FLAG,) if args.log_steps else ())
+        argv, env = serve_command(args.model, cfg.engine_config(), port=args.port, install=install, extra_args=extra)
+        if args.log_steps:
+            env.update(logging_env(args.out / cfg.name))
         with EngineProcess(argv, url, env=env, log_path=log, startup_timeout_s=900) as eng:
             print(f"[{cfg.name}] engine up in {time.time() - t0:.0f}s", flush=True)
             pgid = eng.proc.pid
@@ -254,6 +257,7 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
                                         drain_timeout_s=args.drain_timeout,
                                         hash_block_tokens=workload.hash_block_tokens)
                 before, wall0 = engine_times(pgid), time.time()
+                log_start = log.stat().st_size if args.log_steps else 0
                 result = replay(url, workload, options)
                 record_engine_times(result.info, before, engine_times(pgid))
                 cpu = result.info["engine_cpu_s"]
@@ -261,6 +265,9 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
                 path = run_dir(args.out, cfg.name, w, rep)
                 result.save(path, extra={"engine": {"config": cfg.engine_config().explicit_knobs()},
                                          "bench": {**asdict(cfg), "workload": w, "rep": rep}})
+                if args.log_steps:
+                    # The steps logged while this run was replayed (as kvtune calibrate saves its probes').
+                    read_steps(log, log_start).to_parquet(path / "engine_steps.parquet")
                 req = result.requests
                 print(f"[{cfg.name}] {w} rep {rep}: {dict(req['status'].value_counts())} preemptions "
                       f"{result.preemptions_total:g} wall {time.time() - wall0:.0f}s engine cpu {cpu:.0f}s "
@@ -722,6 +729,9 @@ def _main(argv=None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
     ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
     ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    ap.add_argument("--log-steps", action="store_true",
+                    help="the engines log each step (vLLM's --enable-logging-iteration-details); each run's steps are "
+                         "saved as engine_steps.parquet beside it, for step_check.py")
     ap.add_argument("--calibrate", action="store_true",
                     help="with --quick: calibrate briefly on the engine first (kvtune calibrate --quick's probes) "
                          "and assert the accuracy bound with that profile")
