@@ -229,13 +229,24 @@ FAST_START = ("--enforce-eager",)
 
 def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None) -> None:
     """``prepare(cfg)``: None, or what to run on the config's engine (``(url, pgid)``) before its replays (the
-    quick mode's calibration)."""
+    quick mode's calibration).  With ``--interleave``, repeat by repeat: every config's engine once per repeat
+    (its start-up paid each time), so that a drift of the machine's speed over the session falls on every config
+    alike instead of on the configs measured last."""
+    if getattr(args, "interleave", False):
+        for rep in range(max(repeats_of(args, cfg.name, w) for cfg in configs for w in workloads)):
+            _measure(args, configs, workloads, prepare, only_rep=rep)
+    else:
+        _measure(args, configs, workloads, prepare)
+
+
+def _measure(args, configs: list[BenchConfig], workloads: list[str], prepare, only_rep: int | None = None) -> None:
     from replay.vllm_env import find_vllm
 
     install = find_vllm(args.vllm_python)
     for cfg in configs:
         todo = [(w, r) for w in workloads if replays(cfg, w) for r in range(repeats_of(args, cfg.name, w))
-                if not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
+                if (only_rep is None or r == only_rep)
+                and not (run_dir(args.out, cfg.name, w, r) / "replay.json").is_file()]
         first = prepare(cfg) if prepare is not None else None
         if not todo and first is None:
             continue
@@ -729,6 +740,9 @@ def _main(argv=None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=60.0, help="trace seconds after the last arrival")
     ap.add_argument("--quick", action="store_true", help="3 configs, 1 workload, 2 repeats; asserts (exit 1)")
     ap.add_argument("--report-only", action="store_true", help="do not measure; report what --out holds")
+    ap.add_argument("--interleave", action="store_true",
+                    help="measure repeat by repeat (each config's engine started once per repeat) instead of config "
+                         "after config: a drift of the machine's speed then spreads over every config")
     ap.add_argument("--log-steps", action="store_true",
                     help="the engines log each step (vLLM's --enable-logging-iteration-details); each run's steps are "
                          "saved as engine_steps.parquet beside it, for step_check.py")

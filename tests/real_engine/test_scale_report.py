@@ -4,6 +4,7 @@ No engine needed."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -169,3 +170,18 @@ def test_an_unreadable_profile_is_one_line_and_exit_2(tmp_path, capsys):
     assert bench.main(["--scale", "--report-only", "--profile", str(missing), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(missing) in err[0] and "cannot read" in err[0]
+
+
+def test_interleave_measures_repeat_by_repeat(monkeypatch, tmp_path):
+    """``run.py --interleave``: one pass over every config per repeat (each engine restarted per repeat), in repeat
+    order; without it, one pass over the configs with every repeat."""
+    run = load_benchmark("run.py", "real_engine_run_interleave")
+    calls = []
+    monkeypatch.setattr(run, "_measure", lambda args, configs, workloads, prepare, only_rep=None: calls.append(only_rep))
+    args = argparse.Namespace(interleave=True, repeats=3, quick=False, out=tmp_path)
+    configs = [run.config_by_name("default")]
+    run.measure(args, configs, ["kv-pressure"])
+    assert calls == [0, 1, 2]
+    calls.clear()
+    run.measure(argparse.Namespace(interleave=False, repeats=3, quick=False, out=tmp_path), configs, ["kv-pressure"])
+    assert calls == [None]
