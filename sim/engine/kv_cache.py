@@ -17,7 +17,7 @@ Swap space (V0 ``--swap-space``): a plain counter; swap-out fails when it is exh
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -234,7 +234,7 @@ class _Entry:
 #: indices over the whole workload, so each replica of a fleet sizes its lists by every request the fleet sees:
 #: as an object per key that was 2M objects at 64 replicas on the Azure trace, and full garbage collections took
 #: 0.63 of a 1.0 s run (64 x round_robin, prefix caching on; issue 31's fleet speed notes).
-_UNUSED = _Entry()
+_UNUSED: Final = _Entry()  # (Final: a C static in the compiled module, not a lookup in its globals per use)
 
 
 def _own(entries: list[_Entry], key: int) -> _Entry:
@@ -302,6 +302,29 @@ class CpuBlockTier:
             if stored >= 0:
                 return stored + (self._run(keys[lead:], fulls[lead:], None) if lead < len(keys) else 0)
         return self._run(keys, fulls, None)
+
+    def store_step(self, keys: Any, fulls: Any) -> int:
+        """:meth:`store` of one step's requests (the scheduler's store after each step).
+
+        Fast path: where the step's blocks (each key's ``min(full, capacity)``, those above 0) exceed the capacity,
+        straight to :meth:`_run`, without :meth:`store`'s search for leading keys to :meth:`restore` (``_leading``,
+        then ``restore``'s walk): ``restore`` applies only where the keys it stores hold no more than the capacity
+        (its evictions must fit in the older entries), and a write-through tier smaller than the running batch
+        stored more at ~80% of an offload run's steps, each walk failing at its end (benchmarks/speed/README.md,
+        the per-case section).  The leading keys' blocks are a part of the step's; where they alone fit, ``restore``
+        could still apply to them, and this store is ``_run``'s instead: the same tier and copies (``store`` is
+        its keys stored one after the other either way; tests/sim/engine/test_cpu_tier.py)."""
+        if self.capacity <= 0 or not len(keys):
+            return 0
+        step_keys, counts = _ints(keys), _ints(fulls)  # (typed: ``keys`` and ``fulls`` are Any)
+        capacity = self.capacity
+        blocks = 0
+        for n in counts:
+            if n > 0:
+                blocks += n if n < capacity else capacity
+        if blocks <= capacity:
+            return self.store(step_keys, counts)
+        return self._run(step_keys, counts, None)
 
     def _leading(self, keys: list[int]) -> int:
         """1 + the position in ``keys`` of the newest entry's key (0 if absent): the keys that :meth:`restore` may
@@ -379,10 +402,8 @@ class CpuBlockTier:
         the newest entry, evicting the oldest entries' blocks (the last one perhaps in part, which stays the
         oldest) to stay within ``capacity``; blocks newly copied (beyond what the key held before) go to
         ``news[i]`` and to the key's copies (:meth:`take_copied`).  Returns the blocks newly copied in all."""
-        top = max(keys)
-        if top >= len(self._entries):
-            self._grow(top + 1)
         entries = self._entries
+        size = len(entries)
         capacity = self.capacity
         head, tail, total = self._head, self._tail, self._total
         stored = 0
@@ -395,6 +416,9 @@ class CpuBlockTier:
                 continue
             if n > capacity:
                 n = capacity
+            if key >= size:  # (per key: ``max(keys)`` compared the boxed ints through the interpreter)
+                self._grow(key + 1)  # (extends ``entries`` in place)
+                size = len(entries)
             entry = _own(entries, key)
             have = entry.count
             if have > 0:  # take the key's entry out (it becomes the newest below)

@@ -345,16 +345,20 @@ class BaseScheduler(ABC):
         :meth:`_store_segment_blocks` (their Request attributes are stale).  The step counts its copies; each
         request's are counted in the tier until it ends (:meth:`settle`)."""
         block_size = self.block_size
-        rest = [req for req, _ in out.scheduled[skip:] if req.blocks]
-        if rest:
-            out.swap_out_blocks += self.cpu.store([req.index for req in rest],
-                                                  [req.num_computed_tokens // block_size for req in rest])
+        keys: list[int] = []
+        fulls: list[int] = []
+        for req, _ in out.scheduled[skip:] if skip else out.scheduled:  # (one pass: no list of the requests)
+            if req.blocks:
+                keys.append(req.index)
+                fulls.append(req.num_computed_tokens // block_size)
+        if keys:
+            out.swap_out_blocks += self.cpu.store_step(keys, fulls)
 
     def _store_segment_blocks(self, out: SchedulerOutput) -> None:
         """:meth:`_store_computed_blocks` for the decode columns, the step's leading entries (they hold blocks),
         from the arrays."""
         cols = self._columns
-        out.swap_out_blocks += self.cpu.store(cols.index, cols.computed // self.block_size)
+        out.swap_out_blocks += self.cpu.store_step(cols.index, cols.computed // self.block_size)
 
     def _store_run_blocks(self, out: SchedulerOutput, num_steps: int) -> None:
         """The stores of a run of ``num_steps`` decode steps (after its update), one per step as single steps make
@@ -369,7 +373,7 @@ class BaseScheduler(ABC):
         block_size = self.block_size
         cpu = self.cpu
         # Step j of the run had computed ``tokens - (num_steps - j)``.
-        out.swap_out_blocks += cpu.store(keys, (tokens - (num_steps - 1)) // block_size)
+        out.swap_out_blocks += cpu.store_step(keys, (tokens - (num_steps - 1)) // block_size)
         if num_steps > 1:
             # Fast path: the later steps store the batch again in the same order, each count growing, so one store of
             # the last step's counts leaves the tier as they would where ``CpuBlockTier.restore`` applies; else the
@@ -379,7 +383,7 @@ class BaseScheduler(ABC):
                 out.swap_out_blocks += last
                 return
             for back in range(num_steps - 2, -1, -1):
-                out.swap_out_blocks += cpu.store(keys, (tokens - back) // block_size)
+                out.swap_out_blocks += cpu.store_step(keys, (tokens - back) // block_size)
 
     def settle(self, req: Request) -> None:
         """Write to ``req`` what is counted outside it: the blocks copied to the CPU tier for it

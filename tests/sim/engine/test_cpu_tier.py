@@ -186,3 +186,27 @@ def test_only_stored_keys_get_entries_of_their_own(keys, capacity):
         stored = {key for key, blocks in keys if blocks > 0}
         assert len(own) == len(stored)
     assert (unused.count, unused.prev, unused.next, unused.copied) == (0, -1, -1, 0)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(capacity=st.integers(0, 60), calls=st.lists(st.one_of(
+    st.tuples(st.just("step"), st.lists(st.tuples(keys, st.integers(-1, 30)), max_size=14, unique_by=lambda p: p[0])),
+    st.tuples(st.just("store"), st.lists(st.tuples(keys, fulls), max_size=12)),
+    st.tuples(st.just("lookup"), keys),
+), max_size=40))
+def test_a_steps_store_beyond_the_capacity_matches_store(capacity, calls):
+    """``CpuBlockTier.store_step`` (the scheduler's store: a step's distinct keys; where their blocks exceed the
+    capacity, ``_run`` without ``store``'s search for a leading part to ``restore``) against ``store`` and the
+    reference tier, call by call, copies taken back at the end."""
+    tier, slow, ref = CpuBlockTier(capacity), CpuBlockTier(capacity), ReferenceTier(capacity)
+    for call in calls:
+        if call[0] == "lookup":
+            assert tier.cached_prefix(call[1]) == slow.cached_prefix(call[1]) == ref.cached_prefix(call[1])
+            continue
+        ks, ns = [k for k, _ in call[1]], [n for _, n in call[1]]
+        news = sum(ref.offload(k, n) for k, n in call[1])
+        assert (tier.store_step if call[0] == "step" else tier.store)(ks, ns) == news
+        assert slow.store(ks, ns) == news
+        assert tier.entries() == slow.entries() == list(ref.store.entries.items())
+        assert tier.num_blocks == ref.store.num_blocks
+    assert [tier.take_copied(k) for k in range(41)] == [slow.take_copied(k) for k in range(41)]
