@@ -77,6 +77,9 @@ class RunRecord:
         self.batch = batch
         #: When each request added to the waiting queue during the run was added.
         self.adds: list[float] = []
+        #: (:meth:`seek`) The step found at the last call, and when the step after it starts (``inf``: none).
+        self.step = 0
+        self.next_s = math.inf
 
     def boundary_s(self, j: int) -> float:
         """When step ``j`` of the run starts."""
@@ -100,12 +103,37 @@ class RunRecord:
             j += 1
         return j
 
+    def seek(self, at_s: float) -> int:
+        """:meth:`last_boundary` for an ``at_s`` that does not decrease from call to call (``EngineLoop.metrics_at``):
+        an affine run's steps are walked on from the last call's (the same step: its start is the last at or before
+        ``at_s``, the starts growing along the run), a few per call instead of a search.  Sets ``next_s``."""
+        k = self.num_steps
+        if self.affine is None:
+            j = self.last_boundary(at_s)
+            nxt = self.boundary_s(j + 1) if j + 1 < k else math.inf
+        else:
+            j = min(self.step, k - 1)  # a cut may have shortened the run since
+            nxt = math.inf
+            while j + 1 < k:
+                nxt = self.boundary_s(j + 1)
+                if nxt > at_s:
+                    break
+                j += 1
+                nxt = math.inf
+        self.step = j
+        self.next_s = nxt
+        return j
+
     def metrics(self, j: int, block_size: int) -> tuple[int, int, int]:
         """(waiting, running, blocks in use) published at step ``j >= 1``'s boundary."""
         m = j - 1  # the steps after the first whose blocks are in use by then
         used = self.used + (m // block_size) * self.batch + self.cumulative[m % block_size]
         at = self.boundary_s(j)
-        return self.waiting + sum(1 for t in self.adds if t <= at), self.running, used
+        added = 0
+        for t in self.adds:  # a few at most: an arrival routed here cuts the run
+            if t <= at:
+                added += 1
+        return self.waiting + added, self.running, used
 
 
 class EngineLoop:
@@ -420,9 +448,9 @@ class EngineLoop:
         t, waiting, running, used, run = history[0]
         nxt = history[1][0] if len(history) > 1 else math.inf
         if run is not None and run.num_steps > 1:
-            j = run.last_boundary(at_s)
-            if j + 1 < run.num_steps:
-                nxt = min(nxt, run.boundary_s(j + 1))
+            j = run.seek(at_s)
+            if run.next_s < nxt:
+                nxt = run.next_s
             if j >= 1:
                 waiting, running, used = run.metrics(j, self.scheduler.block_size)
         return waiting, running, used, nxt
@@ -433,13 +461,18 @@ class EngineLoop:
         running = scheduler.running
         cols = scheduler._columns
         seg = len(cols) if cols is not None else 0
-        rest = np.fromiter((r.num_tokens for r in (running[seg:] if seg else running)), dtype=np.int64,
-                           count=len(running) - seg)
-        tokens = np.concatenate((cols.computed + 1, rest)) if seg else rest
         bs = scheduler.block_size
-        per_residue = np.bincount(((-tokens) % bs + 1) % bs, minlength=bs)
-        steps = per_residue[np.arange(1, bs) % bs]
-        cumulative = [0, *np.cumsum(steps).tolist()]
+        # Requests by the step of the run (1 to bs, counted modulo bs) whose token crosses a block boundary: one
+        # with t tokens (a column's computed tokens + 1) at the run's first step needs a new block at step
+        # (1 - t) mod bs.  The columns counted in one numpy pass, the requests after them one by one.
+        per_residue: list[int] = np.bincount((-cols.computed) % bs, minlength=bs).tolist() if seg else [0] * bs
+        for r in running[seg:] if seg else running:
+            per_residue[(1 - r.num_tokens) % bs] += 1
+        cumulative = [0] * bs
+        total = 0
+        for m in range(1, bs):
+            total += per_residue[m]
+            cumulative[m] = total
         affine, durations = self.core.run_starts()
         record = RunRecord(now, num_steps, affine, durations, len(scheduler.waiting), len(running),
                            scheduler.pool.num_used, cumulative, len(running))

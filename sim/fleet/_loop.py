@@ -1,16 +1,17 @@
 """The fleet's run loops, compiled with the engine (``sim._compiled.COMPILED``): behind a router that decides at each
 arrival (``FleetSimulation._route_all``: :func:`route_all`, with the views it hands the router) and behind one that
-routed every request before the run (:func:`preroute`, :func:`run_routed`); and ``DynamoKV``'s cost pass
-(:func:`least_costs`).  Their calls into the replicas (``EngineLoop.advance``, ``cut``, ``add``) and the request
-store are native calls, and only the router's own methods run interpreted.  The interpreted source is the same
-code (``KVTUNE_PURE_PYTHON``), so decisions cannot differ."""
+routed every request before the run (:func:`preroute`, :func:`run_routed`); and the cost and score passes of
+``DynamoKV`` (:func:`least_costs`) and ``LLMDWeighted`` (:func:`llm_d_ties`).  Their calls into the replicas
+(``EngineLoop.advance``, ``cut``, ``add``) and the request store are native calls, and only the router's own
+methods run interpreted.  The interpreted source is the same code (``KVTUNE_PURE_PYTHON``), so decisions cannot
+differ."""
 
 from __future__ import annotations
 
 import bisect
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.engine.request import FINAL_STATUSES, Request
@@ -132,6 +133,34 @@ def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: l
         elif cost == best:
             ties.append(w)
     return ties
+
+
+def llm_d_ties(replicas: Sequence[Any], matched: list[int] | None, blocks: int, prefix_weight: float,
+               kv_weight: float, queue_weight: float) -> list[int]:
+    """``LLMDWeighted``'s replicas at the highest score, in index order: each replica's score as the router's rule
+    computes it (``3 * prefix + 2 * (1 - KV usage) + 2 * queue`` with its weights: the same float operations in
+    the same order, so the same values) and ``Router._pick_min``'s ties over the negated scores, in one compiled
+    pass.  ``matched``: each replica's matched prefix blocks (None: none matched anywhere); ``blocks``: the
+    prompt's full blocks (0: the prefix term is 0)."""
+    n = len(replicas)
+    waiting: list[int] = [0] * n
+    usage: list[float] = [0.0] * n
+    for r in range(n):
+        view = replicas[r]
+        waiting[r] = view.num_waiting
+        usage[r] = view.kv_usage  # read once, then native float arithmetic (nothing boxed per operation)
+    hi = max(waiting)
+    lo = min(waiting)
+    values: list[float] = [0.0] * n
+    for r in range(n):
+        prefix = 0.0
+        if blocks and matched is not None:
+            prefix = matched[r] / blocks
+        queue = 1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)
+        kv: float = usage[r]
+        values[r] = -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
+    best = min(values)
+    return [r for r in range(n) if values[r] == best]
 
 
 class Loads:

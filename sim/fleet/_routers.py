@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import Loads, least_costs
+from sim.fleet._loop import Loads, least_costs, llm_d_ties
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -438,14 +438,10 @@ class LLMDWeighted(Router):
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         hashes, now = request.block_hashes, request.arrival_s
         blocks = request.prompt_tokens // request.block_size if request.block_size else 0
-        waiting = [r.num_waiting for r in replicas]
-        hi, lo = max(waiting), min(waiting)
-        scores = []
-        for r, index in zip(replicas, self.indexes):
-            prefix = index.match(hashes, now) / blocks if blocks else 0.0
-            queue = 1.0 if hi == lo else (hi - r.num_waiting) / (hi - lo)
-            scores.append(self.prefix_weight * prefix + self.kv_weight * (1.0 - r.kv_usage) + self.queue_weight * queue)
-        chosen = self._pick_min([-s for s in scores])
+        # Scored in one compiled pass (``llm_d_ties``); no hash matches anywhere (prefix 0) when there are none.
+        matched = [index.match(hashes, now) for index in self.indexes] if blocks and hashes else None
+        ties = llm_d_ties(replicas, matched, blocks, self.prefix_weight, self.kv_weight, self.queue_weight)
+        chosen = ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
         self.indexes[chosen].insert(hashes, now)
         return chosen
 

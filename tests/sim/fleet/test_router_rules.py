@@ -3,8 +3,10 @@ what the views let a router see."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, si
 from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
+from sim.run_loop import RunRecord
 from tests.sim.engine.conftest import make_workload
 
 MODEL, GPU = load_model("Llama-3-8B"), load_gpu("H100-SXM")
@@ -365,6 +368,28 @@ def test_a_batched_run_shows_what_stepping_would_have_published(router, lag, con
     assert batched.num_iterations == stepped.num_iterations
     assert len(batched.steps) < len(stepped.steps)  # the batched fleet did batch runs
 
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.0, 1000.0), st.integers(1, 300), st.floats(1e-4, 0.05), st.sampled_from([0.0, 1e-6]) |
+       st.floats(0.0, 1e-4), st.booleans(), st.lists(st.tuples(st.floats(0.0, 20.0), st.integers(0, 320)),
+                                                     min_size=1, max_size=40))
+def test_a_run_walked_on_finds_the_step_a_search_finds(start, steps, first, increment, affine, calls):
+    """``RunRecord.seek`` at times that do not decrease (``EngineLoop.metrics_at``'s), the run shortened by cuts
+    in between, finds the step ``last_boundary`` finds, and ``next_s`` is when the next step starts (inf after the
+    run's last step): an affine run's steps (start + j * first + increment * j * (j - 1) / 2) and one of given
+    durations."""
+    durations = np.array([first + increment * j for j in range(steps)])
+    record = RunRecord(start, steps, (first, increment) if affine else None, None if affine else durations,
+                       0, 1, 0, [0] * 16, 1)
+    at = start - first
+    for gap, cut in calls:
+        at += gap * first  # up to 20 steps on
+        if 1 <= cut < record.num_steps:
+            record.num_steps = cut  # an arrival routed there cut the run (EngineLoop.cut)
+        j = record.seek(at)
+        assert j == record.last_boundary(at)
+        assert record.next_s == (record.boundary_s(j + 1) if j + 1 < record.num_steps else math.inf)
 
 def test_the_load_index_keeps_the_least_and_most_loaded():
     """The routers' load index (kept on each change) against a scan, over random changes."""
