@@ -231,9 +231,7 @@ class EngineLoop:
         if record is not None and result.num_steps < steps:
             record.num_steps = result.num_steps
         self.clock = start + result.duration_s
-        if core.abort_due is not None and self.deadlines and self.deadlines[0][0] <= self.clock:
-            self._mark_undelivered(self.clock)
-        core.end_step(self.clock)
+        self._end_step(self.clock)
 
     def drain(self) -> None:
         """Ended requests to the request table."""
@@ -284,6 +282,14 @@ class EngineLoop:
                         req.last_token_s, req.max_itl_s = marks
         self.undelivered.clear()
         return aborted
+
+    def _end_step(self, end_s: float) -> None:
+        """Apply the pending step or run at its end (``EngineCore.end_step``); with async scheduling and a client
+        deadline come by then, first keep what the abort right after it takes back (:meth:`_mark_undelivered`)."""
+        core = self.core
+        if core.abort_due is not None and self.deadlines and self.deadlines[0][0] <= end_s:
+            self._mark_undelivered(end_s)
+        core.end_step(end_s)
 
     def _mark_undelivered(self, end_s: float) -> None:
         """Async scheduling, before the step ending at ``end_s`` is applied: keep ``(last_token_s, max_itl_s)`` of
@@ -368,9 +374,7 @@ class EngineLoop:
         if self.pending_end >= 0.0:
             if self.pending_end > until_s:
                 return self.pending_end
-            if core.abort_due is not None and self.deadlines and self.deadlines[0][0] <= self.pending_end:
-                self._mark_undelivered(self.pending_end)
-            core.end_step(self.pending_end)
+            self._end_step(self.pending_end)
             self.pending_end = -1.0
         scheduler = self.scheduler
         deadlines = self.deadlines
@@ -430,9 +434,7 @@ class EngineLoop:
                 # An arrival may come here before the run ends: its end is applied once none can (or at the cut).
                 self.pending_end = self.clock = clock
                 return clock
-            if deadlines and deadlines[0][0] <= clock and core.abort_due is not None:
-                self._mark_undelivered(clock)
-            core.end_step(clock)
+            self._end_step(clock)
         self.clock = clock
         return math.inf if self.stopped or not more else clock
 
@@ -530,9 +532,7 @@ class EngineLoop:
                 clock = env.now
                 continue
             clock = now + step.duration_s
-            if deadlines and deadlines[0][0] <= clock and core.abort_due is not None:
-                self._mark_undelivered(clock)
-            core.end_step(clock)
+            self._end_step(clock)
             if self.progress is not None:
                 wall = time.perf_counter()
                 if wall - last_report >= self.progress_every_s:
