@@ -219,10 +219,9 @@ class EngineLoop:
         if self.pending_end <= now:
             return
         core = self.core
-        pending = core._pending
+        pending, start = core.pending_step()
         assert pending is not None
         steps = pending.num_steps
-        start = core._pending_start
         result = core.cut_run(now)
         # The run's end is known now (a later arrival cannot end it sooner): applied before the arrival is added,
         # as the single engine applies a step before the arrivals during it.
@@ -313,11 +312,11 @@ class EngineLoop:
         of those left)."""
         last, peak = self.scheduler.token_marks(req)
         core = self.core
-        result = core._pending
+        result, start = core.pending_step()
         if result is None or result.num_steps <= 1:
             return last, peak
         k = result.num_steps
-        gap = core._pending_start + result.first_s - last
+        gap = start + result.first_s - last
         if not gap <= peak:
             peak = gap
         if k >= 3:

@@ -232,7 +232,7 @@ def measure(args, configs: list[BenchConfig], workloads: list[str], prepare=None
     quick mode's calibration).  With ``--interleave``, repeat by repeat: every config's engine once per repeat
     (its start-up paid each time), so that a drift of the machine's speed over the session falls on every config
     alike instead of on the configs measured last."""
-    if getattr(args, "interleave", False):
+    if args.interleave:
         for rep in range(max(repeats_of(args, cfg.name, w) for cfg in configs for w in workloads)):
             _measure(args, configs, workloads, prepare, only_rep=rep)
     else:
@@ -561,7 +561,7 @@ def quick_checks(args) -> list[str]:
     if not big > small:
         failures.append(f"throughput order: 128 sequences {big:.1f} tokens per CPU second should exceed one "
                         f"sequence at a time {small:.1f}")
-    if getattr(args, "calibrate", False):
+    if args.calibrate:
         value, failure = quick_accuracy(args.out, args.model, args.profile, args.repeats, gpu_ref=args.gpu)
         print(f"quick: predicted / measured {QUICK_METRIC} median {value:.3f}, bound {list(QUICK_BAND)}")
         if failure:

@@ -270,6 +270,10 @@ class EngineCore:
         self._pending = cut
         return cut
 
+    def pending_step(self) -> tuple[StepResult | None, float]:
+        """The step or run begun by :meth:`begin_step` and not yet ended (None when there is none), and its start."""
+        return self._pending, self._pending_start
+
     def run_starts(self) -> tuple[tuple[float, float] | None, np.ndarray | None]:
         """The pending run's step times (see :meth:`cut_run`): ``(affine, None)`` or ``(None, durations)``."""
         return (self._run_affine, None) if self._run_affine is not None else (None, self._run_durations)
