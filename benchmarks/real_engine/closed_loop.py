@@ -33,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import run as bench  # noqa: E402
+import matrix as bench  # noqa: E402
+from bench_config import BLOCK_SIZE  # noqa: E402
 from workloads import MAX_MODEL_LEN, WORKLOADS, build  # noqa: E402
 
 from optimizer import add_engine_arguments, add_latency_arguments  # noqa: E402
@@ -54,7 +55,7 @@ def study(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name, blocks, folder = WORKLOAD, BLOCKS, out / "closed-loop"
-    engine = {"block_size": bench.BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN}
+    engine = {"block_size": BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN}
     if args.scale:
         name, blocks, folder = bench.SCALE_LOOP_WORKLOAD, bench.SCALE_BLOCKS, out / "closed-loop-scale"
         engine.update(enable_prefix_caching=True, max_model_len=bench.SCALE_MAX_MODEL_LEN)

@@ -115,9 +115,13 @@ def _run_module():
     return load_benchmark("run.py", "real_engine_bench_scale")
 
 
+def _matrix_module():
+    return load_benchmark("matrix.py", "real_engine_matrix_scale")
+
+
 def test_the_scale_workloads_hold_150_requests_and_are_deterministic():
-    bench = _run_module()
-    import workloads  # run.py put its folder on sys.path
+    bench = _matrix_module()
+    import workloads  # matrix.py put its folder on sys.path
 
     for name, build in workloads.SCALE_WORKLOADS.items():
         w = build()
@@ -126,11 +130,11 @@ def test_the_scale_workloads_hold_150_requests_and_are_deterministic():
         assert (w.requests["prompt_tokens"] + w.requests["output_tokens"] <= bench.SCALE_MAX_MODEL_LEN).all()
     assert workloads.prefix_scarce().hash_block_tokens == workloads.PREFIX_HASH_TOKENS
     assert next(iter(workloads.reasoning_long().classes.values())).timeout_s > 0
-    assert set(workloads.SCALE_WORKLOADS) <= set(bench.WORKLOADS)
+    assert set(workloads.SCALE_WORKLOADS) <= set(workloads.WORKLOADS)
 
 
 def test_scale_configs_put_the_recommendation_between_its_sides(tmp_path):
-    bench = _run_module()
+    bench = _matrix_module()
     assert [c.name for c in bench.scale_configs(tmp_path)] == ["default", "default-ample"]
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 8, "max_num_batched_tokens": 600}}')
     by = {c.name: c for c in bench.scale_configs(tmp_path)}
@@ -145,7 +149,9 @@ def test_scale_configs_put_the_recommendation_between_its_sides(tmp_path):
 
     assert all(c.num_gpu_blocks == bench.SCALE_BLOCKS and c.prefix_caching for n, c in by.items() if n != "default-ample")
     # the scarce cache holds one request of the configs' context (vLLM refuses a cache that does not)
-    assert bench.SCALE_BLOCKS * bench.BLOCK_SIZE >= bench.SCALE_MAX_MODEL_LEN
+    from bench_config import BLOCK_SIZE
+
+    assert bench.SCALE_BLOCKS * BLOCK_SIZE >= bench.SCALE_MAX_MODEL_LEN
     assert all(c.engine_config().max_model_len == bench.SCALE_MAX_MODEL_LEN for c in by.values())
     # a recommendation equal to the default adds no duplicate config
     (tmp_path / "recommended-scale.json").write_text('{"recommended": {"max_num_seqs": 128, "max_num_batched_tokens": 2048}}')
@@ -173,9 +179,9 @@ def test_an_unreadable_profile_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_interleave_measures_repeat_by_repeat(monkeypatch, tmp_path):
-    """``run.py --interleave``: one pass over every config per repeat (each engine restarted per repeat), in repeat
-    order; without it, one pass over the configs with every repeat."""
-    run = load_benchmark("run.py", "real_engine_run_interleave")
+    """``run.py --interleave`` (matrix.py's ``measure``): one pass over every config per repeat (each engine restarted
+    per repeat), in repeat order; without it, one pass over the configs with every repeat."""
+    run = load_benchmark("matrix.py", "real_engine_matrix_interleave")
     calls = []
     monkeypatch.setattr(run, "_measure", lambda args, configs, workloads, prepare, only_rep=None: calls.append(only_rep))
     args = argparse.Namespace(interleave=True, repeats=3, quick=False, out=tmp_path)
