@@ -437,24 +437,27 @@ class EngineLoop:
         self.clock = clock
         return math.inf if self.stopped or not more else clock
 
-    def metrics_at(self, at_s: float) -> tuple[int, int, int, float]:
+    def metrics_at(self, at_s: float) -> tuple[int, int, int, float, float]:
         """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
-        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call), and the time of the
-        next boundary known after ``at_s`` (``inf``: none yet): the same figures are published at any time before
-        it, until this engine is advanced again or a request is added here (``sim.fleet._loop.MetricViews``)."""
+        ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call), then two times
+        after ``at_s`` (``inf``: none yet): the next ``history`` entry, and the next inner boundary of the run of
+        decode steps ``at_s`` falls in (``inf`` outside a run).  Until the first of them, and until this engine is
+        advanced again or a request is added here, the same figures are published; from the second to the first,
+        the blocks in use can only grow (a run's steps free none: ``RunRecord``).  ``sim.fleet._loop.MetricViews``
+        reads them so."""
         history = self.history
         assert history is not None
         while len(history) > 1 and history[1][0] <= at_s:
             history.popleft()
         t, waiting, running, used, run = history[0]
-        nxt = history[1][0] if len(history) > 1 else math.inf
+        entry = history[1][0] if len(history) > 1 else math.inf
+        inner = math.inf
         if run is not None and run.num_steps > 1:
             j = run.seek(at_s)
-            if run.next_s < nxt:
-                nxt = run.next_s
+            inner = run.next_s
             if j >= 1:
                 waiting, running, used = run.metrics(j, self.scheduler.block_size)
-        return waiting, running, used, nxt
+        return waiting, running, used, entry, inner
 
     def _record_run(self, now: float, num_steps: int) -> None:
         """A run of ``num_steps`` decode steps began at ``now``: its inner boundaries for ``history``."""

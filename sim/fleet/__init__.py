@@ -51,8 +51,10 @@ at its last boundary.  A busy replica's run of identical decode steps is not cut
 is bounded by its own deadlines only, its end applied once no fleet arrival before it remains, and an arrival
 routed to it ends it at that arrival (``EngineLoop.cut`` / ``EngineCore.cut_run``: the steps that start before the
 arrival, exactly what the bound known in advance gives, so one replica still reproduces ``simulate``).  Views are
-remade only for replicas whose counts changed, unless the router reads metrics (then every replica's, O(N) per
-arrival); a ``tracks_requests`` router is told of first tokens and ends from the replicas that moved since the
+remade only for replicas whose counts changed; a router that reads metrics is given them on demand
+(``sim.fleet._loop.MetricViews``), each replica's published figures read again only when it moved or the cutoff
+reached its next recorded boundary, and inside a run of decode steps only where the router needs them
+(``least_kv_usage``: where the replica could be the least); a ``tracks_requests`` router is told of first tokens and ends from the replicas that moved since the
 last arrival only.  A router that reads no engine state (``round_robin``, ``session_affinity``:
 ``Router.needs_state = False``) is run ahead of the simulation; its replicas then do not interact, and each is
 driven the same way at its own arrivals only, one replica after another over each stretch of 65,536 arrivals

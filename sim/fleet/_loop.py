@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sim.engine.request import FINAL_STATUSES, Request
@@ -135,20 +135,15 @@ def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: l
     return ties
 
 
-def llm_d_ties(replicas: Sequence[Any], matched: list[int] | None, blocks: int, prefix_weight: float,
-               kv_weight: float, queue_weight: float) -> list[int]:
+def llm_d_ties(waiting: list[int], usage: list[float], matched: list[int] | None, blocks: int,
+               prefix_weight: float, kv_weight: float, queue_weight: float) -> list[int]:
     """``LLMDWeighted``'s replicas at the highest score, in index order: each replica's score as the router's rule
     computes it (``3 * prefix + 2 * (1 - KV usage) + 2 * queue`` with its weights: the same float operations in
     the same order, so the same values) and ``Router._pick_min``'s ties over the negated scores, in one compiled
-    pass.  ``matched``: each replica's matched prefix blocks (None: none matched anywhere); ``blocks``: the
-    prompt's full blocks (0: the prefix term is 0)."""
-    n = len(replicas)
-    waiting: list[int] = [0] * n
-    usage: list[float] = [0.0] * n
-    for r in range(n):
-        view = replicas[r]
-        waiting[r] = view.num_waiting
-        usage[r] = view.kv_usage  # read once, then native float arithmetic (nothing boxed per operation)
+    pass.  ``waiting`` and ``usage``: each replica's published waiting count and KV usage; ``matched``: its
+    matched prefix blocks (None: none matched anywhere); ``blocks``: the prompt's full blocks (0: the prefix term
+    is 0)."""
+    n = len(waiting)
     hi = max(waiting)
     lo = min(waiting)
     values: list[float] = [0.0] * n
@@ -231,26 +226,43 @@ def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int
 
 
 class MetricViews:
-    """Each replica as a router that reads engine metrics sees it: its own counts exact, the engine's metrics as
-    published at the last step boundary at or before ``cutoff`` (the arrival less the router's lag; every boundary
-    a replica published lies before the arrival: ``advance`` stops at the first at or after it; one inside a run of
-    decode steps is computed from the run, ``RunRecord``).
+    """Each replica as a router that reads engine metrics sees it (a sequence of :class:`ReplicaView`, made on
+    demand): its own counts exact, the engine's metrics as published at the last step boundary at or before
+    ``cutoff`` (the arrival less the router's lag; every boundary a replica published lies before the arrival:
+    ``advance`` stops at the first at or after it; one inside a run of decode steps is computed from the run,
+    ``RunRecord``).
 
-    A view is made again only when it may have changed: for the replicas whose counts changed or that were
-    advanced since it was made (their history grew), and for those whose next known boundary it had not reached
-    (``EngineLoop.metrics_at``'s second figure) the cutoff has now reached; any other replica publishes the same
-    figures (nothing of it moved, and no boundary of it lies between the two cutoffs), so its view is kept."""
+    The published figures are kept per replica in columns (``waiting``, ``running``, ``usage``), read by position
+    (:meth:`least_usage`, :meth:`published`) or as views.  A replica's figures are read again
+    (``EngineLoop.metrics_at``) only when they may have changed: when its counts changed or it was advanced since
+    (its history grew), or the cutoff reached its next history entry (``until``).  Inside a run of decode steps
+    the figures change at each inner boundary, where the blocks in use can only grow: once the cutoff passes the
+    next (``inner``) the replica's KV usage is kept as a lower bound (``exact`` false) and read again only when a
+    reader needs it (:meth:`least_usage`: only where the bound is at or below the least; any other read: all)."""
 
-    def __init__(self, num: int) -> None:
-        #: Per replica, the cutoff its view is good until (exclusive; ``-inf``: to be made again).
+    def __init__(self, replicas: list[EngineLoop]) -> None:
+        num = len(replicas)
+        self.replicas = replicas
+        #: The cutoff of the figures (it may not decrease).
+        self.cutoff = -math.inf
+        #: Per replica: the cutoff its figures (or the bound) hold until (exclusive; ``-inf``: to be read again),
+        #: and from which its KV usage may have grown (``inner``).
         self.until = [-math.inf] * num
+        self.inner = [math.inf] * num
+        self.exact = [False] * num
+        self.waiting = [0] * num
+        self.running = [0] * num
+        #: Blocks in use over all GPU blocks (as a view's ``kv_usage``).
+        self.usage = [0.0] * num
 
-    def refresh(self, replicas: list[EngineLoop], views: list[Any], cutoff: float, dirty: list[int],
-                moved: list[int]) -> list[Any]:
-        """``views`` (replaced in place) as of ``cutoff``, which may not decrease from call to call; ``dirty``
-        (replicas whose counts changed: emptied) and ``moved`` (advanced since the last call: left as it is) are
-        made again whatever their cutoff.  Returns ``views``."""
+    def refresh(self, cutoff: float, dirty: list[int], moved: list[int]) -> None:
+        """The figures as of ``cutoff``, which may not decrease from call to call; ``dirty`` (replicas whose counts
+        changed: emptied) and ``moved`` (advanced since the last call: left as it is) are read again whatever their
+        cutoff."""
+        self.cutoff = cutoff
         until = self.until
+        inner = self.inner
+        exact = self.exact
         stale = -math.inf
         for r in dirty:
             until[r] = stale
@@ -258,14 +270,59 @@ class MetricViews:
             until[r] = stale
         for r in range(len(until)):
             if until[r] <= cutoff:
-                rep = replicas[r]
-                waiting, running, used, nxt = rep.metrics_at(cutoff)
-                until[r] = nxt
-                assigned = rep.assigned
-                views[r] = _new_tuple(ReplicaView, (r, assigned, assigned - rep.ended_pub, waiting, running,
-                                                    used / rep.scheduler.pool.num_blocks))
+                self._read(r)
+            elif inner[r] <= cutoff:
+                exact[r] = False
         dirty.clear()
-        return views
+
+    def _read(self, r: int) -> None:
+        rep = self.replicas[r]
+        waiting, running, used, entry, inner = rep.metrics_at(self.cutoff)
+        self.waiting[r] = waiting
+        self.running[r] = running
+        self.usage[r] = used / rep.scheduler.pool.num_blocks
+        self.until[r] = entry
+        self.inner[r] = inner
+        self.exact[r] = True
+
+    def published(self) -> tuple[list[int], list[float]]:
+        """Every replica's published waiting count and KV usage (all read exactly)."""
+        exact = self.exact
+        for r in range(len(exact)):
+            if not exact[r]:
+                self._read(r)
+        return self.waiting, self.usage
+
+    def least_usage(self) -> list[int]:
+        """The replicas at the least published KV usage, in index order (``Router._pick_min``'s ties over the
+        views' ``kv_usage``), read again only where their bound could be the least: a bound above the least after
+        them is below the replica's exact figure too."""
+        usage = self.usage
+        exact = self.exact
+        n = len(usage)
+        while True:
+            best = min(usage)
+            read = False
+            for r in range(n):
+                if not exact[r] and usage[r] <= best:
+                    self._read(r)  # it grows, or stays
+                    read = True
+            if not read:
+                return [r for r in range(n) if usage[r] == best]
+
+    def __len__(self) -> int:
+        return len(self.until)
+
+    def __getitem__(self, r: int) -> Any:
+        if not self.exact[r]:
+            self._read(r)
+        rep = self.replicas[r]
+        assigned = rep.assigned
+        return _new_tuple(ReplicaView, (r, assigned, assigned - rep.ended_pub, self.waiting[r], self.running[r],
+                                        self.usage[r]))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([self[r] for r in range(len(self.until))])
 
 
 class Followed:
@@ -333,14 +390,14 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
               metrics_lag: float, follow: Callable[[int, int], None] | None,
               dirty: list[int], followed: Followed | None, moved: list[int]) -> float:
     """``FleetSimulation._route_all``'s loop (its docstring says what it does).  ``views``: the views list the
-    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`), or for a router that reads
-    engine metrics (``reads_metrics``) brought up to date at each arrival (:class:`MetricViews`, ``metrics_lag``
-    old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
+    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`); a router that reads engine
+    metrics (``reads_metrics``) is given a :class:`MetricViews` instead, brought up to date at each arrival
+    (``metrics_lag`` old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
     advanced, of the replicas that moved (``moved``).  Returns the last arrival's time."""
     route = router.route
     num = len(replicas)
     inf = math.inf
-    metrics = MetricViews(num) if reads_metrics else None
+    metrics = MetricViews(replicas) if reads_metrics else None
     #: When each replica next acts (a heap entry is live only while it matches this).
     due = [0.0] * num
     heap: list[tuple[float, int]] = [(0.0, r) for r in range(num)]
@@ -361,8 +418,9 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
             moved.extend(again)
             followed.notify(router, moved, now)
         if metrics is not None:
-            given = metrics.refresh(replicas, views, now - metrics_lag, dirty, again)
+            metrics.refresh(now - metrics_lag, dirty, again)
             again.clear()
+            given: Any = metrics
         else:
             again.clear()
             if dirty:

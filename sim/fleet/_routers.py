@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import Loads, least_costs, llm_d_ties
+from sim.fleet._loop import Loads, MetricViews, least_costs, llm_d_ties
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -136,17 +136,19 @@ class Router(abc.ABC):
     def on_complete(self, index: int, replica: int, now: float) -> None:  # noqa: B027 - optional hook
         """Request ``index``'s response ended (finished, aborted or rejected; ``tracks_requests`` routers only)."""
 
+    def _pick(self, ties: list[int]) -> int:
+        """One of ``ties`` (replicas at the best value, in index order), drawn at random (seeded) when several."""
+        return ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+
     def _pick_min(self, values: Sequence[float]) -> int:
         """The index of the smallest value, a tie broken at random (seeded)."""
         best = min(values)
-        ties = [i for i, v in enumerate(values) if v == best]
-        return ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+        return self._pick([i for i, v in enumerate(values) if v == best])
 
     def _pick_least_loaded(self, loads: _Loads) -> int:
         """:meth:`_pick_min` over the followed loads: the replicas at the least count in index order, one drawn
         when several (the same draw as the scan's)."""
-        ties = loads.at[loads.lo]
-        return ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+        return self._pick(loads.at[loads.lo])
 
 
 class _TieDraws:
@@ -327,6 +329,8 @@ class LeastKVUsage(Router):
     params = {"metrics_lag_s": Param(0.05, 0.0, 3600.0, doc="age of the scraped metrics (s)")}
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        if type(replicas) is MetricViews:  # the fleet's: the least found without reading every replica again
+            return self._pick(replicas.least_usage())
         return self._pick_min([r.kv_usage for r in replicas])
 
 
@@ -440,8 +444,12 @@ class LLMDWeighted(Router):
         blocks = request.prompt_tokens // request.block_size if request.block_size else 0
         # Scored in one compiled pass (``llm_d_ties``); no hash matches anywhere (prefix 0) when there are none.
         matched = [index.match(hashes, now) for index in self.indexes] if blocks and hashes else None
-        ties = llm_d_ties(replicas, matched, blocks, self.prefix_weight, self.kv_weight, self.queue_weight)
-        chosen = ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+        if type(replicas) is MetricViews:  # the fleet's: its columns, read by position
+            waiting, usage = replicas.published()
+        else:
+            waiting, usage = [r.num_waiting for r in replicas], [r.kv_usage for r in replicas]
+        chosen = self._pick(llm_d_ties(waiting, usage, matched, blocks, self.prefix_weight, self.kv_weight,
+                                       self.queue_weight))
         self.indexes[chosen].insert(hashes, now)
         return chosen
 
@@ -490,9 +498,8 @@ class DynamoKV(Router):
         else:  # no block can match
             overlaps = [0] * self.num_replicas
         if self._compiled:
-            ties = least_costs(self.prefill_tokens, self.active_blocks, overlaps if hashes else None, prompt, bs,
-                               new_blocks, self.prefill_load_scale, self.overlap_credit)
-            chosen = ties[0] if len(ties) == 1 else ties[self._draw(len(ties))]
+            chosen = self._pick(least_costs(self.prefill_tokens, self.active_blocks, overlaps if hashes else None,
+                                            prompt, bs, new_blocks, self.prefill_load_scale, self.overlap_credit))
         else:
             chosen = self._pick_min(self._costs_scan(prompt, bs, new_blocks, overlaps))
         uncached = max(0, prompt - overlaps[chosen] * bs)

@@ -322,7 +322,7 @@ def test_kept_metric_views_are_those_made_again(router, lag, batch):
 
     def spy(request, replicas):
         for rep in fleet.replicas:
-            waiting, running, used, _ = rep.metrics_at(request.arrival_s - lag)
+            waiting, running, used, _, _ = rep.metrics_at(request.arrival_s - lag)
             assert replicas[rep.index] == ReplicaView(rep.index, rep.assigned, rep.assigned - rep.ended_pub, waiting,
                                                       running, used / rep.scheduler.pool.num_blocks)
         checked.append(request.index)
@@ -331,6 +331,32 @@ def test_kept_metric_views_are_those_made_again(router, lag, batch):
     fleet.router.route = spy
     fleet.run()
     assert checked == list(range(300))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.03), st.integers(1, 300), st.integers(1, 120)), min_size=1, max_size=50),
+       st.integers(1, 6), st.sampled_from([0.0, 0.004, 0.05]), st.sampled_from([4, 64]))
+def test_the_least_kv_usage_read_lazily_is_the_least_published(rows, replicas, lag, max_num_seqs):
+    """``MetricViews.least_usage`` (a replica inside a run of decode steps, whose blocks in use only grow there,
+    read again only where its last figure could be the least) finds the replicas at the least published KV usage,
+    in index order, that reading every replica afresh finds: at each arrival of a fleet behind least_kv_usage."""
+    t, data = 0.0, []
+    for gap, prompt, output in rows:
+        t += gap
+        data.append((t, prompt, output))
+    fleet = FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=max_num_seqs), MODEL, GPU,
+                            replicas=replicas, router="least_kv_usage", router_params={"metrics_lag_s": lag},
+                            latency=LinearStepModel(0.01, 1e-5))
+    route = fleet.router.route
+
+    def spy(request, views):
+        lazy = views.least_usage()
+        fresh = [rep.metrics_at(request.arrival_s - lag)[2] / rep.scheduler.pool.num_blocks for rep in fleet.replicas]
+        assert lazy == [r for r, usage in enumerate(fresh) if usage == min(fresh)]
+        return route(request, views)
+
+    fleet.router.route = spy
+    fleet.run()
 
 
 def _shown(router, lag, batch, workload, config=None, replicas=3):
@@ -468,8 +494,9 @@ def test_the_loops_views_are_the_named_tuples():
     refresh_counts(fleet.replicas, given, [1], None)
     assert type(given[1]) is ReplicaView and given[1] == ReplicaView(1, 5, 3)
     rep.history = deque([(0.0, 4, 1, 30, None)])
-    MetricViews(2).refresh(fleet.replicas, given, 0.5, [1], [])
-    assert type(given[1]) is ReplicaView and given[1] == ReplicaView(
+    metrics = MetricViews(fleet.replicas)
+    metrics.refresh(0.5, [1], [])
+    assert type(metrics[1]) is ReplicaView and metrics[1] == ReplicaView(
         1, 5, 3, 4, 1, 30 / rep.scheduler.pool.num_blocks)
     router = make_router("round_robin", {}, 2)
     seen = []
