@@ -10,7 +10,7 @@ are affine along the run, with numpy otherwise), so simulation work grows with e
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from sim.engine.scheduler_v1 import V1Scheduler
 from sim.latency import PART_NAMES, LatencyModel, StepParts
 
 #: Most decode steps batched in one computation (bounds the numpy arrays).
-MAX_RUN_STEPS = 4096
+MAX_RUN_STEPS: Final = 4096  # (Final: a C static, see prefix_pool._NO_IDS)
 #: Step rows buffered before they are handed to ``on_rows`` (when the step table is not kept).
 ROWS_CHUNK = 65536
 

@@ -30,6 +30,8 @@ The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for pr
 
 from __future__ import annotations
 
+from typing import Final
+
 from sim.engine.request import Request
 
 
@@ -54,8 +56,9 @@ def own_key(req: Request) -> int:
     return (index << 25) | (1 + 2 * ((index * 0x9E3779B1) & 0x7FFFFF))
 
 
-#: A slot's ``ids`` when it is not a run entry.
-_NO_IDS: list[int] = []
+#: A slot's ``ids`` when it is not a run entry.  ``Final`` (here and for the other constants read on the engine's
+#: per-step paths): a C static in the compiled module, not a lookup in its globals dict at each read.
+_NO_IDS: Final[list[int]] = []
 
 
 class _Slot:

@@ -8,13 +8,15 @@ preempted itself.  Waiting requests are admitted only in steps that preempted no
 
 from __future__ import annotations
 
+from typing import Final
+
 from sim.engine.config import EngineConfig
 from sim.engine.request import Request, Status
 from sim.engine.scheduler_base import BaseScheduler, SchedulerOutput
 
 
 #: No prefix-cache hits (a unique prompt's admission; PrefixBlockPool.lookup returns hits as a list of block ids).
-_NO_HITS: list[int] = []
+_NO_HITS: Final[list[int]] = []  # (Final: a C static, see prefix_pool._NO_IDS)
 
 
 class V1Scheduler(BaseScheduler):
@@ -106,7 +108,7 @@ class V1Scheduler(BaseScheduler):
                 # not appended until update_from_output, after this schedule() (see _known_tokens).
                 end = req.num_computed_tokens + num_new
                 known = self._known_tokens(req, now)
-                pool.cache_blocks(req, end if end < known else known)
+                self._prefix_pool().cache_blocks(req, end if end < known else known)
             if num_new != 1 or req.num_computed_tokens < req.prompt_tokens:
                 all_decode = False
             self._account(out, req, num_new)
@@ -149,7 +151,7 @@ class V1Scheduler(BaseScheduler):
         """``req`` takes its ``gpu_hit`` cached leading blocks and fresh ones up to ``total``."""
         pool = self.pool
         if self.blocks_hashed:
-            pool.touch(req, hit_ids)
+            self._prefix_pool().touch(req, hit_ids)
         elif gpu_hit:
             pool.reuse_cached(req.index, gpu_hit)
         pool.allocate(total - gpu_hit)
@@ -184,7 +186,7 @@ class V1Scheduler(BaseScheduler):
         req.blocks += need
         if self.blocks_hashed:
             end = computed + num_new
-            self.pool.cache_blocks(req, end if end < num_tokens else num_tokens)
+            self._prefix_pool().cache_blocks(req, end if end < num_tokens else num_tokens)
         self._mark_scheduled(req, now)
         self._account(out, req, num_new)
         return True
@@ -230,9 +232,10 @@ class V1Scheduler(BaseScheduler):
         hit_ids = _NO_HITS
         if self.blocks_hashed:
             # Shared prefixes: blocks keyed by content, possibly computed (or being computed) by other requests.
-            hit_ids = pool.lookup(req, max_hit)
+            prefix_pool = self._prefix_pool()
+            hit_ids = prefix_pool.lookup(req, max_hit)
             gpu_hit = len(hit_ids)
-            hit_active = gpu_hit - pool.num_evictable(hit_ids)  # hits on blocks in use cost no free block
+            hit_active = gpu_hit - prefix_pool.num_evictable(hit_ids)  # hits on blocks in use cost no free block
         else:
             # Unique prompts: a resumed request re-hits its own surviving full blocks.
             gpu_hit = min(pool.cached_prefix(req.index), max_hit)
@@ -272,7 +275,7 @@ class V1Scheduler(BaseScheduler):
         self._take_blocks(req, hit_ids, gpu_hit, need, computed)
         if self.blocks_hashed:
             end = computed + num_new
-            pool.cache_blocks(req, end if end < num_tokens else num_tokens)
+            self._prefix_pool().cache_blocks(req, end if end < num_tokens else num_tokens)
         if load:
             req.swapped_in_blocks += load
             out.swap_in_blocks += load
