@@ -504,7 +504,9 @@ def export_study(spec: StudySpec, *, storage: str | None = None, out: str | Path
     unused = unused_host_tier(knobs, fresh.get("recommended"))
     if unused:
         notes.append(unused)
-    robust = robustness(ctx, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx))
+    robust = robustness(ctx, knobs, spec.fixed_knobs(), lambda m: shortfalls(m, ctx),
+                        nominal=None if pick.keep_default else (fresh.get("recommended"), fresh.get("default")),
+                        engine_spread=spec.engine_spread)
     change = (capacity_change(spec, ctx, backend) if not pick.feasible and capacity_search
               and not spec.backend.is_replay else None)
 

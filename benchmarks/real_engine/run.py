@@ -58,8 +58,8 @@ from scale import COUNT_METRICS, error  # noqa: E402  (relative errors; counts o
 from bench_config import BenchConfig, predicted_metrics  # noqa: E402
 from matrix import (CLOSED_LOOP_BASELINE, CONFIGS, METRICS, QUICK_CONFIGS, QUICK_WORKLOAD, SCALE,  # noqa: E402
                     SCALE_LOOP_BASELINE, SCALE_LOOP_WORKLOAD, SMALL_WORKLOADS, dedicated_coefficients, measure,
-                    measured_metrics, out_scale, predict, profile_device, profile_fit, recommended_config, replays,
-                    repeats_of, run_dir, scale_configs, simulate_run)
+                    export_within_noise, measured_metrics, out_scale, predict, prediction_modes, profile_device, profile_fit,
+                    recommended_config, replays, repeats_of, run_dir, scale_configs, simulate_run)
 from quick import quick_calibration, quick_checks, quick_profile_path  # noqa: E402
 from workloads import SCALE_REQUESTS, WORKLOADS, build  # noqa: E402
 
@@ -85,10 +85,6 @@ def spearman(a, b) -> float:
     return float(a[ok].rank().corr(b[ok].rank()))
 
 
-#: ``raw``: the profile as fitted, at the CPU share the engine had during calibration (the machine as loaded as
-#: then); ``normalized``: at the share the engine had in the run itself (its worker's CPU seconds over the run's
-#: span, the measure the calibration used), which takes other jobs' load out of the comparison on a loaded machine.
-MODES = ("raw", "normalized")
 
 
 def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
@@ -97,11 +93,12 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
     client = ClientLatency(offset_s=prof.client_offset_s)  # as kvtune simulate --profile adds it
     cal_share = float(profile_fit(args.profile).get("cpu_share_median") or math.nan)
     dedicated = dedicated_coefficients(args.profile, prof)
-    rows = {mode: [] for mode in MODES}
+    modes, skipped = prediction_modes(args.profile)
+    rows = {mode: [] for mode in modes}
     for cfg in configs:
         for w in [w for w in workloads if replays(cfg, w)]:
             workload = build(w, args.pace, args.requests)
-            meas, pred, shares, on_core = [], {mode: [] for mode in MODES}, [], []
+            meas, pred, shares, on_core = [], {mode: [] for mode in modes}, [], []
             for rep in range(repeats_of(args, cfg.name, w)):
                 path = run_dir(args.out, cfg.name, w, rep)
                 if not (path / "replay.json").is_file():
@@ -113,13 +110,13 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
                 share = cpu_share(result)
                 shares.append(share)
                 on_core.append(contended_share(result))
-                for mode in MODES:
+                for mode in modes:
                     coefficients = prof.coefficients if mode == "raw" else at_cpu_share(dedicated, share)
                     pred[mode].append(predict(workload, cfg, model, gpu, coefficients, client, rep))
             if not meas:
                 continue
             m = pd.DataFrame(meas)
-            for mode in MODES:
+            for mode in modes:
                 p = pd.DataFrame(pred[mode])
                 row = {"config": cfg.name, "workload": w, "repeats": len(meas),
                        "engine_cpu_share": float(np.nanmedian(shares)) if shares else math.nan,
@@ -132,8 +129,8 @@ def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
                     row[f"{metric}.err"] = error(row[f"{metric}.pred"], row[f"{metric}.meas"], metric)
                 rows[mode].append(row)
     doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "calibration_cpu_share": cal_share,
-           "modes": {}}
-    for mode in MODES:
+           "modes": {}, "modes_left_out": skipped}
+    for mode in modes:
         df = pd.DataFrame(rows[mode])
         summary = {"median_abs_error": {}, "spearman": {}}
         if len(df):
@@ -162,11 +159,12 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
     client = ClientLatency(offset_s=prof.client_offset_s)
     fit = profile_fit(args.profile)
     dedicated = dedicated_coefficients(args.profile, prof)
-    rows = {mode: [] for mode in MODES}
+    modes, skipped = prediction_modes(args.profile)
+    rows = {mode: [] for mode in modes}
     for cfg in configs:
         for w in [w for w in workloads if replays(cfg, w)]:
             workload = build(w, args.pace, args.requests)
-            meas_runs, pred_runs, runs = [], {mode: [] for mode in MODES}, []
+            meas_runs, pred_runs, runs = [], {mode: [] for mode in modes}, []
             for rep in range(args.repeats):
                 path = run_dir(args.out, cfg.name, w, rep)
                 if not (path / "replay.json").is_file():
@@ -176,7 +174,7 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
                 m["prefix_hit_tokens"] = float(result.counter_delta("prefix_cache_hits_total"))
                 meas_runs.append({"metrics": m, "requests": result.requests})
                 share = cpu_share(result)
-                for mode in MODES:
+                for mode in modes:
                     coefficients = prof.coefficients if mode == "raw" else at_cpu_share(dedicated, share)
                     req = simulate_run(workload, cfg, model, gpu, coefficients, client, rep)
                     p = predicted_metrics(req)
@@ -186,21 +184,23 @@ def scale_report(args, configs: list[BenchConfig], workloads: list[str]) -> dict
                 runs.append({"rep": rep, "makespan_s": span, "load_avg_1m": result.info.get("load_avg_1m"),
                              "engine_cpu_share": share, "engine_on_core": contended_share(result)})
             if meas_runs:
-                for mode in MODES:
+                for mode in modes:
                     rows[mode].append({"config": cfg.name, "workload": w, "knobs": asdict(cfg), "runs": runs,
                                        **scale.cell(meas_runs, pred_runs[mode])})
     doc = {"profile": str(args.profile), "client_offset_s": client.offset_s, "device": profile_device(args.profile),
            "pace": args.pace, "requests": args.requests,
            "calibration_cpu_share": float(fit.get("cpu_share_median") or math.nan),
-           "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "modes": {}}
-    for mode in MODES:
+           "bootstrap": {"resamples": scale.BOOT_RESAMPLES, "seed": scale.BOOT_SEED}, "modes": {},
+           "modes_left_out": skipped}
+    for mode in modes:
         part = {"rows": rows[mode], "summary": scale.summarize(rows[mode]) if rows[mode] else {}, "closed_loop": None}
         cells = {r["config"]: r for r in rows[mode] if r["workload"] == SCALE_LOOP_WORKLOAD}
         if SCALE_LOOP_BASELINE in cells and "recommended" in cells:
             part["closed_loop"] = {"workload": SCALE_LOOP_WORKLOAD, "baseline": SCALE_LOOP_BASELINE,
                                    "recommended": "recommended",
                                    "gains": scale.closed_loop(cells, SCALE_LOOP_BASELINE, "recommended",
-                                                              ("output_tok_s", "e2e_p99", "ttft_p99", "preemptions"))}
+                                                              ("output_tok_s", "e2e_p99", "ttft_p99", "preemptions"),
+                                                              export_within_noise(args.out))}
         doc["modes"][mode] = part
     return doc
 
@@ -212,6 +212,7 @@ def format_scale_report(doc: dict) -> str:
         if part["summary"]:
             lines += [""] + scale.format_summary(part["summary"], part["closed_loop"])
         lines.append("")
+    lines += _left_out(doc)
     runs = [(r["config"], r["workload"], x) for r in doc["modes"]["raw"]["rows"] for x in r["runs"]]
     if runs:
         lines.append("runs: " + "; ".join(f"{c}/{w}/{x['rep']} {x['makespan_s']:.0f}s load {x['load_avg_1m'] or 0:.1f} "
@@ -226,7 +227,11 @@ def format_report(doc: dict) -> str:
         lines.append("")
         lines += _format_part(part)
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _left_out(doc))
+
+
+def _left_out(doc: dict) -> list[str]:
+    return [f"### predictions {mode}: left out: {why}" for mode, why in doc.get("modes_left_out", {}).items()]
 
 
 def _format_part(doc: dict) -> list[str]:

@@ -354,6 +354,10 @@ def _robustness_table(data: ReportData) -> str:
                      _num(rec), _num(base), {True: "yes", False: "<b>no</b>", None: "-"}[r["beats_default"]]])
     verdict = (f"Meets its SLOs under every perturbation: {'yes' if robust['meets_slos_under_all'] else 'no'}; "
                f"beats the default under every perturbation: {'yes' if robust['beats_default_under_all'] else 'no'}.")
+    if robust.get("gain_within_engine_spread"):
+        verdict += (f" Within noise: the predicted throughput gain over the default, {robust['predicted_gain']:+.1%}, "
+                    f"is within the engine's run-to-run spread (+/-{robust['engine_spread']:.1%}): a measurement "
+                    "should not expect to see it.")
     return (f"<h2>Robustness of the recommendation</h2><p>{_e(verdict)} {_e(robust.get('note', ''))}.</p>"
             + _table(header, rows, left=3))
 
