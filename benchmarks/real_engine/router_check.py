@@ -218,19 +218,53 @@ def measure(args, policy: str, urls: list[str], workload: Workload, out: Path) -
             "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
 
 
-def simulate(args, router: str, workload: Workload) -> dict:
-    config = EngineConfig(block_size=BLOCK, max_model_len=2048, num_gpu_blocks_override=args.blocks,
-                          max_num_seqs=args.max_num_seqs, enable_prefix_caching=True)
-    profile = read_profile(args.profile)
-    res = simulate_fleet(workload, config, load_model(str(args.model)), load_gpu(profile.gpu or "vllm-cpu-1core"),
-                         replicas=2, router=router, coefficients=profile.coefficients, seed=0)
+def simulate(args, router: str, workload: Workload, step_scale: float = 1.0) -> dict:
+    """kvtune's fleet on the run's trace with ``router``; every step time of the profile times ``step_scale``."""
+    res = _simulate_fleet(args, router, workload, step_scale)
     reps = res.replicas
     ttft = res.requests["ttft_s"].dropna()
-    return {"router": router, "replica_of": res.requests["replica"].tolist(),
+    return {"router": router, "step_scale": step_scale, "replica_of": res.requests["replica"].tolist(),
             "replicas": [{"requests": int(reps["requests"][r]), "hit_rate": float(reps["prefix_hit_rate"][r])}
                          for r in range(len(reps))],
             "fleet_hit_rate": float(res.fleet["prefix_hit_rate"]),
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99))}
+
+
+def _simulate_fleet(args, router: str, workload: Workload, step_scale: float):
+    from replay.calibrate import at_cpu_share
+
+    config = EngineConfig(block_size=BLOCK, max_model_len=2048, num_gpu_blocks_override=args.blocks,
+                          max_num_seqs=args.max_num_seqs, enable_prefix_caching=True)
+    profile = read_profile(args.profile)
+    coefficients = at_cpu_share(profile.coefficients, 1.0 / step_scale)  # every step time x step_scale
+    return simulate_fleet(workload, config, load_model(str(args.model)), load_gpu(profile.gpu or "vllm-cpu-1core"),
+                          replicas=2, router=router, coefficients=coefficients, seed=0)
+
+
+#: ``--fit-speed``: the step-time factor is searched in [1/SPEED_RANGE, SPEED_RANGE], to this relative precision.
+SPEED_RANGE, SPEED_TOL = 20.0, 1e-3
+
+
+def fit_speed(args, real: dict, workload: Workload) -> float:
+    """The factor on every step time of the profile at which kvtune's round-robin fleet gives the measured
+    round-robin run's median time in flight (a request's send to its response's end: what a router counts as
+    load).  Round robin routes the same whatever the engines' speed, so its run measures how fast these engines
+    were under this machine's load, and cache_aware, which routes by that load, is then predicted held out.
+    Bisection on the factor's logarithm (the median grows with it)."""
+    inflight = [e - s for s, e in zip(real["sent_s"], real["end_s"]) if s is not None and e is not None]
+    target = float(np.median(inflight))
+
+    def median_e2e(scale: float) -> float:
+        return float(_simulate_fleet(args, "round_robin", workload, scale).requests["e2e_s"].median())
+
+    lo, hi = np.log(1.0 / SPEED_RANGE), np.log(SPEED_RANGE)
+    if not median_e2e(np.exp(lo)) <= target <= median_e2e(np.exp(hi)):
+        raise SystemExit(f"router_check.py: --fit-speed: the measured median time in flight {target:.3f} s is "
+                         f"outside what step times x1/{SPEED_RANGE:g}..x{SPEED_RANGE:g} give")
+    while hi - lo > SPEED_TOL:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if median_e2e(float(np.exp(mid))) < target else (lo, mid)
+    return float(np.exp((lo + hi) / 2))
 
 
 def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
@@ -351,6 +385,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-only", action="store_true", help="print the simulated side only (no engines)")
     ap.add_argument("--report-only", action="store_true",
                     help="compare OUT/router_check.json's measurements with fresh simulations (no engines)")
+    ap.add_argument("--fit-speed", action="store_true",
+                    help="scale the profile's step times so that the simulated round-robin run matches the measured "
+                         "one's median time in flight, then predict cache_aware with that speed (the round-robin "
+                         "run measures these engines' speed under this machine's load)")
     args = ap.parse_args(argv)
     args.model, args.profile = Path(args.model), Path(args.profile)
     bad = [f"--{k.replace('_', '-')} must be >= {low}" for k, low in
@@ -403,8 +441,9 @@ def workload_params(args) -> dict:
 def report_from(args, workload: Workload) -> int:
     """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
     ``OUT/router_check.json``."""
-    results = []
-    for saved in json.loads((args.out / "router_check.json").read_text()):
+    results, scale = [], 1.0
+    saved_runs = json.loads((args.out / "router_check.json").read_text())
+    for saved in saved_runs:
         real = saved["measured"]
         if saved.get("workload"):  # the run's own trace and engine sizes (runs before 2026-12-06 used the flags')
             for key, value in saved["workload"].items():
@@ -412,7 +451,12 @@ def report_from(args, workload: Workload) -> int:
             workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate,
                                               args.seed)
         router = dict(POLICIES)[real["policy"]]
-        sim = simulate(args, router, workload)
+        if args.fit_speed and router == "round_robin":
+            if not real.get("sent_s"):
+                raise SystemExit("router_check.py: --fit-speed: the round-robin run records no send and end times")
+            scale = fit_speed(args, real, workload)
+            print(f"speed fitted on the round-robin run: every step time of {args.profile.name} x{scale:.3f}")
+        sim = simulate(args, router, workload, scale)
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
                         "rule_check": rule_check(real, router, workload) if router != "round_robin" else None,
                         "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})

@@ -1,0 +1,32 @@
+"""router_check.py's offline parts: the speed fitted on the round-robin run (issue 31's real-router check)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+from real_engine_helpers import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def rc():
+    return load_benchmark("router_check.py", "real_engine_router_check")
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_fit_speed_recovers_the_step_time_factor_of_a_round_robin_run(rc, tmp_path, scale):
+    # A "measured" round-robin run that is kvtune's own fleet with every step time x scale: the fit finds scale
+    # again from the run's median time in flight (send to end), the load a router counts.
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"coefficients": {"mfu": 0.05, "bw_eff": 0.2}}))
+    args = argparse.Namespace(profile=profile, model="Llama-2-7B", blocks=300, max_num_seqs=32)
+    workload = rc.shared_prefix_workload(80, 4, 4, 2.0, 3)
+    req = rc._simulate_fleet(args, "round_robin", workload, scale).requests
+    real = {"sent_s": req["arrival_s"].tolist(), "end_s": (req["arrival_s"] + req["e2e_s"]).tolist()}
+    assert rc.fit_speed(args, real, workload) == pytest.approx(scale, rel=0.02)
+    assert rc.simulate(args, "sglang_cache_aware", workload, scale)["step_scale"] == scale
+    # a run slower than the search range allows is refused, not clipped
+    far = {"sent_s": real["sent_s"], "end_s": [s + 1e6 for s in real["sent_s"]]}
+    with pytest.raises(SystemExit, match="outside what step times"):
+        rc.fit_speed(args, far, workload)
