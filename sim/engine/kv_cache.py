@@ -87,11 +87,12 @@ class LinkedLru:
         """Store ``num_blocks`` leading blocks of ``key`` as the most recent entry (replacing an older one)."""
         entries = self._entries
         if key >= len(entries):
-            entries.extend([_UNUSED] * (max(key + 1, 2 * len(entries), 1024) - len(entries)))
+            _grow(entries, key + 1)
         entry = entries[key]
         if entry.count <= 0 and num_blocks <= 0:
             return
-        entry = _own(entries, key)
+        if entry is _UNUSED:
+            entry = entries[key] = _Entry()
         if entry.count > 0:
             self.num_blocks -= entry.count
             entry.count = 0
@@ -235,6 +236,12 @@ class _Entry:
 #: as an object per key that was 2M objects at 64 replicas on the Azure trace, and full garbage collections took
 #: 0.63 of a 1.0 s run (64 x round_robin, prefix caching on; issue 31's fleet speed notes).
 _UNUSED: Final = _Entry()  # (Final: a C static in the compiled module, not a lookup in its globals per use)
+
+
+def _grow(entries: list[_Entry], size: int) -> None:
+    """Extend ``entries`` in place with :data:`_UNUSED` to at least ``size`` (doubling, 1,024 at least: amortized
+    O(1) per key), for :class:`LinkedLru` and :class:`CpuBlockTier`."""
+    entries.extend([_UNUSED] * (max(size, 2 * len(entries), 1024) - len(entries)))
 
 
 def _own(entries: list[_Entry], key: int) -> _Entry:
@@ -417,7 +424,7 @@ class CpuBlockTier:
             if n > capacity:
                 n = capacity
             if key >= size:  # (per key: ``max(keys)`` compared the boxed ints through the interpreter)
-                self._grow(key + 1)  # (extends ``entries`` in place)
+                _grow(entries, key + 1)
                 size = len(entries)
             entry = _own(entries, key)
             have = entry.count
@@ -470,10 +477,6 @@ class CpuBlockTier:
             stored += new
         self._head, self._tail, self._total = head, tail, total
         return stored
-
-    def _grow(self, size: int) -> None:
-        more = max(size, 2 * len(self._entries), 1024) - len(self._entries)
-        self._entries.extend([_UNUSED] * more)
 
     def take_copied(self, key: int) -> int:
         """Blocks copied for ``key`` since the last call (0 if none), and forget them."""
