@@ -442,8 +442,7 @@ def report_from(args, workload: Workload) -> int:
     """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
     ``OUT/router_check.json``."""
     results, scale = [], 1.0
-    saved_runs = json.loads((args.out / "router_check.json").read_text())
-    for saved in saved_runs:
+    for saved in json.loads((args.out / "router_check.json").read_text()):
         real = saved["measured"]
         if saved.get("workload"):  # the run's own trace and engine sizes (runs before 2026-12-06 used the flags')
             for key, value in saved["workload"].items():

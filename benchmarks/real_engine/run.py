@@ -58,8 +58,8 @@ from scale import COUNT_METRICS, error  # noqa: E402  (relative errors; counts o
 from bench_config import BenchConfig, predicted_metrics  # noqa: E402
 from matrix import (CLOSED_LOOP_BASELINE, CONFIGS, METRICS, QUICK_CONFIGS, QUICK_WORKLOAD, SCALE,  # noqa: E402
                     SCALE_LOOP_BASELINE, SCALE_LOOP_WORKLOAD, SMALL_WORKLOADS, dedicated_coefficients, measure,
-                    export_within_noise, measured_metrics, out_scale, predict, prediction_modes, profile_device, profile_fit,
-                    recommended_config, replays, repeats_of, run_dir, scale_configs, simulate_run)
+                    export_within_noise, measured_metrics, out_scale, predict, prediction_modes, profile_device,
+                    profile_fit, recommended_config, replays, repeats_of, run_dir, scale_configs, simulate_run)
 from quick import quick_calibration, quick_checks, quick_profile_path  # noqa: E402
 from workloads import SCALE_REQUESTS, WORKLOADS, build  # noqa: E402
 
@@ -83,8 +83,6 @@ def spearman(a, b) -> float:
     if ok.sum() < 3:
         return math.nan
     return float(a[ok].rank().corr(b[ok].rank()))
-
-
 
 
 def report(args, configs: list[BenchConfig], workloads: list[str]) -> dict:
