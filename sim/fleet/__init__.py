@@ -66,12 +66,15 @@ left unfinished.  The fleet has no progress callback and no streamed step sink y
 
 A new router subclasses :class:`Router` (``route(request, replicas) -> int`` over a :class:`RequestView` and one
 :class:`ReplicaView` per replica: only what a real router sees at the arrival) and registers with
-:func:`register_router`.
+:func:`register_router`.  ``replicas`` may be any sequence of views; :func:`replica_views` gives it as a
+:class:`ReplicaViews`, whose ``least_usage()`` and ``published()`` read every replica at once (the fleet's own
+views answer them from their columns, a plain sequence view by view, with the same result).
 """
 
 from __future__ import annotations
 
 from sim.fleet._fleet import FleetResult, FleetSimulation, replica_summary, simulate_fleet
+from sim.fleet._loop import ReplicaViews, replica_views
 from sim.fleet._routers import Param, Router, make_router, register_router, router_class, router_names
 from sim.fleet._views import ReplicaView, RequestView
 
@@ -80,11 +83,13 @@ __all__ = [
     "FleetSimulation",
     "Param",
     "ReplicaView",
+    "ReplicaViews",
     "RequestView",
     "Router",
     "make_router",
     "register_router",
     "replica_summary",
+    "replica_views",
     "router_class",
     "router_names",
     "simulate_fleet",

@@ -1,6 +1,7 @@
 """The fleet's run loops, compiled with the engine (``sim._compiled.COMPILED``): behind a router that decides at each
 arrival (``FleetSimulation._route_all``: :func:`route_all`, with the views it hands the router) and behind one that
-routed every request before the run (:func:`preroute`, :func:`run_routed`); and the cost and score passes of
+routed every request before the run (:func:`preroute`, :func:`run_routed`); the views a router reads every replica's
+figures through (:class:`ReplicaViews`, and the fleet's :class:`MetricViews`); and the cost and score passes of
 ``DynamoKV`` (:func:`least_costs`) and ``LLMDWeighted`` (:func:`llm_d_ties`).  Their calls into the replicas
 (``EngineLoop.advance``, ``cut``, ``add``) and the request store are native calls, and only the router's own
 methods run interpreted.  The interpreted source is the same code (``KVTUNE_PURE_PYTHON``), so decisions cannot
@@ -11,8 +12,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 from sim.engine.request import FINAL_STATUSES, Request
 from sim.fleet._views import ReplicaView, RequestView
@@ -225,8 +228,54 @@ def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int
     dirty.clear()
 
 
-class MetricViews:
-    """Each replica as a router that reads engine metrics sees it (a sequence of :class:`ReplicaView`, made on
+# Compiled, and subclassed by interpreted views (a user's) as well as by the fleet's own (MetricViews).
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ReplicaViews:
+    """The replicas as a router sees them at an arrival: a read-only sequence of :class:`ReplicaView` (``len``,
+    ``views[r]``, iteration), and the reads of every replica at once that routers make (:meth:`least_usage`,
+    :meth:`published`).
+
+    ``ReplicaViews(views)`` wraps any sequence of views (what a test, a user or ``kvtune replay`` hands a router)
+    and makes those reads one view at a time.  The fleet hands a router that reads engine metrics its
+    :class:`MetricViews`, which keeps the published figures in columns and makes the same reads without making a
+    view.  A router takes whatever sequence it is given through :func:`replica_views` and calls the reads on it.
+    A subclass implements ``__len__`` and ``__getitem__`` (and may leave ``views`` unset) and inherits the generic
+    reads, or makes its own: each must give what the generic one gives on the same views."""
+
+    def __init__(self, views: Sequence[Any] = ()) -> None:
+        self.views = views
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, r: int) -> Any:
+        return self.views[r]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([self[r] for r in range(len(self))])
+
+    def least_usage(self) -> list[int]:
+        """The replicas at the least published KV usage (``kv_usage``), in index order."""
+        usage: list[Any] = [self[r].kv_usage for r in range(len(self))]
+        best = min(usage)
+        return [r for r in range(len(usage)) if usage[r] == best]
+
+    def published(self) -> tuple[list[Any], list[Any]]:
+        """Every replica's published waiting count (``num_waiting``) and KV usage (``kv_usage``), by position."""
+        views = [self[r] for r in range(len(self))]
+        return [v.num_waiting for v in views], [v.kv_usage for v in views]
+
+
+def replica_views(replicas: Sequence[Any]) -> ReplicaViews:
+    """``replicas`` as a :class:`ReplicaViews`: itself if it is one, else a sequence of :class:`ReplicaView`
+    wrapped (``ReplicaViews(replicas)``)."""
+    if isinstance(replicas, ReplicaViews):
+        return replicas
+    return ReplicaViews(replicas)
+
+
+class MetricViews(ReplicaViews):
+    """Each replica as a router that reads engine metrics sees it (a :class:`ReplicaViews`, views made on
     demand): its own counts exact, the engine's metrics as published at the last step boundary at or before
     ``cutoff`` (the arrival less the router's lag; every boundary a replica published lies before the arrival:
     ``advance`` stops at the first at or after it; one inside a run of decode steps is computed from the run,

@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import Loads, MetricViews, least_costs, llm_d_ties
+from sim.fleet._loop import Loads, least_costs, llm_d_ties, replica_views
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -49,7 +49,10 @@ class Router(abc.ABC):
     """Picks the replica of each arriving request.
 
     ``route`` sees only the request and the replicas as a real router sees them (:class:`ReplicaView`), at the
-    request's arrival; it returns a replica index.  A router with ``needs_state = False`` decides from the request
+    request's arrival; it returns a replica index.  ``replicas`` is any sequence of views; a router that reads every
+    replica's published figures at once takes it through ``replica_views`` (a :class:`ReplicaViews`: the fleet's own,
+    which reads its columns, or a plain sequence wrapped, read view by view) and calls ``least_usage()`` or
+    ``published()`` on it.  A router with ``needs_state = False`` decides from the request
     and its own past decisions alone: the fleet routes every request through it before the run (then its views
     carry no load), which lets each replica look ahead to its own next arrival, as a single engine does.
     A router with ``reads_metrics = False`` reads only its own counts (``routed``, ``outstanding``): its views carry
@@ -329,9 +332,7 @@ class LeastKVUsage(Router):
     params = {"metrics_lag_s": Param(0.05, 0.0, 3600.0, doc="age of the scraped metrics (s)")}
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
-        if type(replicas) is MetricViews:  # the fleet's: the least found without reading every replica again
-            return self._pick(replicas.least_usage())
-        return self._pick_min([r.kv_usage for r in replicas])
+        return self._pick(replica_views(replicas).least_usage())
 
 
 @register_router
@@ -444,10 +445,7 @@ class LLMDWeighted(Router):
         blocks = request.prompt_tokens // request.block_size if request.block_size else 0
         # Scored in one compiled pass (``llm_d_ties``); no hash matches anywhere (prefix 0) when there are none.
         matched = [index.match(hashes, now) for index in self.indexes] if blocks and hashes else None
-        if type(replicas) is MetricViews:  # the fleet's: its columns, read by position
-            waiting, usage = replicas.published()
-        else:
-            waiting, usage = [r.num_waiting for r in replicas], [r.kv_usage for r in replicas]
+        waiting, usage = replica_views(replicas).published()
         chosen = self._pick(llm_d_ties(waiting, usage, matched, blocks, self.prefix_weight, self.kv_weight,
                                        self.queue_weight))
         self.indexes[chosen].insert(hashes, now)

@@ -2,7 +2,10 @@
 
 Nothing here reaches into an engine.  The fleet fills these in at the arrival's time from what a router in front
 of real engines would have by then: the request itself, its own dispatch and completion history, and the metrics
-each engine last published (with a reporting lag where the real router polls them).
+each engine last published (with a reporting lag where the real router polls them).  A router is handed one
+:class:`ReplicaView` per replica in a sequence; ``sim.fleet.ReplicaViews`` (compiled with the fleet's loop, in
+``sim.fleet._loop``, so that the fleet's own views can subclass it) is that sequence with the reads of every
+replica at once that routers make.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
-from sim.fleet import FleetSimulation, ReplicaView, RequestView, make_router, simulate_fleet
+from sim.fleet import (FleetSimulation, ReplicaView, ReplicaViews, RequestView, make_router, replica_views,
+                       simulate_fleet)
 from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
@@ -357,6 +358,70 @@ def test_the_least_kv_usage_read_lazily_is_the_least_published(rows, replicas, l
 
     fleet.router.route = spy
     fleet.run()
+
+
+class _UserViews(ReplicaViews):
+    """A user's views: a sequence of ``ReplicaView`` that implements only ``len`` and ``[r]`` (the reads are
+    ``ReplicaViews``'s generic ones)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, r):
+        return self.items[r]
+
+
+def test_replica_views_wraps_a_plain_sequence_and_keeps_views():
+    plain = views(waiting=[3, 1, 2], kv=[0.5, 0.2, 0.2])
+    wrapped = replica_views(plain)
+    assert type(wrapped) is ReplicaViews and list(wrapped) == plain and len(wrapped) == 3 and wrapped[1] == plain[1]
+    assert wrapped.least_usage() == [1, 2] and wrapped.published() == ([3, 1, 2], [0.5, 0.2, 0.2])
+    assert replica_views(wrapped) is wrapped
+    user = _UserViews(tuple(plain))
+    assert replica_views(user) is user and user.least_usage() == [1, 2] and list(user) == plain
+
+
+@pytest.mark.parametrize("router, lag, batch", [("least_kv_usage", 0.0, True), ("least_kv_usage", 0.05, True),
+                                                ("llm_d_weighted", 0.03, True), ("llm_d_weighted", 0.0, False)])
+def test_a_plain_list_of_views_gets_the_picks_the_fleets_views_get(router, lag, batch):
+    """A router handed plain views (a list, a tuple, a user's ``ReplicaViews`` subclass: read view by view through
+    ``ReplicaViews``'s generic reads, as a test, a user or ``kvtune replay`` hands them) picks, at every arrival of a
+    fleet, what the same router handed the fleet's own views (``MetricViews``, read from its columns and lazily)
+    picks: routers of one seed, one in the fleet and the others shown views made afresh from the replicas.  A small
+    KV cache (200 blocks), so that a few blocks move a replica's usage enough to change a pick."""
+    n = 6
+    rows = [(0.01 * i, 96 + 37 * (i % 5), 60 + i % 100) for i in range(300)]
+    workload = make_workload(rows)
+    workload.requests["hash_ids"] = [[i % 4 * 100, i % 4 * 100 + 1, 1000 + i] for i in range(300)]
+    params = {"metrics_lag_s": lag}
+    config = EngineConfig(enable_prefix_caching=True, num_gpu_blocks_override=200, max_model_len=1024)
+    fleet = FleetSimulation(workload, config, MODEL, GPU, replicas=n,
+                            router=router, router_params=params, latency=LinearStepModel(0.01, 1e-5),
+                            batch_decode_runs=batch, hash_block_tokens=32)
+    wraps = [list, tuple, _UserViews, ReplicaViews]
+    twins = [make_router(router, params, n) for _ in wraps]
+    route = fleet.router.route
+    picks = []
+
+    def spy(request, given):
+        assert type(given) is MetricViews
+        picked = route(request, given)
+        fresh = []
+        for rep in fleet.replicas:
+            waiting, running, used, _, _ = rep.metrics_at(request.arrival_s - lag)
+            fresh.append(ReplicaView(rep.index, rep.assigned, rep.assigned - rep.ended_pub, waiting, running,
+                                     used / rep.scheduler.pool.num_blocks))
+        assert [twin.route(request, wrap(fresh)) for twin, wrap in zip(twins, wraps)] == [picked] * len(wraps)
+        picks.append(picked)
+        return picked
+
+    fleet.router.route = spy
+    fleet.run()
+    assert len(picks) == 300 and len(set(picks)) == n
+    assert all(twin.rng.bit_generator.state == fleet.router.rng.bit_generator.state for twin in twins)
 
 
 def _shown(router, lag, batch, workload, config=None, replicas=3):
