@@ -544,15 +544,20 @@ class _Replay:
             text = _merge_texts(texts)
             if text is not None:
                 self.samples.append((now, text))
-            if self.router is not None and self.router.reads_metrics:
-                for r, one in enumerate(texts):
-                    if one:
-                        snap = parse_metrics(one, names=_ROUTER_SAMPLES)
-                        usage = snap.kv_usage()
-                        self.published[r] = (snap.total(WAITING) if snap.has(WAITING) else 0.0,
-                                             snap.total(RUNNING) if snap.has(RUNNING) else 0.0,
-                                             usage if usage == usage else 0.0)
+            self._publish(texts)
             await asyncio.sleep(interval)
+
+    def _publish(self, texts: list[str | None]) -> None:
+        """Each server's scraped figures, as a metric-reading router gets them (its last scrape of that server)."""
+        if self.router is None or not self.router.reads_metrics:
+            return
+        for r, one in enumerate(texts):
+            if one:
+                snap = parse_metrics(one, names=_ROUTER_SAMPLES)
+                usage = snap.kv_usage()
+                self.published[r] = (snap.total(WAITING) if snap.has(WAITING) else 0.0,
+                                     snap.total(RUNNING) if snap.has(RUNNING) else 0.0,
+                                     usage if usage == usage else 0.0)
 
     # ---- run -----------------------------------------------------------------------------------------
     async def run(self) -> ReplayResult:
@@ -575,6 +580,12 @@ class _Replay:
             before_texts = await self._scrape_all(session)
             before_text = _merge_texts(before_texts)
             before_at = loop.time()
+            # A metric-reading router has every server's figures from the first request on: the scrape before the
+            # run is its first (the sampler's first scrape can come after the first arrival is routed).
+            self._publish(before_texts)
+            unread = [url for url, pub in zip(self.urls, self.published) if pub is None]
+            if self.router is not None and self.router.reads_metrics and unread:
+                raise ServerError(f"{unread[0]} serves no /metrics, which router {self.router.name!r} reads")
             for url, text in zip(self.urls, before_texts):  # each server's own (a merged text sums them)
                 if not text:
                     continue

@@ -82,12 +82,29 @@ def test_cache_aware_keeps_sessions_together_as_the_fleet_model_does(two_twins):
     assert result.info["router_params"]["cache_threshold"] == pytest.approx(0.3)
 
 
-def test_router_reads_each_servers_metrics(two_twins):
+@pytest.mark.parametrize("interval", [0.05, 0.0])
+def test_router_reads_each_servers_metrics(two_twins, interval):
+    # With no sampler (interval 0) the router has only the scrape before the run: every server's figures from the
+    # first request on (the first arrival used to be routed before any scrape, and min() met a None).
     workload = _sessions_workload()
     result = replay(list(two_twins), workload, ReplayOptions(speed=SPEED, router="least_kv_usage",
-                                                             sample_interval_wall_s=0.05))
+                                                             sample_interval_wall_s=interval))
     assert set(result.requests["replica"]) <= {0, 1} and (result.requests["status"] == "finished").all()
     assert sum(r["requests"] for r in result.info["replicas"]) == 8
+
+
+def test_a_server_without_metrics_is_refused_before_a_metric_router_routes(two_twins, monkeypatch):
+    import replay.loadgen as loadgen
+
+    scrape = loadgen._Replay._scrape_all  # noqa: SLF001
+
+    async def second_silent(self, session):
+        texts = await scrape(self, session)
+        return [texts[0], None]
+
+    monkeypatch.setattr(loadgen._Replay, "_scrape_all", second_silent)  # noqa: SLF001
+    with pytest.raises(loadgen.ServerError, match="serves no /metrics, which router 'least_kv_usage' reads"):
+        replay(list(two_twins), _sessions_workload(), ReplayOptions(speed=SPEED, router="least_kv_usage"))
 
 
 @pytest.mark.parametrize("extra, flag, words", [
