@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from enum import Enum
+from typing import Final
+
+from mypy_extensions import i64
 
 
 class Status(str, Enum):
@@ -42,6 +45,29 @@ class Request:
         "last_token_s", "max_itl_s", "stalled_since", "preempted_s",
         "time_prefill_new_s", "time_recompute_s", "time_decode_s", "time_overhead_s", "decode_entry",
     )
+    # Token and block counts as ``i64``: machine integers in the compiled engine's object layout, read and written
+    # without the tag checks and reference counts of Python ints (the decode fast path and ``update_from_output``
+    # touch several of them per running request per step).  Interpreted, ``i64`` is ``int``; the values are token
+    # and block counts (or decode_columns.STALE_INT, -2**40), far below 2**63.  ``index`` stays ``int``: it is a key of
+    # dicts (the KV tiers), where an ``i64`` would be boxed anew at each read.
+    index: Final[int]
+    request_id: Final[int]
+    prompt_tokens: Final[i64]
+    output_tokens_target: Final[i64]
+    max_output: Final[i64]
+    num_output_tokens: i64
+    num_computed_tokens: i64
+    high_water: i64
+    blocks: i64
+    num_preemptions: i64
+    recomputed_tokens: i64
+    swapped_out_blocks: i64
+    swapped_in_blocks: i64
+    kv_blocks_peak: i64
+    prefix_hit_tokens: i64
+    preempted_hit_tokens: i64
+    processed_tokens: i64
+    appended_tokens: i64
 
     def __init__(
         self,
@@ -122,7 +148,7 @@ class Request:
         self.decode_entry: object = None
 
     @property
-    def num_tokens(self) -> int:
+    def num_tokens(self) -> i64:
         return self.prompt_tokens + self.num_output_tokens
 
     @property
