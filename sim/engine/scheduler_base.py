@@ -195,7 +195,7 @@ class BaseScheduler(ABC):
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
         done: list[Request] = []
-        grown = 0
+        grown: i64 = 0
         scheduled = out.scheduled
         bulk = out.bulk_decode
         if num_steps > 1:
@@ -212,7 +212,8 @@ class BaseScheduler(ABC):
                                               run_decode if shares is not None else None, run_overhead)
             segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
-                for req, one in segment:  # (``one``, not ``_``: see the single-step loop below)
+                for entry in cast(list[tuple], segment):  # (the request only: see the single-step loop below)
+                    req: Request = entry[0]
                     # Gaps: from its previous token to the run's first, then each step (the last is the longest).
                     gap = first_end_s - req.last_token_s
                     if gap < last_gap_s:
@@ -246,7 +247,8 @@ class BaseScheduler(ABC):
                     col_computed = cols.computed  # (not ``computed``, an int above: the compiled engine types locals)
                     for i in crossed.tolist():
                         prefix_pool.cache_blocks(cols.requests[i], int(col_computed[i]) - late)
-                for req, one in scheduled[ncol:]:
+                for entry in cast(list[tuple], scheduled[ncol:]):
+                    req = entry[0]
                     prefix_pool.cache_blocks(req, req.num_computed_tokens - late)
             if self.write_through:
                 self._store_run_blocks(out, num_steps)  # (before finished requests leave the columns)
@@ -267,10 +269,12 @@ class BaseScheduler(ABC):
                 # computed >= prompt and >= high_water, so none is a prefill chunk or a first token.  The same
                 # updates as the general loop below, without its branches.
                 per_dec, overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
-                # (Each entry's count is named ``one``, an int that the compiled engine keeps unboxed; ``_`` is typed
-                # ``object`` by mypyc, so the count was boxed for every request of every step: ~2.4% of a cold
-                # reasoning or prefix run, callgrind.)
-                for req, one in scheduled if bulk == len(scheduled) and not ncol else scheduled[ncol:bulk]:
+                # (Each entry is read as a plain tuple and only its request taken: unpacked as ``req, one``, the
+                # compiled engine converted every entry to its native (Request, int) pair first, checking both
+                # items' types and unboxing the count, for every request of every step.)
+                for entry in cast(list[tuple], scheduled if bulk == len(scheduled) and not ncol
+                                  else scheduled[ncol:bulk]):
+                    req = entry[0]
                     computed = req.num_computed_tokens + 1
                     req.num_computed_tokens = computed
                     req.high_water = computed
@@ -655,7 +659,12 @@ class BaseScheduler(ABC):
             prompt: i64 = req.prompt_tokens
             if prompt + req.num_output_tokens - computed != 1 or computed < prompt or computed < req.high_water:
                 break
-            blocks: i64 = (computed + block_size) // block_size
+            # Blocks its next token needs: ``(computed + block_size) // block_size``, which is the blocks it holds
+            # unless the token opens a block (or it holds more than its tokens need); the division only then.
+            blocks: i64 = req.blocks
+            edge: i64 = blocks * block_size
+            if computed >= edge or computed + block_size < edge:
+                blocks = (computed + block_size) // block_size
             grow: i64 = blocks - req.blocks
             if touch_one and req.appended_tokens != computed:
                 break  # (its block table has seen every token but the last: then it touches one block)
@@ -729,12 +738,14 @@ class BaseScheduler(ABC):
             # The segment's entries are kept by the columns (the same ``(request, 1)`` pairs, step after step).
             out.scheduled = cols.entries[:seg]
             if count > seg:
-                more: list[Any] = [_decode_entry(r) for r in running[seg:count]]
+                more: list[Any] = [r.decode_entry if r.decode_entry is not None else _decode_entry(r)
+                                   for r in running[seg:count]]
                 out.scheduled += more
         else:
             # Fast path: each request's ``(request, 1)`` entry is made once and reused step after step (a new pair
             # per request per step, freed with the step's output, was ~15% of a cold incident run, callgrind).
-            entries: list[Any] = [_decode_entry(r) for r in batch]  # (Any: mypyc keeps each tuple as it is)
+            # (Any: mypyc keeps each tuple as it is; the call only for a request's first such step.)
+            entries: list[Any] = [r.decode_entry if r.decode_entry is not None else _decode_entry(r) for r in batch]
             out.scheduled = entries
         out.decode_tokens += count
         shape = out.shape
