@@ -582,10 +582,11 @@ class _Replay:
             before_at = loop.time()
             # A metric-reading router has every server's figures from the first request on: the scrape before the
             # run is its first (the sampler's first scrape can come after the first arrival is routed).
-            self._publish(before_texts)
-            unread = [url for url, pub in zip(self.urls, self.published) if pub is None]
-            if self.router is not None and self.router.reads_metrics and unread:
-                raise ServerError(f"{unread[0]} serves no /metrics, which router {self.router.name!r} reads")
+            if self.router is not None and self.router.reads_metrics:
+                self._publish(before_texts)
+                unread = [url for url, pub in zip(self.urls, self.published) if pub is None]
+                if unread:
+                    raise ServerError(f"{unread[0]} serves no /metrics, which router {self.router.name!r} reads")
             for url, text in zip(self.urls, before_texts):  # each server's own (a merged text sums them)
                 if not text:
                     continue
