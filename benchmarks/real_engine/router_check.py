@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -230,12 +231,17 @@ def simulate(args, router: str, workload: Workload, step_scale: float = 1.0) -> 
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99))}
 
 
+@functools.lru_cache(maxsize=4)
+def _read_profile(path: str):
+    return read_profile(path)
+
+
 def _simulate_fleet(args, router: str, workload: Workload, step_scale: float):
     from replay.calibrate import at_cpu_share
 
     config = EngineConfig(block_size=BLOCK, max_model_len=2048, num_gpu_blocks_override=args.blocks,
                           max_num_seqs=args.max_num_seqs, enable_prefix_caching=True)
-    profile = read_profile(args.profile)
+    profile = _read_profile(str(args.profile))  # (once: --fit-speed simulates a dozen times)
     coefficients = at_cpu_share(profile.coefficients, 1.0 / step_scale)  # every step time x step_scale
     return simulate_fleet(workload, config, load_model(str(args.model)), load_gpu(profile.gpu or "vllm-cpu-1core"),
                           replicas=2, router=router, coefficients=coefficients, seed=0)

@@ -370,9 +370,6 @@ class MetricViews(ReplicaViews):
         return _new_tuple(ReplicaView, (r, assigned, assigned - rep.ended_pub, self.waiting[r], self.running[r],
                                         self.usage[r]))
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter([self[r] for r in range(len(self.until))])
-
 
 class Followed:
     """What a ``tracks_requests`` router has been told of its requests' first tokens and ends (called at each
