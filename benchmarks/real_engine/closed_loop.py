@@ -103,7 +103,10 @@ def _median_metrics(rows: list[dict]) -> dict:
 
 def report(args) -> dict:
     out = Path(args.out)
-    rec = json.loads((out / "recommended.json").read_text())["recommended"]
+    doc = bench.study_record(out, scale=False)
+    if doc is None:
+        raise SystemExit(f"{out / 'recommended.json'}: no study here; run `closed_loop.py study --out {out}` first")
+    rec = doc["recommended"]
     configs = {"default": bench.config_by_name(bench.CLOSED_LOOP_BASELINE), "recommended": bench.recommended_config(out)}
     prof = read_profile(args.profile)
     from replay.calibrate import ClientLatency

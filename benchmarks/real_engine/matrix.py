@@ -93,23 +93,28 @@ def config_by_name(name: str) -> BenchConfig:
 def recommended_config(out: Path) -> BenchConfig | None:
     """The closed loop's recommendation (``closed_loop.py study`` writes ``<out>/recommended.json``) on the
     scarce cache, prefix caching as the default's."""
-    path = Path(out) / "recommended.json"
-    if not path.is_file():
+    doc = study_record(out, scale=False)
+    if doc is None:
         return None
-    rec = json.loads(path.read_text())["recommended"]
+    rec = doc["recommended"]
     base = config_by_name(CLOSED_LOOP_BASELINE)
     return BenchConfig("recommended", int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"]),
                        base.num_gpu_blocks, base.prefix_caching, base.workloads)
+
+
+def study_record(out: Path, scale: bool = True) -> dict | None:
+    """What ``closed_loop.py study`` wrote in ``out``: ``recommended-scale.json`` (``--scale``) or
+    ``recommended.json``; None where the study has not run."""
+    path = Path(out) / ("recommended-scale.json" if scale else "recommended.json")
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def export_within_noise(out: Path) -> bool | None:
     """Whether the study's export called its predicted throughput gain over the default within the engine's
     run-to-run spread (``closed_loop.py study --scale`` keeps the export's ``robustness`` verdict in
     ``<out>/recommended-scale.json``); None where it was not recorded (a study made before the export said it)."""
-    path = Path(out) / "recommended-scale.json"
-    if not path.is_file():
-        return None
-    verdict = json.loads(path.read_text()).get("export_within_noise")
+    doc = study_record(out)
+    verdict = None if doc is None else doc.get("export_within_noise")
     return None if verdict is None else bool(verdict)
 
 
@@ -126,10 +131,10 @@ def scale_configs(out: Path) -> list[BenchConfig]:
     of it (a quarter and four times its sequences, at most 128) and the :data:`SPACED_DIVISORS` configs below it,
     when the study has run; a config whose knobs another already has is left out."""
     configs = list(SCALE_CONFIGS)
-    path = Path(out) / "recommended-scale.json"
-    if not path.is_file():
+    doc = study_record(out)
+    if doc is None:
         return configs
-    rec = json.loads(path.read_text())["recommended"]
+    rec = doc["recommended"]
     seqs, budget = int(rec["max_num_seqs"]), int(rec["max_num_batched_tokens"])
     base = SCALE_CONFIGS[0]
     extra = [BenchConfig("recommended", seqs, budget, SCALE_BLOCKS, True, SCALE, SCALE_MAX_MODEL_LEN),
