@@ -307,11 +307,64 @@ class RooflineModel(LatencyModel):
         host, gpu = self._decode_parts(batch_size)
         return self._combine(host, gpu + self._decode_attention_per_token * context)
 
+    # ---- one step's scalars: the formulas above typed ``float`` ------------------------------------------
+    # Fast path for ``step_time`` (the engine's per-step call): ``_roof``, ``_gpu_time`` and ``_time`` take floats
+    # or arrays, so the compiled engine ran their arithmetic on Python objects (boxed floats, ``PyNumber_*`` calls:
+    # ~7,000 instructions a step, ~12% of a cold reasoning run, callgrind).  The same operations in the same order
+    # on C doubles give the same values (IEEE arithmetic either way; ``pow`` as Python's float ``**``).
+    def _roof_s(self, flops_time: float, bytes_time: float) -> float:
+        """:meth:`_roof` of two floats."""
+        p = self._p
+        if p is None:
+            return float(np.maximum(flops_time, bytes_time))
+        if p == 2.0:
+            return math.sqrt(flops_time * flops_time + bytes_time * bytes_time)
+        return (flops_time**p + bytes_time**p) ** (1.0 / p)
+
+    def _gpu_time_s(self, tokens: float, num_seqs: float, prefill_attention: float, prefill_context: float,
+                    decode_context: float) -> float:
+        """:meth:`_gpu_time` of floats."""
+        bw = self._bytes_per_s
+        bf16 = self._bf16_flops_per_s
+        body_bytes = self._body_bytes
+        if self._moe_expert_bytes:
+            body_bytes = self._body_bytes - self._moe_expert_bytes * self._moe_untouched ** tokens
+        t = self._gpu_fixed_s + self._roof_s(self._body_flops_per_token * tokens / self._linear_flops_per_s,
+                                             body_bytes / bw)
+        t = t + self._roof_s(self._lm_flops_per_seq * num_seqs / bf16, self._lm_bytes / bw)
+        t = t + self._roof_s(
+            self._attn_flops_per_pair * decode_context / bf16, self._kv_bytes_per_token * decode_context / bw
+        )
+        if self.tensor_parallel > 1:
+            t = t + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens
+        if prefill_attention or prefill_context:
+            t = t + self._roof_s(
+                self._attn_flops_per_pair * prefill_attention / bf16, self._kv_bytes_per_token * prefill_context / bw
+            )
+        return t
+
+    def _combine_s(self, host: float, gpu: float) -> float:
+        """:meth:`_combine` of two floats."""
+        if self.async_scheduling:
+            return (host if host > gpu else gpu) + self.coefficients.async_exposed_s
+        return host + gpu
+
+    def _time_s(self, tokens: float, num_seqs: float, prefill_attention: float, prefill_context: float,
+                decode_context: float, prefill_seqs: float) -> float:
+        """:meth:`_time` of floats."""
+        host = self._host_fixed_s + self.coefficients.per_seq_overhead_s * num_seqs
+        if self._per_prefill_seq_s:
+            host = host + self._per_prefill_seq_s * prefill_seqs
+        return self._combine_s(host, self._gpu_time_s(tokens, num_seqs, prefill_attention, prefill_context,
+                                                      decode_context))
+
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.num_decode
         if not shape.prefill_tokens and shape.num_decode and shape.num_seqs == shape.num_decode \
                 and not shape.prefill_attention and not shape.prefill_context:
-            t = float(self._decode_time(shape.num_decode, shape.decode_context))
+            # (``_decode_time`` of floats: see the scalar methods above.)
+            host, gpu = self._decode_parts(shape.num_decode)
+            t = self._combine_s(host, gpu + self._decode_attention_per_token * float(shape.decode_context))
             if shape.swap_blocks:
                 t += self.swap_time(shape.swap_blocks, shape.swap_copies)
             return t
@@ -320,7 +373,7 @@ class RooflineModel(LatencyModel):
         # Logits are computed once per scheduled sequence; a shape built by hand may leave num_seqs at 0.
         num_seqs = shape.num_seqs or (shape.num_decode + (1 if shape.prefill_tokens else 0))
         t = float(
-            self._time(
+            self._time_s(
                 float(tokens),
                 float(num_seqs),
                 float(shape.prefill_attention),
