@@ -36,15 +36,6 @@ DECODE_COLUMNS_MIN = 48
 DECODE_COLUMNS_JOIN: Final = 4  # (Final: a C static, see prefix_pool._NO_IDS)
 
 
-def _decode_entry(req: Request) -> Any:
-    """``req``'s ``(req, 1)`` entry of a step's ``scheduled`` as a decode, the same tuple every step
-    (``Request.decode_entry``)."""
-    entry = req.decode_entry
-    if entry is None:
-        entry = req.decode_entry = (req, 1)
-    return entry
-
-
 def _victim_key(req: Request) -> tuple[int, float, int]:
     """The priority policy's victim order (V1Scheduler._pick_victim): the max is preempted first."""
     return (req.priority, req.arrival_s, req.index)
@@ -362,7 +353,9 @@ class BaseScheduler(ABC):
         block_size = self.block_size
         keys: list[int] = []
         fulls: list[int] = []
-        for req, num_new in out.scheduled[skip:] if skip else out.scheduled:  # (one pass; ``num_new``: unboxed)
+        # (One pass, each entry read as a plain tuple and only its request taken, as update_from_output reads them.)
+        for entry in cast(list[tuple], out.scheduled[skip:] if skip else out.scheduled):
+            req: Request = entry[0]
             if req.blocks:
                 keys.append(req.index)
                 fulls.append(req.num_computed_tokens // block_size)
@@ -704,6 +697,12 @@ class BaseScheduler(ABC):
                 min_remaining = remaining
             if hashed and (computed + known) // block_size > len(req.block_ids):
                 to_hash.append((count, req))  # this step's token fills a block: hashed below
+            if req.decode_entry is None:
+                # Its ``(request, 1)`` entry of ``out.scheduled`` (read below), made at its first fast-path step and
+                # kept on the request (``Request.decode_entry``, dropped when it ends) instead of a new pair per
+                # request per step, freed with the step's output (~15% of a cold incident run, callgrind).  Made here,
+                # where the loop holds the request; the entries list below reads it without a check or a call.
+                req.decode_entry = (req, 1)
             count += 1
         if not count or (whole and count < len(running)):
             return 0
@@ -714,7 +713,6 @@ class BaseScheduler(ABC):
         if joinable and cols is not None and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
             cols.join(running[seg:seg + joinable])
             seg += joinable
-        batch = running if count == len(running) else running[:count]
         if hashed:
             # allocate_slots hashes a block as soon as this step's token fills it (0.33.0 kv_cache_manager.py).
             prefix_pool = self._prefix_pool()
@@ -734,18 +732,15 @@ class BaseScheduler(ABC):
                     prefix_pool.cache_blocks(req, req.num_computed_tokens + known)
         out.bulk_decode = count  # update_from_output counts these tokens as processed
         out.columnar = seg
+        # (Any: mypyc keeps each tuple as it is.)
         if seg:
             # The segment's entries are kept by the columns (the same ``(request, 1)`` pairs, step after step).
             out.scheduled = cols.entries[:seg]
             if count > seg:
-                more: list[Any] = [r.decode_entry if r.decode_entry is not None else _decode_entry(r)
-                                   for r in running[seg:count]]
+                more: list[Any] = [r.decode_entry for r in running[seg:count]]
                 out.scheduled += more
         else:
-            # Fast path: each request's ``(request, 1)`` entry is made once and reused step after step (a new pair
-            # per request per step, freed with the step's output, was ~15% of a cold incident run, callgrind).
-            # (Any: mypyc keeps each tuple as it is; the call only for a request's first such step.)
-            entries: list[Any] = [r.decode_entry if r.decode_entry is not None else _decode_entry(r) for r in batch]
+            entries: list[Any] = [r.decode_entry for r in (running if count == len(running) else running[:count])]
             out.scheduled = entries
         out.decode_tokens += count
         shape = out.shape
@@ -834,15 +829,20 @@ class BaseScheduler(ABC):
         if seg:
             tokens = np.fromiter((r.num_tokens for r in rest), dtype=np.int64, count=len(rest))
             return cols.run_block_limit(tokens, free, limit)
-        # block_limit's residue counts, straight from the requests (no list of token counts made per run).
-        block_size = self.block_size
+        # block_limit's residue counts, straight from the requests (no list of token counts made per run): a
+        # request of ``t`` tokens first needs a block at residue ``(1 - t) % B`` (block_limit's ``(-t % B + 1) % B``
+        # with one remainder, not two); with ``B`` a power of two, as vLLM's block sizes are, the remainder is a mask
+        # (the same value for negative ``1 - t``, two's complement), since the compiled engine's i64 ``%`` is a call.
+        block_size: i64 = self.block_size
+        mask: i64 = block_size - 1 if block_size & (block_size - 1) == 0 else -1
         per_residue = [0] * block_size
         for r in rest:
-            residue = (-(r.prompt_tokens + r.num_output_tokens) % block_size + 1) % block_size
+            residue: i64 = 1 - r.prompt_tokens - r.num_output_tokens
+            residue = residue & mask if mask >= 0 else residue % block_size
             # (Not ``+= 1``: on a list item the compiled engine adds through the interpreter's PyNumber_InPlaceAdd,
             # ~100 instructions per request per bounded run, 2% of a cold reasoning run, callgrind.)
             per_residue[residue] = per_residue[residue] + 1
-        return periodic_block_limit(per_residue, len(rest), block_size, free, limit)
+        return periodic_block_limit(per_residue, len(rest), int(block_size), free, limit)
 
     def min_remaining_outputs(self) -> int:
         """Fewest outputs any running request still has to produce."""
