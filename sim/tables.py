@@ -8,7 +8,8 @@ on in chunks instead of kept (a study trial needs only step totals), or kept as 
 
 from __future__ import annotations
 
-from itertools import chain
+import struct
+from itertools import starmap
 
 import numpy as np
 import pandas as pd
@@ -125,19 +126,22 @@ class RequestLog:
 
 
 _FLOAT_STEP_COLUMNS = frozenset(c for c in STEP_COLUMNS if c in ("start_s", "duration_s") or c.startswith("time_"))
+#: A step row as packed bytes: int64 for the count columns, float64 for the times (little-endian, as ``_ROW_DTYPE``).
+_ROW = struct.Struct("<" + "".join("d" if c in _FLOAT_STEP_COLUMNS else "q" for c in STEP_COLUMNS))
+_ROW_DTYPE = np.dtype([(c, "<f8" if c in _FLOAT_STEP_COLUMNS else "<i8") for c in STEP_COLUMNS])
 
 
 def step_table(rows: list[tuple]) -> pd.DataFrame:
     """One row per step or per run of identical decode steps (``num_steps`` > 1).
 
-    The rows go through one float64 matrix (pandas' ``from_records`` converts tuples of Python objects column
-    by column, several times slower); the integer columns are counts far below 2**53, so they come back exact.
-    The matrix is filled from the rows' values in one stream (``np.fromiter``), the same conversions as
-    ``np.array(rows, dtype=np.float64)`` without its pass that discovers the shape (~25% less time, 14,125 rows)."""
-    width = len(STEP_COLUMNS)
-    matrix = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width).reshape(len(rows), width)
-    return pd.DataFrame({name: matrix[:, j] if name in _FLOAT_STEP_COLUMNS else matrix[:, j].astype(np.int64)
-                         for j, name in enumerate(STEP_COLUMNS)})
+    Each row tuple is packed by ``struct`` into one record of int64 counts and float64 times (one C call per row,
+    ``itertools.starmap``: no interpreter per row), and the records are read as one structured array whose fields
+    are the columns.  The values are the rows' own: the counts are Python ints (exact in int64), the times floats.
+    (Before: a float64 matrix filled value by value with ``np.fromiter``, the counts cast back to int64, the same
+    table; numpy converted each value through ``PyArray_Pack``, each int through a new float, ~300 instructions a
+    value against ~130 packed: callgrind, 14,125 rows of 20 values, 88 -> 36 M instructions.)"""
+    records = np.frombuffer(b"".join(starmap(_ROW.pack, rows)), dtype=_ROW_DTYPE)
+    return pd.DataFrame({name: records[name] for name in STEP_COLUMNS})
 
 
 class StepColumns:

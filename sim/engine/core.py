@@ -201,10 +201,13 @@ class EngineCore:
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
         grown = scheduler.update_from_output(out, now, k, first_end, result.last_s, _shares(out, parts, k))
+        # (The parts one by one, in ``StepParts.as_tuple``'s order: ``*parts.as_tuple()`` made the compiled engine build
+        # a list, extend it with that tuple, convert it to a tuple and then unbox and box all 20 values again.)
         self.step_rows.append((
             self.num_iterations - k, k, self._pending_start, result.duration_s, running, waiting, swapped,
             out.prefill_tokens_new, out.prefill_tokens_recompute, out.decode_tokens * k, used + grown, pool.num_blocks,
-            out.swap_out_blocks, out.swap_in_blocks, len(out.preempted), *parts.as_tuple(),
+            out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
+            parts.prefill_new_s, parts.recompute_s, parts.decode_s, parts.transfer_s, parts.overhead_s,
         ))
         if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
             self.flush_rows()
