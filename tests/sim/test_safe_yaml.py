@@ -75,3 +75,21 @@ def test_the_bundled_data_reads_through_the_trusted_path():
     assert safe_yaml.read_package_yaml("sim", "data", "hardware.yaml")["gpus"]
     with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read: "):
         safe_yaml.read_package_yaml("sim", "data", "nope.yaml")
+
+
+def test_the_trusted_path_on_libyaml_reads_the_same_values():
+    """issue 34: the trusted path parses with libyaml where PyYAML has it (sim.safe_yaml._TRUSTED); every YAML
+    kvtune ships reads to the same values as with PyYAML's pure-Python loader, and the nesting check holds."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(safe_yaml.__file__).resolve().parent.parent
+    files = sorted([*root.glob("sim/data/*.yaml"), *root.glob("optimizer/data/*.yaml"),
+                    *root.glob("sim/profiles/devices/*.yaml")])
+    assert len(files) >= 5
+    for path in files:
+        text = path.read_text()
+        assert yaml.load(text, Loader=safe_yaml._TRUSTED) == yaml.load(text, Loader=safe_yaml._TrustedLoader), path
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        safe_yaml.load_yaml("a: " + "[" * 100 + "]" * 100 + "\n", "deep.yaml", aliases=True)
