@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from optimizer._cli_args import (add_engine_arguments, add_format_argument, add_hash_block_tokens_argument,
@@ -45,15 +48,40 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_simulate)
 
 
+@contextmanager
+def _imports_uncollected() -> Iterator[None]:
+    """``with _imports_uncollected():`` the cyclic garbage collector does not run inside, and what was allocated
+    before and inside goes to its oldest generation at the end (``gc.freeze`` then ``gc.unfreeze``: no pass over it).
+
+    A module import allocates objects that live as long as the process (functions, classes, their dicts), and
+    none of them is garbage; yet pandas, pyarrow and numpy allocate so many that the collector ran ~180 times
+    while ``kvtune simulate`` imported them (gen 0 ~150, gen 1 ~15, one full pass), each pass walking the young
+    imports again (issue 34: ~10% of the instructions of a whole ``simulate`` process, benchmarks/speed/README.md).
+    Where the collector is off already, or someone froze a heap, it changes nothing."""
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.unfreeze()
+        gc.enable()
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     # Imported here so that building the CLI (``kvtune --help``) does not load pandas and SimPy.
-    from objectives import StepTotals, format_summary, summarize
-    from optimizer._progress import CountProgress
-    from sim.engine import EngineConfig, release_record
-    from sim.profiles import load_gpu, load_model
-    from sim.runner import Progress, simulate
-    from sim.tables import StepColumns
-    from sim.workload import bundled_trace_path, load_trace
+    with _imports_uncollected():
+        import pyarrow.parquet  # noqa: F401 (the tables' writer: pandas imports it at the first ``to_parquet``)
+
+        from objectives import StepTotals, format_summary, summarize
+        from optimizer._progress import CountProgress
+        from sim.engine import EngineConfig, release_record
+        from sim.profiles import load_gpu, load_model
+        from sim.runner import Progress, simulate
+        from sim.tables import StepColumns
+        from sim.workload import bundled_trace_path, load_trace
 
     knobs = parse_set(args.set)
     knobs.setdefault("flavor", args.flavor)

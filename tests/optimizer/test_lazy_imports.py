@@ -77,3 +77,24 @@ def test_the_program_skips_the_exit_collections_and_an_in_process_call_does_not(
             "assert main() == 0\nprint(gc.get_freeze_count() > 0)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "True"
+
+
+def test_simulate_imports_with_the_collector_paused_and_leaves_it_as_it_was():
+    """kvtune simulate imports pandas, pyarrow and the engine with the cyclic collector off, then moves what they
+    allocated to its oldest generation (optimizer.cli_simulate._imports_uncollected, issue 34); the collector is on
+    again after, nothing stays frozen, and where it was off it stays off."""
+    import gc
+
+    from optimizer.cli_simulate import _imports_uncollected
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with _imports_uncollected():
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        with _imports_uncollected():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
