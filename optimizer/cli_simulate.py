@@ -54,9 +54,10 @@ def _imports_uncollected() -> Iterator[None]:
     before and inside goes to its oldest generation at the end (``gc.freeze`` then ``gc.unfreeze``: no pass over it).
 
     A module import allocates objects that live as long as the process (functions, classes, their dicts), and
-    none of them is garbage; yet pandas, pyarrow and numpy allocate so many that the collector ran ~180 times
-    while ``kvtune simulate`` imported them (gen 0 ~150, gen 1 ~15, one full pass), each pass walking the young
-    imports again (issue 34: ~10% of the instructions of a whole ``simulate`` process, benchmarks/speed/README.md).
+    none of them is garbage; yet pandas, pyarrow and numpy allocate so many that the collector ran ~170 times
+    while ``kvtune simulate`` imported them (153 gen 0, 13 gen 1, one full pass), each pass walking the young
+    imports again (issue 34: 3.8% of the instructions of a 200-request ``simulate`` process,
+    benchmarks/speed/README.md).
     Where the collector is off already, or someone froze a heap, it changes nothing."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
