@@ -192,6 +192,10 @@ class BaseScheduler(ABC):
         if num_steps > 1:
             # A run of pure decode steps: every request advances num_steps tokens (kept apart: hot path).
             block_size = self.block_size
+            # A request's blocks, ``-(-computed // block_size)``, as ``(computed + B - 1) >> log2(B)`` when the block
+            # size is a power of two (vLLM's are): the compiled engine's i64 ``//`` is a call per request per run.
+            shift: i64 = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
+            round_up: i64 = block_size - 1
             run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
             # The bulk entries' processed tokens were left to this method; the others' first was counted by
             # ``_account`` at schedule time.
@@ -218,7 +222,7 @@ class BaseScheduler(ABC):
                     req.num_output_tokens += num_steps
                     req.processed_tokens += extra
                     req.appended_tokens = computed  # V0 block table: each step appended the previous token
-                    blocks = -(-computed // block_size)
+                    blocks = (computed + round_up) >> shift if shift >= 0 else -(-computed // block_size)
                     grown += blocks - req.blocks
                     req.blocks = blocks
                     if blocks > req.kv_blocks_peak:
@@ -644,8 +648,11 @@ class BaseScheduler(ABC):
         # block does not fit preempts from the back here, as the general loop would (below).
         preempts = (now is not None and not hashed and cols is None and not self.deferred_free
                     and not self.waiting.priority)
-        while count < len(running):
-            req = running[count]
+        # (A for loop over the list, not ``running[count]``: the compiled engine then reads each item without the
+        # bounds-checked call per request per step; it reads the list's length at each item, as Python's iterator
+        # does, so a preemption's ``running.pop()`` below ends it as the ``count < len(running)`` test did.  The
+        # segment's requests are skipped by a slice: with decode columns nothing pops during the loop.)
+        for req in running if not seg else running[seg:]:
             if count >= limit:
                 break
             computed: i64 = req.num_computed_tokens
