@@ -9,7 +9,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +64,9 @@ class RunRecord:
         #: Steps of the run (less when it was cut).
         self.num_steps = num_steps
         self.affine = affine
+        # The affine run's two terms as plain floats (read at every boundary a router asks for, unboxed).
+        self.first = affine[0] if affine is not None else 0.0
+        self.increment = affine[1] if affine is not None else 0.0
         self.starts: np.ndarray | None = None
         if affine is None and durations is not None:
             self.starts = start_s + np.concatenate(([0.0], np.cumsum(durations[:num_steps])))
@@ -84,8 +86,7 @@ class RunRecord:
     def boundary_s(self, j: int) -> float:
         """When step ``j`` of the run starts."""
         if self.affine is not None:
-            first, increment = self.affine
-            return self.start_s + (j * first + increment * j * (j - 1) / 2)
+            return self.start_s + (j * self.first + self.increment * j * (j - 1) / 2)
         assert self.starts is not None
         return float(self.starts[j])
 
@@ -95,7 +96,7 @@ class RunRecord:
         if self.affine is None:
             assert self.starts is not None
             return max(0, min(k - 1, int(np.searchsorted(self.starts[:k], at_s, side="right")) - 1))
-        first = self.affine[0]
+        first = self.first
         j = min(k - 1, max(0, int((at_s - self.start_s) / first))) if first > 0 else k - 1
         while j > 0 and self.boundary_s(j) > at_s:
             j -= 1
@@ -136,6 +137,25 @@ class RunRecord:
         return self.waiting + added, self.running, used
 
 
+class Published:
+    """What an engine published at one step boundary (``EngineLoop.history``): the time, the waiting and running
+    counts and the blocks in use, and ``run``, the :class:`RunRecord` whose inner boundaries follow (None: a single
+    step).  A compiled class, so that reading one back (``EngineLoop.metrics_at``, at each arrival for each
+    replica whose figures may have changed) takes its fields without boxing them."""
+
+    def __init__(self, t: float, waiting: int, running: int, used: int, run: RunRecord | None) -> None:
+        self.t = t
+        self.waiting = waiting
+        self.running = running
+        self.used = used
+        self.run = run
+
+
+#: ``EngineLoop.history``'s entries before ``history_head`` are dropped once there are this many and they are at
+#: least half of the list (the list is not shifted at every read).
+HISTORY_TRIM = 4096
+
+
 class EngineLoop:
     """One engine's SimPy process and its per-engine state: the single engine's (``Simulation``) and each
     replica's of a fleet (``sim.fleet``), the same loop.
@@ -155,8 +175,8 @@ class EngineLoop:
 
     Published for a router (set by the fleet, package-internal): ``ended_pub`` (requests ended by the last
     boundary; with ``dirty`` the engine's ``index`` is appended to it when that count changes) and, when
-    ``history`` is a deque, (time, waiting, running, blocks in use, run) at each boundary, ``run`` a
-    :class:`RunRecord` for a run's inner boundaries or None."""
+    ``history`` is a list (:meth:`keep_history`), a :class:`Published` at each boundary from ``history_head`` on
+    (the entries before it are read and may be dropped)."""
 
     def __init__(self, core: EngineCore, store: RequestStore, feed: Feed, max_sim_time_s: float = math.inf,
                  own_feed: bool = True, index: int = 0) -> None:
@@ -188,7 +208,8 @@ class EngineLoop:
         self.stopped = False
         self.ended_pub = 0
         self.dirty: list[int] | None = None
-        self.history: deque | None = None
+        self.history: list[Published] | None = None
+        self.history_head = 0
         self.run_record: RunRecord | None = None
         if self.scheduler.async_scheduling:
             # vLLM 0.33's async engine core takes the aborts after schedule(N+1), before update_from_output(N)
@@ -405,7 +426,7 @@ class EngineLoop:
             if history is not None:
                 # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
                 self.run_record = None
-                history.append((now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
+                history.append(Published(now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
             step = None
             if scheduler.has_unfinished():
                 step = self._begin(now, math.inf)
@@ -437,6 +458,12 @@ class EngineLoop:
         self.clock = clock
         return math.inf if self.stopped or not more else clock
 
+    def keep_history(self) -> None:
+        """Publish each boundary in ``history`` from now on (for a router that reads engine metrics), starting from
+        the idle engine's figures at time 0."""
+        self.history = [Published(0.0, 0, 0, 0, None)]
+        self.history_head = 0
+
     def metrics_at(self, at_s: float) -> tuple[int, int, int, float, float]:
         """(waiting, running, blocks in use) as published at the last boundary at or before ``at_s`` (needs
         ``history``; older entries are dropped, so ``at_s`` may not decrease from call to call), then two times
@@ -447,10 +474,19 @@ class EngineLoop:
         reads them so."""
         history = self.history
         assert history is not None
-        while len(history) > 1 and history[1][0] <= at_s:
-            history.popleft()
-        t, waiting, running, used, run = history[0]
-        entry = history[1][0] if len(history) > 1 else math.inf
+        head = self.history_head
+        last = len(history) - 1
+        while head < last and history[head + 1].t <= at_s:
+            head += 1
+        if head >= HISTORY_TRIM and 2 * head >= len(history):
+            del history[:head]
+            last -= head
+            head = 0
+        self.history_head = head
+        published = history[head]
+        waiting, running, used = published.waiting, published.running, published.used
+        run = published.run
+        entry = history[head + 1].t if head < last else math.inf
         inner = math.inf
         if run is not None and run.num_steps > 1:
             j = run.seek(at_s)
@@ -481,7 +517,9 @@ class EngineLoop:
         record = RunRecord(now, num_steps, affine, durations, len(scheduler.waiting), len(running),
                            scheduler.pool.num_used, cumulative, len(running))
         self.run_record = record
-        self.history.append((record.boundary_s(1), record.waiting, record.running, record.used, record))
+        history = self.history
+        assert history is not None
+        history.append(Published(record.boundary_s(1), record.waiting, record.running, record.used, record))
 
     def process(self, env: simpy.Environment):
         """The engine's SimPy process: steps until every request that came (and may still come) ended."""

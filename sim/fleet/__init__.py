@@ -15,8 +15,8 @@ router that places each arriving request on one of them::
 
 ``simulate_fleet(workload, config, model, gpu, *, replicas=1, router="round_robin", router_params=None, seed=0,
 **kwargs)``: ``kwargs`` are :class:`FleetSimulation`'s (``latency``, ``coefficients``, ``record_steps``,
-``max_sim_time_s``, ``batch_decode_runs``, ``hash_block_tokens``, ``keep_requests``), as ``sim.runner.simulate``
-takes them.  One replica behind any router gives exactly ``simulate``'s tables (plus ``replica`` = 0).
+``max_sim_time_s``, ``batch_decode_runs``, ``hash_block_tokens``, ``keep_requests``, ``decode_columns``), as
+``sim.runner.simulate`` takes them.  One replica behind any router gives exactly ``simulate``'s tables (plus ``replica`` = 0).
 
 Routers (:func:`router_names`; parameters and ranges in each class's ``params``; :func:`make_router` checks them
 and raises ``sim.errors.ConfigError`` naming ``router``, ``replicas`` or ``router_params.<name>``):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -13,6 +12,7 @@ import pandas as pd
 
 from sim.engine.build import EnginePlan
 from sim.engine.config import EngineConfig
+from sim.engine.decode_columns import worth_loading
 from sim.engine.request import Status
 from sim.engine.sizing import KVSizing
 from sim.errors import ConfigError
@@ -108,7 +108,10 @@ class FleetSimulation:
         batch_decode_runs: bool = True,
         hash_block_tokens: int | None = None,
         keep_requests: bool = True,
+        decode_columns: bool | None = None,
     ):
+        """``decode_columns``: as :class:`~sim.runner.Simulation`'s (``None``: where they pay in this process,
+        ``decode_columns.worth_loading`` of the whole workload), for every replica."""
         if isinstance(router, Router):
             self.router = router
             if router.num_replicas != replicas:
@@ -127,8 +130,11 @@ class FleetSimulation:
         self.config, self.sizing, self.model, self.gpu = plan.config, plan.sizing, model, gpu
         self.store = RequestStore(workload, plan.config, seed, hash_block_tokens, predicted, keep_requests)
         share = cores[0].scheduler.pool.enable_caching and any(self.store.keys)
+        if decode_columns is None:
+            decode_columns = worth_loading(len(workload))
         for core in cores:
-            core.scheduler.use_decode_columns()  # as Simulation does (decode_columns=True)
+            if decode_columns:
+                core.scheduler.use_decode_columns()
             if share:
                 core.scheduler.share_prefixes()
         self.arrivals_s = self.store.arrivals_s
@@ -169,7 +175,7 @@ class FleetSimulation:
             for rep in self.replicas:
                 rep.dirty = self._dirty
                 if self._reads_metrics:
-                    rep.history = deque([(0.0, 0, 0, 0, None)])
+                    rep.keep_history()
         #: For a ``tracks_requests`` router: its requests' first tokens and ends as the engines report them.
         self._followed: Followed | None = None
         if state and self.router.tracks_requests:

@@ -147,18 +147,36 @@ def llm_d_ties(waiting: list[int], usage: list[float], matched: list[int] | None
     matched prefix blocks (None: none matched anywhere); ``blocks``: the prompt's full blocks (0: the prefix term
     is 0)."""
     n = len(waiting)
-    hi = max(waiting)
-    lo = min(waiting)
-    values: list[float] = [0.0] * n
-    for r in range(n):
-        prefix = 0.0
-        if blocks and matched is not None:
-            prefix = matched[r] / blocks
-        queue = 1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)
-        kv: float = usage[r]
-        values[r] = -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
-    best = min(values)
-    return [r for r in range(n) if values[r] == best]
+    hi = lo = waiting[0]
+    for w in waiting:  # max() and min() of the list, on machine integers (the builtins compare objects)
+        if w > hi:
+            hi = w
+        elif w < lo:
+            lo = w
+    # One pass over unboxed floats rather than a list of boxed scores, ``min`` and a filter: the least so far and
+    # its replicas (``min`` keeps the first value and replaces it by any smaller one, so the same least; no score is
+    # NaN: KV usage is blocks over a positive count).
+    best = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, 0)
+    ties = [0]
+    for r in range(1, n):
+        value = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, r)
+        if value < best:
+            best = value
+            ties = [r]
+        elif value == best:
+            ties.append(r)
+    return ties
+
+
+def _llm_d_score(waiting: list[int], usage: list[float], matched: list[int] | None, blocks: int,
+                 prefix_weight: float, kv_weight: float, queue_weight: float, hi: int, lo: int, r: int) -> float:
+    """Replica ``r``'s negated ``LLMDWeighted`` score (:func:`llm_d_ties`)."""
+    prefix = 0.0
+    if blocks and matched is not None:
+        prefix = matched[r] / blocks
+    queue = 1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)
+    kv: float = usage[r]
+    return -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
 
 
 class Loads:
@@ -350,7 +368,10 @@ class MetricViews(ReplicaViews):
         exact = self.exact
         n = len(usage)
         while True:
-            best = min(usage)
+            best = usage[0]
+            for u in usage:  # min(usage), on unboxed floats (none is NaN: blocks over a positive count)
+                if u < best:
+                    best = u
             read = False
             for r in range(n):
                 if not exact[r] and usage[r] <= best:

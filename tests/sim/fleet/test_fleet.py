@@ -102,6 +102,23 @@ def test_same_seed_same_fleet(router):
     _ = a.replicas.to_dict()  # summaries are plain data
 
 
+@pytest.mark.parametrize("router", ["least_kv_usage", "round_robin"])
+def test_decode_columns_leave_the_fleet_alone(router):
+    """Each replica's running batch kept in decode columns or as requests only: the same tables (the fleet takes
+    ``decode_columns`` as ``simulate`` does: ``None`` loads the columns' kernels only where they pay)."""
+    workload = make_workload([(0.0005 * i, 150 + 17 * (i % 7), 60 + i % 13) for i in range(240)])
+    runs = {}
+    for columns in (True, False):
+        fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=2, router=router,
+                                decode_columns=columns)
+        runs[columns] = fleet.run()
+        joined = [rep.scheduler._columns is not None and rep.scheduler._columns._k is not None
+                  for rep in fleet.replicas]
+        assert any(joined) == columns  # the batches here reach the columns' minimum, so they were used
+    pd.testing.assert_frame_equal(runs[True].requests, runs[False].requests)
+    pd.testing.assert_frame_equal(runs[True].steps, runs[False].steps)
+
+
 def test_round_robin_splits_exactly():
     workload = _trace(203, hashed=False)
     res = simulate_fleet(workload, EngineConfig(), MODEL, GPU, replicas=4, router="round_robin")

@@ -18,7 +18,7 @@ from sim.fleet import (FleetSimulation, ReplicaView, ReplicaViews, RequestView, 
 from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
-from sim.run_loop import RunRecord
+from sim.run_loop import HISTORY_TRIM, Published, RunRecord
 from tests.sim.engine.conftest import make_workload
 
 MODEL, GPU = load_model("Llama-3-8B"), load_gpu("H100-SXM")
@@ -276,29 +276,20 @@ def test_metrics_are_a_published_boundary_at_least_lag_old(router, lag):
     fleet = FleetSimulation(workload, EngineConfig(), MODEL, GPU, replicas=2, router=router,
                             router_params={"metrics_lag_s": lag}, latency=LinearStepModel(0.01, 1e-5),
                             batch_decode_runs=False)
-    history = [[] for _ in fleet.replicas]
-
-    class Recorded(deque):
-        def __init__(self, log, items):
-            super().__init__(items)
-            self.log = log
-            log.extend(items)
-
-        def append(self, item):
-            self.log.append(item)
-            super().append(item)
-
-    for rep in fleet.replicas:
-        rep.history = Recorded(history[rep.index], rep.history)
     shown = []
     route = fleet.router.route
 
     def spy(request, replicas):
-        shown.append((request.arrival_s, [(r.num_waiting, r.kv_usage, len(history[r.index])) for r in replicas]))
+        shown.append((request.arrival_s, [(r.num_waiting, r.kv_usage, len(fleet.replicas[r.index].history))
+                                          for r in replicas]))
         return route(request, replicas)
 
     fleet.router.route = spy
     fleet.run()
+    # This run is short enough that no replica dropped the entries it had read (``HISTORY_TRIM``): each history
+    # is every boundary it published, in order.
+    history = [[(p.t, p.waiting, p.running, p.used) for p in rep.history] for rep in fleet.replicas]
+    assert all(h[0] == (0.0, 0, 0, 0) and len(h) < HISTORY_TRIM for h in history)
     blocks = fleet.replicas[0].scheduler.pool.num_blocks
     for t, per_replica in shown:
         for r, (waiting, kv, known) in enumerate(per_replica):
@@ -558,7 +549,7 @@ def test_the_loops_views_are_the_named_tuples():
     given: list = [None, None]
     refresh_counts(fleet.replicas, given, [1], None)
     assert type(given[1]) is ReplicaView and given[1] == ReplicaView(1, 5, 3)
-    rep.history = deque([(0.0, 4, 1, 30, None)])
+    rep.history = [Published(0.0, 4, 1, 30, None)]
     metrics = MetricViews(fleet.replicas)
     metrics.refresh(0.5, [1], [])
     assert type(metrics[1]) is ReplicaView and metrics[1] == ReplicaView(
