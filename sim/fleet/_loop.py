@@ -138,14 +138,27 @@ def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: l
     return ties
 
 
-def llm_d_ties(waiting: list[int], usage: list[float], matched: list[int] | None, blocks: int,
-               prefix_weight: float, kv_weight: float, queue_weight: float) -> list[int]:
+def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, prefix_weight: float,
+               kv_weight: float, queue_weight: float) -> list[int]:
     """``LLMDWeighted``'s replicas at the highest score, in index order: each replica's score as the router's rule
     computes it (``3 * prefix + 2 * (1 - KV usage) + 2 * queue`` with its weights: the same float operations in
     the same order, so the same values) and ``Router._pick_min``'s ties over the negated scores, in one compiled
-    pass.  ``waiting`` and ``usage``: each replica's published waiting count and KV usage; ``matched``: its
-    matched prefix blocks (None: none matched anywhere); ``blocks``: the prompt's full blocks (0: the prefix term
-    is 0)."""
+    pass.  ``views``: the replicas' published waiting counts and KV usage (:meth:`ReplicaViews.published_bounds`);
+    ``matched``: each one's matched prefix blocks (None: none matched anywhere); ``blocks``: the prompt's full
+    blocks (0: the prefix term is 0).
+
+    A KV usage the views give as a lower bound makes the replica's negated score a lower bound too (each operation
+    is monotone in it for a weight >= 0), so such a replica is read exactly only where that bound is at or below
+    the least found: any other cannot be the least or tie with it (as :meth:`MetricViews.least_usage`).  With a
+    weight that is not finite every replica is read first."""
+    waiting: list[int]
+    usage: list[float]
+    exact: list[bool]
+    if math.isfinite(prefix_weight) and math.isfinite(kv_weight) and math.isfinite(queue_weight):
+        waiting, usage, exact = views.published_bounds()
+    else:
+        waiting, usage = views.published()
+        exact = [True] * len(waiting)
     n = len(waiting)
     hi = lo = waiting[0]
     for w in waiting:  # max() and min() of the list, on machine integers (the builtins compare objects)
@@ -153,19 +166,27 @@ def llm_d_ties(waiting: list[int], usage: list[float], matched: list[int] | None
             hi = w
         elif w < lo:
             lo = w
-    # One pass over unboxed floats rather than a list of boxed scores, ``min`` and a filter: the least so far and
-    # its replicas (``min`` keeps the first value and replaces it by any smaller one, so the same least; no score is
-    # NaN: KV usage is blocks over a positive count).
-    best = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, 0)
-    ties = [0]
-    for r in range(1, n):
-        value = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, r)
-        if value < best:
-            best = value
-            ties = [r]
-        elif value == best:
-            ties.append(r)
-    return ties
+    while True:
+        # One pass over unboxed floats rather than a list of boxed scores, ``min`` and a filter: the least so far
+        # and its replicas (``min`` keeps the first value and replaces it by any smaller one, so the same least; no
+        # score is NaN: KV usage is blocks over a positive count).
+        best = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, 0)
+        ties = [0]
+        for r in range(1, n):
+            value = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, r)
+            if value < best:
+                best = value
+                ties = [r]
+            elif value == best:
+                ties.append(r)
+        read = False
+        for r in range(n):
+            if not exact[r] and _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight,
+                                             queue_weight, hi, lo, r) <= best:
+                views.read(r)  # its usage grows, or stays; its waiting count is exact already
+                read = True
+        if not read:
+            return ties
 
 
 def _llm_d_score(waiting: list[int], usage: list[float], matched: list[int] | None, blocks: int,
@@ -278,6 +299,16 @@ class ReplicaViews:
         best = min(usage)
         return [r for r in range(len(usage)) if usage[r] == best]
 
+    def published_bounds(self) -> tuple[list[Any], list[Any], list[bool]]:
+        """:meth:`published`, and per replica whether its KV usage is exact: where it is not, it is a lower bound
+        (its blocks in use can only have grown since; its other figures are exact), which :meth:`read` makes exact
+        in the lists returned.  The generic one: every figure exact."""
+        waiting, usage = self.published()
+        return waiting, usage, [True] * len(waiting)
+
+    def read(self, r: int) -> None:
+        """Make replica ``r``'s figures in the lists :meth:`published_bounds` returned exact (generic: they are)."""
+
     def published(self) -> tuple[list[Any], list[Any]]:
         """Every replica's published waiting count (``num_waiting``) and KV usage (``kv_usage``), by position."""
         views = [self[r] for r in range(len(self))]
@@ -317,6 +348,9 @@ class MetricViews(ReplicaViews):
         self.until = [-math.inf] * num
         self.inner = [math.inf] * num
         self.exact = [False] * num
+        #: Per replica: whether the run of decode steps its figures fall in had requests queued during it (its
+        #: published waiting count grows at their boundaries, so it is read again there, not bounded).
+        self.queued = [False] * num
         self.waiting = [0] * num
         self.running = [0] * num
         #: Blocks in use over all GPU blocks (as a view's ``kv_usage``).
@@ -335,8 +369,9 @@ class MetricViews(ReplicaViews):
             until[r] = stale
         for r in moved:
             until[r] = stale
+        queued = self.queued
         for r in range(len(until)):
-            if until[r] <= cutoff:
+            if until[r] <= cutoff or (queued[r] and inner[r] <= cutoff):
                 self._read(r)
             elif inner[r] <= cutoff:
                 exact[r] = False
@@ -351,6 +386,10 @@ class MetricViews(ReplicaViews):
         self.until[r] = entry
         self.inner[r] = inner
         self.exact[r] = True
+        history = rep.history
+        assert history is not None
+        run = history[rep.history_head].run
+        self.queued[r] = run is not None and len(run.adds) > 0
 
     def published(self) -> tuple[list[int], list[float]]:
         """Every replica's published waiting count and KV usage (all read exactly)."""
@@ -359,6 +398,16 @@ class MetricViews(ReplicaViews):
             if not exact[r]:
                 self._read(r)
         return self.waiting, self.usage
+
+    def published_bounds(self) -> tuple[list[int], list[float], list[bool]]:
+        """The columns themselves (:meth:`ReplicaViews.published_bounds`): a replica inside a run of decode steps
+        whose cutoff passed its next inner boundary has a lower bound for its KV usage; its waiting count is exact
+        (one with requests queued during the run is read again at each boundary, ``refresh``)."""
+        return self.waiting, self.usage, self.exact
+
+    def read(self, r: int) -> None:
+        if not self.exact[r]:
+            self._read(r)
 
     def least_usage(self) -> list[int]:
         """The replicas at the least published KV usage, in index order (``Router._pick_min``'s ties over the

@@ -445,8 +445,7 @@ class LLMDWeighted(Router):
         blocks = request.prompt_tokens // request.block_size if request.block_size else 0
         # Scored in one compiled pass (``llm_d_ties``); no hash matches anywhere (prefix 0) when there are none.
         matched = [index.match(hashes, now) for index in self.indexes] if blocks and hashes else None
-        waiting, usage = replica_views(replicas).published()
-        chosen = self._pick(llm_d_ties(waiting, usage, matched, blocks, self.prefix_weight, self.kv_weight,
+        chosen = self._pick(llm_d_ties(replica_views(replicas), matched, blocks, self.prefix_weight, self.kv_weight,
                                        self.queue_weight))
         self.indexes[chosen].insert(hashes, now)
         return chosen

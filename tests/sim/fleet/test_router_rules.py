@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sim.engine.config import EngineConfig
 from sim.fleet import (FleetSimulation, ReplicaView, ReplicaViews, RequestView, make_router, replica_views,
                        simulate_fleet)
-from sim.fleet._loop import MetricViews, RequestViews, least_costs, preroute, refresh_counts
+from sim.fleet._loop import MetricViews, RequestViews, least_costs, llm_d_ties, preroute, refresh_counts
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from sim.run_loop import HISTORY_TRIM, Published, RunRecord
@@ -349,6 +349,76 @@ def test_the_least_kv_usage_read_lazily_is_the_least_published(rows, replicas, l
 
     fleet.router.route = spy
     fleet.run()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.03), st.integers(1, 300), st.integers(1, 120)), min_size=1, max_size=50),
+       st.integers(1, 6), st.sampled_from([0.0, 0.004, 0.05]), st.sampled_from([4, 64]))
+def test_the_llm_d_pick_read_lazily_is_the_pick_of_every_replica_read(rows, replicas, lag, max_num_seqs):
+    """``llm_d_ties`` on the fleet's views (a replica inside a run of decode steps, whose KV usage is a lower bound
+    there, read again only where its score could be the best) finds the replicas at the best score that every
+    replica read afresh gives (a plain list of views: all exact), at each arrival of a fleet behind
+    llm_d_weighted; max_num_seqs 4 queues arrivals inside runs (their waiting counts grow there)."""
+    t, data = 0.0, []
+    for gap, prompt, output in rows:
+        t += gap
+        data.append((t, prompt, output))
+    fleet = FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=max_num_seqs), MODEL, GPU,
+                            replicas=replicas, router="llm_d_weighted", router_params={"metrics_lag_s": lag},
+                            latency=LinearStepModel(0.01, 1e-5))
+    router = fleet.router
+    route = router.route
+
+    def spy(request, views):
+        weights = (router.prefix_weight, router.kv_weight, router.queue_weight)
+        fresh = []
+        for rep in fleet.replicas:
+            waiting, running, used, _, _ = rep.metrics_at(request.arrival_s - lag)
+            fresh.append(ReplicaView(rep.index, 0, 0, waiting, running, used / rep.scheduler.pool.num_blocks))
+        assert llm_d_ties(views, None, 0, *weights) == llm_d_ties(ReplicaViews(fresh), None, 0, *weights)
+        return route(request, views)
+
+    router.route = spy
+    fleet.run()
+
+
+class _BoundedViews(ReplicaViews):
+    """Views whose KV usage is a lower bound where ``exact`` is false, made exact by :meth:`read` (as the fleet's
+    ``MetricViews`` inside a run of decode steps); ``reads`` lists the replicas read."""
+
+    def __init__(self, waiting, usage, bound):
+        self.waiting, self.true, self.reads = list(waiting), list(usage), []
+        self.usage = [min(b, u) for b, u in zip(bound, usage)]
+        self.exact = [b >= u for b, u in zip(bound, usage)]
+
+    def __len__(self):
+        return len(self.waiting)
+
+    def published_bounds(self):
+        return self.waiting, self.usage, self.exact
+
+    def read(self, r):
+        self.reads.append(r)
+        self.usage[r], self.exact[r] = self.true[r], True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 100), st.integers(0, 100), st.integers(0, 4)),
+                min_size=1, max_size=8),
+       st.integers(0, 4), st.sampled_from([(3.0, 2.0, 2.0), (0.0, 1.0, 0.0), (1.0, 0.0, 5.0), (0.5, 7.0, 1.0)]))
+def test_llm_d_ties_on_bounds_reads_what_could_be_best(rows, blocks, weights):
+    """``llm_d_ties`` given KV usage lower bounds (``published_bounds``) finds the ties that exact figures give, and
+    reads a replica only where its bound's score was at or below a best found."""
+    waiting = [w for w, _, _, _ in rows]
+    usage = [u / 100 for _, u, _, _ in rows]
+    bound = [b / 100 for _, _, b, _ in rows]
+    matched = [m for _, _, _, m in rows] if blocks else None
+    lazy = _BoundedViews(waiting, usage, bound)
+    exact = llm_d_ties(ReplicaViews([ReplicaView(r, 0, 0, waiting[r], 0, usage[r]) for r in range(len(rows))]),
+                       matched, blocks, *weights)
+    assert llm_d_ties(lazy, matched, blocks, *weights) == exact
+    assert all(r not in lazy.reads for r in exact if bound[r] >= usage[r])  # an exact one is never read
+    assert len(set(lazy.reads)) == len(lazy.reads)
 
 
 class _UserViews(ReplicaViews):
