@@ -15,11 +15,11 @@ One case under valgrind takes ~1-2 minutes.  Figures: benchmarks/speed/README.md
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from instructions import cachegrind  # benchmarks/tools/ (this script's folder is first on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_REQUESTS = 50
@@ -45,18 +45,11 @@ else:
 
 def count(checkout: Path, replicas: int, router: str, requests: str) -> int:
     """Instructions of one case's whole process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(checkout))
-        cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-               os.path.realpath(sys.executable), "-c", _CASE, str(checkout), str(replicas), router, requests]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd[:6])} ... failed:\n{done.stderr[-2000:]}")
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
-    raise SystemExit("cachegrind wrote no summary line")
+    try:
+        return cachegrind(["-c", _CASE, str(checkout), str(replicas), router, requests],
+                          f"{replicas} x {router} on {checkout}", env={"PYTHONPATH": str(checkout)})
+    except RuntimeError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--routers", default="all")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout to count (built in place)")
     opts = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    if not (opts.checkout / "sim" / "__init__.py").is_file():
+        parser.error(f"--checkout {opts.checkout}: not a kvtune checkout (no sim/__init__.py)")
     sys.path.insert(0, str(opts.checkout))
     from sim import compiled_state
     from sim.fleet import router_names

@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,18 +49,22 @@ for _ in range(repeat):
 """
 
 
-def _count(case: str, root: Path, repeat: int, tmp: Path) -> int:
-    out = tmp / f"cg.{abs(hash((case, str(root), repeat)))}"
-    proc = subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-         sys.executable, "-c", _RUN, case, str(root.resolve()), str(repeat), str(HERE)],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+def cachegrind(argv: list[str], what: str, env: dict[str, str] | None = None) -> int:
+    """Instructions of a whole ``python ARGV...`` process under ``valgrind --tool=cachegrind --cache-sim=no`` with
+    ``PYTHONHASHSEED=0`` (and ``env`` added); a failure raises RuntimeError naming ``what``."""
+    proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                           sys.executable, *argv],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0", **(env or {})))
     found = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
     if proc.returncode != 0 or not found:
         lines = [line for line in proc.stderr.splitlines() if not line.startswith(("==", "--"))]
-        raise RuntimeError(f"the valgrind run of {case!r} on {root} failed (exit {proc.returncode}): "
+        raise RuntimeError(f"the valgrind run of {what} failed (exit {proc.returncode}): "
                            + ("\n".join(lines[-5:]) or proc.stderr[-500:]))
     return int(found.group(1).replace(",", ""))
+
+
+def _count(case: str, root: Path, repeat: int) -> int:
+    return cachegrind(["-c", _RUN, case, str(root.resolve()), str(repeat), str(HERE)], f"{case!r} on {root}")
 
 
 def main() -> int:
@@ -78,9 +81,9 @@ def main() -> int:
         if not (root / "sim" / "__init__.py").is_file():
             print(f"error: {root}: not a kvtune checkout (no sim/__init__.py)", file=sys.stderr)
             return 2
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool:
         for case in args.cases.split(","):
-            jobs = {(root, rep): pool.submit(_count, case, root, rep, Path(tmp)) for root in roots for rep in (2, 4)}
+            jobs = {(root, rep): pool.submit(_count, case, root, rep) for root in roots for rep in (2, 4)}
             try:
                 counts = {root: (jobs[root, 4].result() - jobs[root, 2].result()) / 2 for root in roots}
             except RuntimeError as exc:
