@@ -51,8 +51,8 @@ class Router(abc.ABC):
     ``route`` sees only the request and the replicas as a real router sees them (:class:`ReplicaView`), at the
     request's arrival; it returns a replica index.  ``replicas`` is any sequence of views; a router that reads every
     replica's published figures at once takes it through ``replica_views`` (a :class:`ReplicaViews`: the fleet's own,
-    which reads its columns, or a plain sequence wrapped, read view by view) and calls ``least_usage()`` or
-    ``published()`` on it.  A router with ``needs_state = False`` decides from the request
+    which reads its columns, or a plain sequence wrapped, read view by view) and calls ``least_usage()``,
+    ``published()`` or ``published_bounds()`` (KV usage lower bounds, made exact by ``read(r)``) on it.  A router with ``needs_state = False`` decides from the request
     and its own past decisions alone: the fleet routes every request through it before the run (then its views
     carry no load), which lets each replica look ahead to its own next arrival, as a single engine does.
     A router with ``reads_metrics = False`` reads only its own counts (``routed``, ``outstanding``): its views carry
