@@ -325,6 +325,17 @@ def test_kept_metric_views_are_those_made_again(router, lag, batch):
     assert checked == list(range(300))
 
 
+def _gapped_fleet(rows, replicas, router, lag, max_num_seqs):
+    """A fleet behind ``router`` (lag ``lag``) of requests ``(gap to the last arrival, prompt, output)``."""
+    t, data = 0.0, []
+    for gap, prompt, output in rows:
+        t += gap
+        data.append((t, prompt, output))
+    return FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=max_num_seqs), MODEL, GPU,
+                           replicas=replicas, router=router, router_params={"metrics_lag_s": lag},
+                           latency=LinearStepModel(0.01, 1e-5))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 0.03), st.integers(1, 300), st.integers(1, 120)), min_size=1, max_size=50),
        st.integers(1, 6), st.sampled_from([0.0, 0.004, 0.05]), st.sampled_from([4, 64]))
@@ -332,13 +343,7 @@ def test_the_least_kv_usage_read_lazily_is_the_least_published(rows, replicas, l
     """``MetricViews.least_usage`` (a replica inside a run of decode steps, whose blocks in use only grow there,
     read again only where its last figure could be the least) finds the replicas at the least published KV usage,
     in index order, that reading every replica afresh finds: at each arrival of a fleet behind least_kv_usage."""
-    t, data = 0.0, []
-    for gap, prompt, output in rows:
-        t += gap
-        data.append((t, prompt, output))
-    fleet = FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=max_num_seqs), MODEL, GPU,
-                            replicas=replicas, router="least_kv_usage", router_params={"metrics_lag_s": lag},
-                            latency=LinearStepModel(0.01, 1e-5))
+    fleet = _gapped_fleet(rows, replicas, "least_kv_usage", lag, max_num_seqs)
     route = fleet.router.route
 
     def spy(request, views):
@@ -359,13 +364,7 @@ def test_the_llm_d_pick_read_lazily_is_the_pick_of_every_replica_read(rows, repl
     there, read again only where its score could be the best) finds the replicas at the best score that every
     replica read afresh gives (a plain list of views: all exact), at each arrival of a fleet behind
     llm_d_weighted; max_num_seqs 4 queues arrivals inside runs (their waiting counts grow there)."""
-    t, data = 0.0, []
-    for gap, prompt, output in rows:
-        t += gap
-        data.append((t, prompt, output))
-    fleet = FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=max_num_seqs), MODEL, GPU,
-                            replicas=replicas, router="llm_d_weighted", router_params={"metrics_lag_s": lag},
-                            latency=LinearStepModel(0.01, 1e-5))
+    fleet = _gapped_fleet(rows, replicas, "llm_d_weighted", lag, max_num_seqs)
     router = fleet.router
     route = router.route
 
