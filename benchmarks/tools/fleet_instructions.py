@@ -24,22 +24,15 @@ from instructions import cachegrind  # benchmarks/tools/ (this script's folder i
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_REQUESTS = 50
 
+# The case is ``fleet_speed._case`` itself (rate scale 1 per engine, no shared prefixes, caching off: that
+# script's defaults), so both tools measure the same set-up and run.
 _CASE = r"""
 import sys
 checkout, replicas, router, requests = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sys.path[:0] = [checkout, checkout + "/benchmarks"]
 import fleet_speed
-from sim.engine.config import EngineConfig
-from sim.fleet import simulate_fleet
-from sim.profiles import load_gpu, load_model
-from sim.runner import simulate
-workload = fleet_speed._workload(None if requests == "all" else int(requests), float(max(replicas, 1)), False)
-args = (workload, EngineConfig(enable_prefix_caching=False), load_model("Llama-3-8B"), load_gpu("H100-SXM"))
-kwargs = dict(record_steps=False, keep_requests=False)
-if replicas == 0:
-    simulate(*args, **kwargs)
-else:
-    simulate_fleet(*args, replicas=replicas, router=router, **kwargs)
+fleet_speed._case((replicas, router if replicas else None, None if requests == "all" else int(requests), 1.0,
+                   False, False))
 """
 
 
