@@ -57,7 +57,10 @@ class BaseScheduler(ABC):
         predicted_output: dict[str, int] | None = None,
     ):
         self.config = config
-        self.block_size = config.block_size
+        self._block_size = 0
+        self._block_shift: i64 = -1
+        self._block_mask: i64 = -1
+        self.block_size = config.block_size  # (the setter below: sets the shift and mask too)
         # A resolved config (EngineConfig.resolve) has these set: typed int here, not the knobs' int | None.
         self.max_num_seqs: int = cast(int, config.max_num_seqs)
         self.max_num_batched_tokens: int = cast(int, config.max_num_batched_tokens)
@@ -109,6 +112,21 @@ class BaseScheduler(ABC):
         #: The running batch's leading steady decodes as arrays (off unless :meth:`use_decode_columns`).
         self._columns: DecodeColumns | None = None
         self._columns_min = DECODE_COLUMNS_MIN
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block.  Set through the setter, which keeps ``_block_shift`` (``log2`` of a power-of-two
+        size, else -1) and ``_block_mask`` (size - 1 for a power of two, else -1) with it: the run loops take a
+        request's blocks and residues with them where vLLM's block sizes (powers of two) allow, since the
+        compiled engine's i64 ``//`` and ``%`` are calls."""
+        return self._block_size
+
+    @block_size.setter
+    def block_size(self, value: int) -> None:
+        self._block_size = value
+        power_of_two = value > 0 and value & (value - 1) == 0
+        self._block_shift = value.bit_length() - 1 if power_of_two else -1
+        self._block_mask = value - 1 if power_of_two else -1
 
     def share_prefixes(self) -> None:
         """Some requests' prompts share prefixes (trace ``hash_ids``) and the prefix cache is on: switch to the
@@ -194,7 +212,7 @@ class BaseScheduler(ABC):
             block_size = self.block_size
             # A request's blocks, ``-(-computed // block_size)``, as ``(computed + B - 1) >> log2(B)`` when the block
             # size is a power of two (vLLM's are): the compiled engine's i64 ``//`` is a call per request per run.
-            shift: i64 = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
+            shift = self._block_shift
             round_up: i64 = block_size - 1
             run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
             # The bulk entries' processed tokens were left to this method; the others' first was counted by
@@ -841,7 +859,7 @@ class BaseScheduler(ABC):
         # with one remainder, not two); with ``B`` a power of two, as vLLM's block sizes are, the remainder is a mask
         # (the same value for negative ``1 - t``, two's complement), since the compiled engine's i64 ``%`` is a call.
         block_size: i64 = self.block_size
-        mask: i64 = block_size - 1 if block_size & (block_size - 1) == 0 else -1
+        mask = self._block_mask
         per_residue = [0] * block_size
         for r in rest:
             residue: i64 = 1 - r.prompt_tokens - r.num_output_tokens
