@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Any, Final
 
 import numpy as np
+from mypy_extensions import i64
 
 
 class LruBlockStore:
@@ -219,20 +220,22 @@ class _Entry:
     """One key's place in :class:`CpuBlockTier`: blocks held (0: no entry), the next older and newer entries' keys
     (-1: none), and blocks copied since :meth:`CpuBlockTier.take_copied` last took them.  Fields of a compiled class
     hold ints unboxed, where four ``list[int]`` allocated an int for each key above 256 they stored (the store
-    relinks every scheduled request after every step: benchmarks/speed/README.md, the per-case section)."""
+    relinks every scheduled request after every step: benchmarks/speed/README.md, the per-case section).  ``i64``:
+    machine integers in the compiled engine, without the tag checks of its ``int`` arithmetic (the same values:
+    blocks and request indices, far below 2**63)."""
 
     __slots__ = ("count", "prev", "next", "copied")
 
     def __init__(self) -> None:
-        self.count = 0
-        self.prev = -1
-        self.next = -1
-        self.copied = 0
+        self.count: i64 = 0
+        self.prev: i64 = -1
+        self.next: i64 = -1
+        self.copied: i64 = 0
 
 
 #: The one entry every key without an entry of its own points at (count 0, no neighbours, nothing copied; never
-#: written: a key gets an :class:`_Entry` of its own when it is first stored, :func:`_own`).  Keys are request
-#: indices over the whole workload, so each replica of a fleet sizes its lists by every request the fleet sees:
+#: written: a key gets an :class:`_Entry` of its own when it is first stored, :meth:`CpuBlockTier.put`).  Keys are
+#: request indices over the whole workload, so each replica of a fleet sizes its lists by every request the fleet sees:
 #: as an object per key that was 2M objects at 64 replicas on the Azure trace, and full garbage collections took
 #: 0.63 of a 1.0 s run (64 x round_robin, prefix caching on; issue 31's fleet speed notes).
 _UNUSED: Final = _Entry()  # (Final: a C static in the compiled module, not a lookup in its globals per use)
@@ -242,14 +245,6 @@ def _grow(entries: list[_Entry], size: int) -> None:
     """Extend ``entries`` in place with :data:`_UNUSED` to at least ``size`` (doubling, 1,024 at least: amortized
     O(1) per key), for :class:`LinkedLru` and :class:`CpuBlockTier`."""
     entries.extend([_UNUSED] * (max(size, 2 * len(entries), 1024) - len(entries)))
-
-
-def _own(entries: list[_Entry], key: int) -> _Entry:
-    """``key``'s own entry, made in place of :data:`_UNUSED` the first time it is stored."""
-    entry = entries[key]
-    if entry is _UNUSED:
-        entry = entries[key] = _Entry()
-    return entry
 
 
 class CpuBlockTier:
@@ -271,9 +266,9 @@ class CpuBlockTier:
         #: ``Request.swapped_out_blocks`` when the request ends, instead of one Python update per stored request
         #: per step.
         self._entries: list[_Entry] = []
-        self._head = -1  # the oldest entry's key
-        self._tail = -1  # the newest entry's key
-        self._total = 0  # blocks held
+        self._head: i64 = -1  # the oldest entry's key
+        self._tail: i64 = -1  # the newest entry's key
+        self._total: i64 = 0  # blocks held
 
     @property
     def num_blocks(self) -> int:
@@ -405,78 +400,83 @@ class CpuBlockTier:
         return grown
 
     def _run(self, keys: list[int], fulls: list[int], news: list[int] | None) -> int:
-        """For each ``(keys[i], fulls[i])`` in turn: keep ``min(fulls[i], capacity)`` leading blocks of the key as
-        the newest entry, evicting the oldest entries' blocks (the last one perhaps in part, which stays the
-        oldest) to stay within ``capacity``; blocks newly copied (beyond what the key held before) go to
-        ``news[i]`` and to the key's copies (:meth:`take_copied`).  Returns the blocks newly copied in all."""
-        entries = self._entries
-        size = len(entries)
-        capacity = self.capacity
-        head, tail, total = self._head, self._tail, self._total
-        stored = 0
+        """For each ``(keys[i], fulls[i])`` in turn, :meth:`put`; blocks newly copied go to ``news[i]`` (when
+        given).  Returns the blocks newly copied in all."""
+        stored: i64 = 0
+        i: i64 = 0
         for i in range(len(keys)):
-            key = keys[i]
-            n = fulls[i]
-            if n <= 0:
-                if news is not None:
-                    news[i] = 0
-                continue
-            if n > capacity:
-                n = capacity
-            if key >= size:  # (per key: ``max(keys)`` compared the boxed ints through the interpreter)
-                _grow(entries, key + 1)
-                size = len(entries)
-            entry = _own(entries, key)
-            have = entry.count
-            if have > 0:  # take the key's entry out (it becomes the newest below)
-                p, q = entry.prev, entry.next
-                if p >= 0:
-                    entries[p].next = q
-                else:
-                    head = q
-                if q >= 0:
-                    entries[q].prev = p
-                else:
-                    tail = p
-                entry.count = 0
-                total -= have
-            overflow = total + n - capacity
-            while overflow > 0:
-                if head < 0:
-                    raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
-                old = entries[head]
-                held = old.count
-                if held <= 0:
-                    raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
-                if held > overflow:  # the oldest entry loses its tail blocks and stays the oldest
-                    old.count = held - overflow
-                    total -= overflow
-                    break
-                q = old.next
-                head = q
-                if q >= 0:
-                    entries[q].prev = -1
-                else:
-                    tail = -1
-                old.count = 0
-                total -= held
-                overflow -= held
-            entry.count = n
-            entry.prev = tail
-            entry.next = -1
-            if tail >= 0:
-                entries[tail].next = key
-            else:
-                head = key
-            tail = key
-            total += n
-            new = n - have if n > have else 0
+            new = self.put(keys[i], fulls[i])
             if news is not None:
                 news[i] = new
-            entry.copied += new
             stored += new
-        self._head, self._tail, self._total = head, tail, total
         return stored
+
+    def put(self, key: i64, n: i64) -> i64:
+        """Keep ``min(n, capacity)`` leading blocks of ``key`` as the newest entry (``n <= 0``: nothing), evicting
+        the oldest entries' blocks (the last one perhaps in part, which stays the oldest) to stay within
+        ``capacity``; blocks newly copied (beyond what the key held before) go to the key's copies
+        (:meth:`take_copied`) and are returned.  (``i64``: machine integers in the compiled engine, as ``_Entry``'s
+        fields; this runs per stored request per step of a write-through offload run, also called directly by
+        ``BaseScheduler._store_computed_blocks`` without lists of boxed keys and counts.)"""
+        if n <= 0:
+            return 0
+        capacity: i64 = self.capacity
+        if n > capacity:
+            n = capacity
+        entries = self._entries
+        if key >= len(entries):
+            _grow(entries, key + 1)
+        entry = entries[key]
+        if entry is _UNUSED:  # its first store: an entry of its own
+            entry = entries[key] = _Entry()
+        head, tail, total = self._head, self._tail, self._total
+        have = entry.count
+        if have > 0:  # take the key's entry out (it becomes the newest below)
+            p, q = entry.prev, entry.next
+            if p >= 0:
+                entries[p].next = q
+            else:
+                head = q
+            if q >= 0:
+                entries[q].prev = p
+            else:
+                tail = p
+            entry.count = 0
+            total -= have
+        overflow = total + n - capacity
+        while overflow > 0:
+            if head < 0:
+                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+            old = entries[head]
+            held = old.count
+            if held <= 0:
+                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+            if held > overflow:  # the oldest entry loses its tail blocks and stays the oldest
+                old.count = held - overflow
+                total -= overflow
+                break
+            q = old.next
+            head = q
+            if q >= 0:
+                entries[q].prev = -1
+            else:
+                tail = -1
+            old.count = 0
+            total -= held
+            overflow -= held
+        entry.count = n
+        entry.prev = tail
+        entry.next = -1
+        if tail >= 0:
+            entries[tail].next = key
+        else:
+            head = key
+        self._head, self._tail, self._total = head, key, total + n
+        new: i64 = 0
+        if n > have:
+            new = n - have
+            entry.copied += new
+        return new
 
     def take_copied(self, key: int) -> int:
         """Blocks copied for ``key`` since the last call (0 if none), and forget them."""

@@ -372,17 +372,46 @@ class BaseScheduler(ABC):
         is an LRU).  The first ``skip`` entries are the decode columns', stored already by
         :meth:`_store_segment_blocks` (their Request attributes are stale).  The step counts its copies; each
         request's are counted in the tier until it ends (:meth:`settle`)."""
-        block_size = self.block_size
-        keys: list[int] = []
-        fulls: list[int] = []
-        # (One pass, each entry read as a plain tuple and only its request taken, as update_from_output reads them.)
-        for entry in cast(list[tuple], out.scheduled[skip:] if skip else out.scheduled):
+        block_size: i64 = self.block_size
+        shift = self._block_shift  # (full blocks as ``computed >> log2(B)`` for a power of two: no i64 ``//`` call)
+        cpu = self.cpu
+        capacity: i64 = cpu.capacity
+        if capacity <= 0:
+            return
+        # (Each entry read as a plain tuple and only its request taken, as update_from_output reads them.)
+        entries = cast(list[tuple], out.scheduled[skip:] if skip else out.scheduled)
+        # The step's blocks as ``CpuBlockTier.store_step`` sums them (each request's ``min(full, capacity)``).
+        blocks: i64 = 0
+        for entry in entries:
             req: Request = entry[0]
             if req.blocks:
+                computed: i64 = req.num_computed_tokens
+                full = computed >> shift if shift >= 0 else computed // block_size
+                if full > 0:
+                    blocks += full if full < capacity else capacity
+        if blocks > capacity:
+            # Fast path: ``store_step``'s own for blocks beyond the capacity, its keys stored one after the other
+            # (``CpuBlockTier.put``), here without the lists of boxed request indices and counts it takes (a request
+            # index is above 256, so each was a new int, per stored request per step: ~10% of an offload run,
+            # callgrind).  The slow path, for the rest, is the lists below.
+            stored: i64 = 0
+            for entry in entries:
+                req = entry[0]
+                if req.blocks:
+                    computed = req.num_computed_tokens
+                    stored += cpu.put(req.index, computed >> shift if shift >= 0 else computed // block_size)
+            out.swap_out_blocks += stored
+            return
+        keys: list[int] = []
+        fulls: list[int] = []
+        for entry in entries:
+            req = entry[0]
+            if req.blocks:
                 keys.append(req.index)
-                fulls.append(req.num_computed_tokens // block_size)
+                computed = req.num_computed_tokens
+                fulls.append(computed >> shift if shift >= 0 else computed // block_size)
         if keys:
-            out.swap_out_blocks += self.cpu.store_step(keys, fulls)
+            out.swap_out_blocks += cpu.store_step(keys, fulls)
 
     def _store_segment_blocks(self, out: SchedulerOutput) -> None:
         """:meth:`_store_computed_blocks` for the decode columns, the step's leading entries (they hold blocks),
@@ -510,11 +539,13 @@ class BaseScheduler(ABC):
             shape.decode_context += sign * end
         else:
             shape.prefill_tokens += sign * num_new
-            shape.prefill_attention += sign * num_new * (computed + num_new / 2)
+            # (Converted to float explicitly, as Python's int-float operations convert: the compiled engine then
+            # works on C doubles, where the mixed operands went through the interpreter's PyNumber_* per chunk.)
+            shape.prefill_attention += float(sign * num_new) * (float(computed) + num_new / 2)
             shape.prefill_context += sign * end
             if recompute:
                 shape.recompute_tokens += sign * recompute
-                shape.recompute_attention += sign * recompute * (computed + recompute / 2)
+                shape.recompute_attention += float(sign * recompute) * (float(computed) + recompute / 2)
                 shape.recompute_context += sign * (computed + recompute)
         if sign > 0:
             out.scheduled.append((req, num_new))
