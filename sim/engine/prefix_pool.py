@@ -30,7 +30,7 @@ The count-based :class:`~sim.engine.kv_cache.GpuBlockPool` stays the pool for pr
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, cast
 
 from sim.engine.request import Request
 
@@ -56,6 +56,13 @@ def own_key(req: Request) -> int:
     return (index << 25) | (1 + 2 * ((index * 0x9E3779B1) & 0x7FFFFF))
 
 
+# Where the loops below read a key from a request's tuple or a slot from the map, they keep it as the int object it
+# is (typed ``object``; slots hold their key so too): typed ``int``, the compiled module unboxes it and boxes it
+# again for the dict or list it goes to, allocating a new int for each value above 256 (callgrind of the prefix case,
+# 2026-12-07: ~90 instructions a box, two or three boxes a block in ``lookup`` and ``_cache``, and the map's equality
+# checks between equal ints that are not the same object).  ``cast`` costs a type check of the container, nothing
+# else.
+
 #: A slot's ``ids`` when it is not a run entry.  ``Final`` (here and for the other constants read on the engine's
 #: per-step paths): a C static in the compiled module, not a lookup in its globals dict at each read.
 _NO_IDS: Final[list[int]] = []
@@ -75,7 +82,7 @@ class _Slot:
     __slots__ = ("key", "ref", "serial", "qprev", "qnext", "cnext", "run", "first", "own", "ids")
 
     def __init__(self) -> None:
-        self.key = -1
+        self.key: object = -1  # an int, kept as the object the map holds (see lookup)
         self.ref = -1
         self.serial = -1
         self.qprev = -1
@@ -143,7 +150,7 @@ class PrefixBlockPool:
         entry (an ended request's own blocks, see :meth:`free`) gives its blocks from its count; its hashes are in no
         map (fast path: the block-by-block path below pops each block's hash)."""
         slots = self._slots
-        oldest = self._oldest
+        oldest = cast("dict[object, int]", self._oldest)
         while count > 0:
             s = self._qhead
             if s < 0:
@@ -213,26 +220,26 @@ class PrefixBlockPool:
     def lookup(self, req: Request, limit: int) -> list[int]:
         """Ids of the longest run of ``req``'s leading blocks (at most ``limit``) that some block carries (a new
         list: :meth:`num_evictable` and :meth:`touch` take it)."""
-        out: list[int] = []
-        if limit <= 0:
-            return out
-        keys = req.prefix_keys
-        num_shared = len(keys)
-        own = own_key(req)
-        oldest = self._oldest
-        # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
-        for p in range(limit):
-            s = oldest.get(keys[p] if p < num_shared else own + 2 * p, -1)
-            if s < 0:
-                break
-            out.append(s)
-        n = len(out)
-        ids = req.block_ids
-        if n < limit and len(ids) > n and not req.blocks_freed and n >= num_shared:
-            # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks: the
-            # scheduler looks a request up when it holds none).
-            out.extend(ids[n:limit])
-        return out
+        out: list[object] = []
+        if limit > 0:
+            # Keys and slots stay the int objects the tuple and the map hold (see the comment above _NO_IDS).
+            keys: tuple[object, ...] = req.prefix_keys
+            num_shared = len(keys)
+            own = own_key(req)
+            oldest = cast("dict[object, object]", self._oldest)
+            # A hit takes the oldest copy (BlockHashToBlockMap.get_one_block: the first entry).
+            for p in range(limit):
+                s = oldest.get(keys[p] if p < num_shared else own + 2 * p)
+                if s is None:
+                    break
+                out.append(s)
+            n = len(out)
+            ids = req.block_ids
+            if n < limit and len(ids) > n and not req.blocks_freed and n >= num_shared:
+                # Its own blocks not in the map yet (cache_blocks) carry its next keys (only while it holds blocks:
+                # the scheduler looks a request up when it holds none).
+                out.extend(ids[n:limit])
+        return cast("list[int]", out)
 
     def num_evictable(self, ids: list[int]) -> int:
         """How many of these hit blocks (:meth:`lookup`'s) are free (taking them still costs a free block)."""
@@ -295,25 +302,30 @@ class PrefixBlockPool:
         num_shared = len(shared)
         own = own_key(req)
         slots, stack = self._slots, self._stack
-        oldest = self._oldest
+        # The key, and the slot once boxed, as objects (see the comment above _NO_IDS).
+        keys: tuple[object, ...] = shared
+        oldest = cast("dict[object, object]", self._oldest)
+        out = cast("list[object]", ids)
         for p in range(position, full):
             top = self._top - 1
             if top < 0:
                 raise RuntimeError("prefix pool: more hashed blocks than blocks")
             self._top = top
             s = stack[top]
-            key = shared[p] if p < num_shared else own + 2 * p
+            key = keys[p] if p < num_shared else own + 2 * p
             slot = slots[s]
             slot.key = key
             slot.ref = 1
             slot.serial = bid + p - position
             slot.cnext = -1
-            last = oldest.setdefault(key, s)
-            if last != s:  # the hash's youngest copy until now gets this one next
-                while slots[last].cnext != -1:
-                    last = slots[last].cnext
-                slots[last].cnext = s
-            ids.append(s)
+            boxed: object = s
+            last = oldest.setdefault(key, boxed)
+            if last is not boxed:  # the hash's youngest copy until now gets this one next
+                copy = cast(int, last)
+                while slots[copy].cnext != -1:
+                    copy = slots[copy].cnext
+                slots[copy].cnext = s
+            out.append(boxed)
 
     def free(self, req: Request, final: bool = False) -> None:
         """``req`` gives back all its blocks, in reverse order (SingleTypeKVCacheManager.free,
@@ -333,7 +345,7 @@ class PrefixBlockPool:
         if ids:
             own = own_key(req)
             slots, stack = self._slots, self._stack
-            oldest = self._oldest
+            oldest = cast("dict[object, int]", self._oldest)
             last = len(ids) - 1
             if final and ids[last] < 0:
                 first = last
@@ -362,7 +374,7 @@ class PrefixBlockPool:
                     self._top = top
                     number = ~s
                     s = stack[top]
-                    key = own + 2 * i
+                    key: object = own + 2 * i  # boxed once, for the map and the slot
                     if oldest.setdefault(key, s) != s:
                         raise RuntimeError("prefix pool: a request's own key has a copy before its first free")
                     slot = slots[s]
@@ -413,7 +425,7 @@ class PrefixBlockPool:
     def blocks(self) -> dict[int, tuple[int, int, int]]:
         """Every hashed block: slot -> (hash, reference count, serial); a run entry's blocks (see :meth:`free`) by
         their ids ``~serial``, as if they were in the map."""
-        out = {s: (slot.key, slot.ref, slot.serial) for s, slot in enumerate(self._slots) if slot.ref >= 0 and not slot.run}
+        out = {s: (cast(int, slot.key), slot.ref, slot.serial) for s, slot in enumerate(self._slots) if slot.ref >= 0 and not slot.run}
         for slot in self._runs():
             out.update((bid, (key, 0, serial)) for bid, key, serial in self._run_blocks(slot))
         return out
