@@ -47,9 +47,9 @@ class RequestStore:
         self.arrivals_s = df["arrival_s"].to_numpy(dtype=float)
         self.prompts = df["prompt_tokens"].to_numpy(dtype=np.int64)
         self.outputs = df["output_tokens"].to_numpy(dtype=np.int64)
-        #: All requests' prefix keys in one int64 array and where each request's start (None: not made).
-        #: Per request, the block hashes of its leading full prompt blocks (empty: it shares nothing).
-        self.keys = self._prefix_keys(df, self.prompts)
+        #: Per request, the block hashes of its leading full prompt blocks (empty: it shares nothing); and how many
+        #: of them its ``Request.prefix_keys`` keeps (``pool_lengths``; None: all).
+        self.keys, self.pool_lengths = self._prefix_keys(df, self.prompts)
         self.log = RequestLog(self.ids, self.classes, self.arrivals_s, self.prompts, self.outputs)
         #: The columns of requests ``[_lists_start, _lists_start + LIST_CHUNK)`` as Python lists (see request).
         self._lists: list[list] = []
@@ -75,9 +75,13 @@ class RequestStore:
                 self._lists_start = start
             ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = self._lists
             j = i - start
+            keys = self.keys[i]
+            lengths = self.pool_lengths
+            if lengths is not None and lengths[i] < len(keys):
+                keys = keys[:lengths[i]]
             req = self.live[i] = self._new_request(
                 i, ids[j], classes[j], arrivals[j], prompts[j], outputs[j], priorities[j], timeout_at[j],
-                cancel_at[j], self.keys[i])
+                cancel_at[j], keys)
         return req
 
     def record(self, finished: list[Request]) -> None:
@@ -98,8 +102,11 @@ class RequestStore:
     def _all_requests(self) -> list[Request]:
         """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
         (indexing the numpy columns element by element, as :meth:`request` does, costs more than the request)."""
+        keys = self.keys
+        if self.pool_lengths is not None:
+            keys = [k[:n] for k, n in zip(keys, self.pool_lengths)]
         reqs = [self._new_request(i, *row)
-                for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), self.keys))]
+                for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), keys))]
         self.live.update(enumerate(reqs))
         return reqs
 
@@ -114,22 +121,55 @@ class RequestStore:
         )
         return req
 
-    def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> list[tuple[int, ...]]:
+    def _prefix_keys(self, df: pd.DataFrame, prompts: np.ndarray) -> tuple[list[tuple[int, ...]], list[int] | None]:
         """Per request, the block hashes of its leading full prompt blocks from the trace's ``hash_ids`` (each id
         names one ``hash_block_tokens`` block of the prompt and, chained, everything before it, as in Mooncake's
         traces): kvtune block ``i`` gets key ``hash_id * (H / block_size) + offset``, and hash ``2 * key`` (even:
-        see :func:`~sim.engine.prefix_pool.block_hash`).  Requests without ids share nothing."""
+        see :func:`~sim.engine.prefix_pool.block_hash`).  Requests without ids share nothing.
+
+        Also, per request, how many of those keys its ``Request.prefix_keys`` keeps (None: all, for every request):
+        see :func:`pool_lengths`.  The routers of a fleet see every key (``keys``)."""
         if "hash_ids" not in df.columns or not self.config.enable_prefix_caching:
-            return [()] * len(df)
+            return [()] * len(df), None
         block_size = self.config.block_size
         if self.hash_block_tokens // block_size < 1 or self.hash_block_tokens % block_size:
             raise ConfigError("block_size", f"{block_size} does not divide the trace's hash block of "
                                             f"{self.hash_block_tokens} tokens; shared prefixes cannot be mapped")
         column = df["hash_ids"].to_numpy()
         found = _prefix_hash_array(column, prompts, block_size, self.hash_block_tokens)
-        if found is None:
-            return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens))
-        return _key_tuples(*found)
+        if found is None:  # (ids that are not all int64: every key kept)
+            return _int64_keys(_prefix_hashes_loop(column, prompts, block_size, self.hash_block_tokens)), None
+        hashes, ends, pool = found
+        return _key_tuples(hashes, ends), pool
+
+
+def pool_lengths(ids: np.ndarray, id_counts: np.ndarray, num_blocks: np.ndarray, per_hash: int) -> list[int] | None:
+    """Per request, how many of its keys its ``Request.prefix_keys`` keeps: those up to the end of its last hash id
+    that the workload has more than once (in another request, or twice in its own); None where that is every key of
+    every request.  A key past it belongs to one block of this request alone (a key is its id and the block's offset
+    in it).  The prefix pool treats such blocks as a request's own blocks past its keys (``sim.engine.prefix_pool``:
+    named, not mapped, while it holds them; one free-queue entry once it ended): nobody else can hit them and it
+    does not look itself up while it holds them, so the pool decides the same with those keys or its own
+    (tests/sim/engine/test_prefix_pool.py checks it on whole runs) and does less per block.  Counted per id rather
+    than per key (32 blocks of 16 tokens to a 512-token id), an id's blocks count as shared when the id is, even
+    those only one request's prompt reaches: keeping a key is always right, only dropping one needs it unique.
+
+    ``ids``: every request's hash ids, request after request; ``id_counts``: how many each request has;
+    ``num_blocks``: how many keys each has (its full prompt blocks covered by its ids); ``per_hash``: blocks per id."""
+    if not len(ids):
+        return None
+    _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(counts[inverse] > 1)  # positions in ids of ids that occur more than once
+    ends = np.cumsum(id_counts)
+    starts = ends - id_counts
+    last = np.full(len(ends), -1, dtype=np.int64)
+    if len(shared):
+        at = np.searchsorted(shared, ends) - 1  # each request's last shared position, if it lies in its range
+        last = np.where(at >= 0, shared[np.maximum(at, 0)], -1)
+    lengths = np.minimum(np.where(last >= starts, last - starts + 1, 0) * per_hash, num_blocks)
+    if (lengths == num_blocks).all():
+        return None
+    return lengths.tolist()
 
 
 def _prefix_hashes_loop(column: np.ndarray, prompts: np.ndarray, block_size: int,
@@ -157,16 +197,16 @@ def _int64_keys(keys: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def _prefix_hash_array(column: np.ndarray, prompts: np.ndarray, block_size: int,
-                       hash_block_tokens: int) -> tuple[np.ndarray, list[int]] | None:
-    """:func:`_prefix_hashes_loop` in one numpy pass over all requests, as all requests' keys in one int64 array and
-    where each request's end, or ``None`` where it might differ: ids that are not all int64 (floats, or ints beyond
-    int64) or so large that the hashes could overflow int64."""
+                       hash_block_tokens: int) -> tuple[np.ndarray, list[int], list[int] | None] | None:
+    """:func:`_prefix_hashes_loop` in one numpy pass over all requests, as all requests' keys in one int64 array,
+    where each request's end and :func:`pool_lengths`; or ``None`` where it might differ: ids that are not all int64
+    (floats, or ints beyond int64) or so large that the hashes could overflow int64."""
     per_hash = hash_block_tokens // block_size
     rows = [() if ids is None else ids for ids in column]
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     flat = np.array([i for ids in rows for i in ids])
     if not len(flat):
-        return np.zeros(0, dtype=np.int64), [0] * len(rows)
+        return np.zeros(0, dtype=np.int64), [0] * len(rows), None
     limit = (1 << 62) // per_hash - 1  # |id| <= limit: |2 * (id * per_hash + offset)| < 2**63
     if flat.dtype.kind != "i" or flat.min() < -limit or flat.max() > limit:
         return None
@@ -175,14 +215,14 @@ def _prefix_hash_array(column: np.ndarray, prompts: np.ndarray, block_size: int,
     block = np.arange(int(ends[-1])) - np.repeat(ends - num_blocks, num_blocks)  # i within its request
     first_id = np.repeat(np.cumsum(lengths) - lengths, num_blocks)  # where the request's ids start in flat
     hashes = (flat[first_id + block // per_hash] * per_hash + block % per_hash) << 1
-    return hashes.astype(np.int64, copy=False), ends.tolist()
+    return hashes.astype(np.int64, copy=False), ends.tolist(), pool_lengths(flat, lengths, num_blocks, per_hash)
 
 
 def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
                    hash_block_tokens: int) -> list[tuple[int, ...]] | None:
     """:func:`_prefix_hash_array` as one tuple per request (:func:`_prefix_hashes_loop`'s form)."""
     found = _prefix_hash_array(column, prompts, block_size, hash_block_tokens)
-    return None if found is None else _key_tuples(*found)
+    return None if found is None else _key_tuples(found[0], found[1])
 
 
 def _key_tuples(hashes: np.ndarray, ends: list[int]) -> list[tuple[int, ...]]:

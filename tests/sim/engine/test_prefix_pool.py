@@ -8,12 +8,18 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engine.config import EngineConfig
 from sim.engine.prefix_pool import PrefixBlockPool, block_hash
 from sim.engine.request import Request
+from sim.latency import LinearStepModel
+from sim.profiles import load_gpu, load_model
 from sim.request_store import _int64_keys, _prefix_hashes, _prefix_hashes_loop
+from sim.runner import Simulation
+from tests.sim.engine.conftest import make_workload
 
 BLOCK = 4
 
@@ -257,3 +263,67 @@ def test_keys_beyond_int64_are_renamed_alike():
     assert [[a == b for b in flat] for a in flat] == [[a == b for b in new] for a in new]
     small = [(2, 4), (-6,)]
     assert _int64_keys(small) is small
+
+
+# ---- a request's keys that no other key equals: the pool takes them as its own (request_store.pool_lengths) -----
+
+def _keyed_run(rows, ids, num_blocks: int, late_ids: list[int] | None):
+    """``rows`` with trace ``hash_ids`` ``ids`` (64 tokens an id, 4 blocks of 16) on ``num_blocks`` blocks; with
+    ``late_ids``, one more request arrives long after the others ended, listing those ids twice on a one-block
+    prompt: every id then occurs at least twice, so the store keeps every key of every request (no pool length
+    cut)."""
+    rows, ids = list(rows), list(ids)
+    if late_ids is not None:
+        rows.append((1e6, 16, 1))
+        ids.append(late_ids + late_ids)
+    wl = make_workload(rows)
+    wl.requests["hash_ids"] = ids
+    config = EngineConfig(enable_prefix_caching=True, num_gpu_blocks_override=num_blocks, max_model_len=512,
+                          max_num_batched_tokens=256, max_num_seqs=16)
+    sim = Simulation(wl, config, load_model("Llama-3-8B"), load_gpu("H100-SXM"),
+                     latency=LinearStepModel(0.01, 1e-5), hash_block_tokens=64)
+    return sim, sim.run()
+
+
+@st.composite
+def keyed_workloads(draw):
+    n = draw(st.integers(2, 14))
+    rows, ids, next_id = [], [], 1000
+    for i in range(n):
+        shared = draw(st.lists(st.integers(0, 5), max_size=3))  # a few ids many requests list (or twice)
+        own = draw(st.integers(0, 4))
+        row_ids = shared + list(range(next_id, next_id + own))
+        next_id += own
+        prompt = draw(st.integers(1, max(1, 64 * len(row_ids) + 40)))
+        rows.append((0.02 * draw(st.integers(0, 40)), prompt, draw(st.integers(1, 60))))
+        ids.append(row_ids)
+    return rows, ids, draw(st.integers(34, 80)), list(range(0, 6)) + list(range(1000, next_id))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(case=keyed_workloads())
+def test_keys_only_one_request_has_decide_as_its_own_keys(case):
+    """The same run, block for block, whether each request's keys that no other key equals are kept (the late
+    request lists every id, so none is unique) or taken by the pool as the request's own keys (cut off by
+    ``pool_lengths``): same request rows, same steps before the late arrival."""
+    rows, ids, num_blocks, every_id = case
+    cut_sim, cut = _keyed_run(rows, ids, num_blocks, None)
+    kept_sim, kept = _keyed_run(rows, ids, num_blocks, every_id)
+    assert kept_sim.store.pool_lengths is None
+    n = len(rows)
+    pd.testing.assert_frame_equal(cut.requests.iloc[:n].reset_index(drop=True),
+                                  kept.requests.iloc[:n].reset_index(drop=True))
+    steps = kept.steps[kept.steps["start_s"] < 1e6 - 1].reset_index(drop=True)
+    pd.testing.assert_frame_equal(cut.steps.reset_index(drop=True), steps)
+
+
+def test_pool_lengths_cut_each_request_after_its_last_shared_id():
+    # Ids 1 and 2 are listed twice (2 twice by one request); 7, 8, 9 and 10 once.  4 blocks an id.
+    rows = [(0.0, 64 * 3, 4), (0.0, 64 * 2 + 20, 4), (0.0, 64 * 2, 4), (0.0, 30, 4)]
+    ids = [[1, 7, 8], [2, 2, 9], [1, 10], []]
+    sim, _ = _keyed_run(rows, ids, 200, None)
+    # request 0: id 1 shared -> 4 keys of 12; request 1: ids 2, 2 -> 8 of 9 (its prompt covers 9 blocks); request 2:
+    # id 1 -> 4 of 8; request 3: no ids.
+    assert sim.store.pool_lengths == [4, 8, 4, 0]
+    assert [len(k) for k in sim.store.keys] == [12, 9, 8, 0]
+    assert [len(sim.store.request(i).prefix_keys) for i in range(4)] == [4, 8, 4, 0]
