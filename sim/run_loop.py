@@ -63,8 +63,9 @@ class RunRecord:
         self.start_s = start_s
         #: Steps of the run (less when it was cut).
         self.num_steps = num_steps
-        self.affine = affine
-        # The affine run's two terms as plain floats (read at every boundary a router asks for, unboxed).
+        #: Whether step ``j`` starts at ``start_s + j * first + increment * j * (j - 1) / 2`` (``affine``'s two
+        #: terms, kept as plain floats: read at every boundary a router asks for, unboxed); else at ``starts[j]``.
+        self.affine = affine is not None
         self.first = affine[0] if affine is not None else 0.0
         self.increment = affine[1] if affine is not None else 0.0
         self.starts: np.ndarray | None = None
@@ -85,7 +86,7 @@ class RunRecord:
 
     def boundary_s(self, j: int) -> float:
         """When step ``j`` of the run starts."""
-        if self.affine is not None:
+        if self.affine:
             return self.start_s + (j * self.first + self.increment * j * (j - 1) / 2)
         assert self.starts is not None
         return float(self.starts[j])
@@ -93,7 +94,7 @@ class RunRecord:
     def last_boundary(self, at_s: float) -> int:
         """The last step of the run (0 to ``num_steps - 1``) that starts at or before ``at_s``."""
         k = self.num_steps
-        if self.affine is None:
+        if not self.affine:
             assert self.starts is not None
             return max(0, min(k - 1, int(np.searchsorted(self.starts[:k], at_s, side="right")) - 1))
         first = self.first
@@ -109,7 +110,7 @@ class RunRecord:
         an affine run's steps are walked on from the last call's (the same step: its start is the last at or before
         ``at_s``, the starts growing along the run), a few per call instead of a search.  Sets ``next_s``."""
         k = self.num_steps
-        if self.affine is None:
+        if not self.affine:
             j = self.last_boundary(at_s)
             nxt = self.boundary_s(j + 1) if j + 1 < k else math.inf
         else:
@@ -494,6 +495,15 @@ class EngineLoop:
             if j >= 1:
                 waiting, running, used = run.metrics(j, self.scheduler.block_size)
         return waiting, running, used, entry, inner
+
+    def run_queued(self) -> bool:
+        """Whether the figures :meth:`metrics_at` last returned fall in a run of decode steps that had requests
+        queued during it (added here while it ran, ``RunRecord.adds``): its published waiting count then grows at
+        the run's inner boundaries, where without them only the blocks in use do."""
+        history = self.history
+        assert history is not None
+        run = history[self.history_head].run
+        return run is not None and len(run.adds) > 0
 
     def _record_run(self, now: float, num_steps: int) -> None:
         """A run of ``num_steps`` decode steps began at ``now``: its inner boundaries for ``history``."""

@@ -386,10 +386,7 @@ class MetricViews(ReplicaViews):
         self.until[r] = entry
         self.inner[r] = inner
         self.exact[r] = True
-        history = rep.history
-        assert history is not None
-        run = history[rep.history_head].run
-        self.queued[r] = run is not None and len(run.adds) > 0
+        self.queued[r] = rep.run_queued()
 
     def published(self) -> tuple[list[int], list[float]]:
         """Every replica's published waiting count and KV usage (all read exactly)."""
