@@ -381,6 +381,35 @@ def test_the_llm_d_pick_read_lazily_is_the_pick_of_every_replica_read(rows, repl
     fleet.run()
 
 
+def test_a_waiting_count_grown_inside_a_run_is_read_where_it_grows():
+    """A replica whose run of decode steps had arrivals queued during it (max_num_seqs 1: they join a blocked
+    queue) publishes a waiting count that grows at the run's inner boundaries, so ``MetricViews`` reads it again
+    there (not only its KV usage, as a lower bound): at each arrival of this fleet behind llm_d_weighted the
+    views' waiting counts are those read afresh, and at the last arrival the grown count decides the pick
+    (replica 1 alone is best; with replica 0's count from before the queued arrivals, both tie)."""
+    data = [(0.0, 200, 60), (0.0, 200, 20), (0.0, 64, 60), (0.02, 200, 20), (0.03, 64, 20), (0.04, 16, 60),
+            (0.05, 16, 20), (0.055, 200, 60), (0.06, 16, 60), (0.08, 200, 20)]
+    lag = 0.004
+    fleet = FleetSimulation(make_workload(data), EngineConfig(max_num_seqs=1), MODEL, GPU, replicas=2,
+                            router="llm_d_weighted", router_params={"metrics_lag_s": lag},
+                            latency=LinearStepModel(0.01, 1e-5))
+    router = fleet.router
+    route = router.route
+    picks = []
+
+    def spy(request, views):
+        weights = (router.prefix_weight, router.kv_weight, router.queue_weight)
+        fresh = [rep.metrics_at(request.arrival_s - lag) for rep in fleet.replicas]
+        waiting, _, _ = views.published_bounds()
+        assert waiting == [f[0] for f in fresh]
+        picks.append(llm_d_ties(views, None, 0, *weights))
+        return route(request, views)
+
+    router.route = spy
+    fleet.run()
+    assert picks[-1] == [1]
+
+
 class _BoundedViews(ReplicaViews):
     """Views whose KV usage is a lower bound where ``exact`` is false, made exact by :meth:`read` (as the fleet's
     ``MetricViews`` inside a run of decode steps); ``reads`` lists the replicas read."""
