@@ -10,7 +10,6 @@ differ."""
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -167,11 +166,16 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
         elif w < lo:
             lo = w
     while True:
-        # One pass over unboxed floats rather than a list of boxed scores, ``min`` and a filter: the least so far
-        # and its replicas (``min`` keeps the first value and replaces it by any smaller one, so the same least; no
-        # score is NaN: KV usage is blocks over a positive count).
+        # One pass rather than ``min`` and a filter over the scores: the least so far and its replicas (``min``
+        # keeps the first value and replaces it by any smaller one, so the same least; no score is NaN: KV usage
+        # is blocks over a positive count).  The bounds are kept for the pass after it (each computed once).
         best = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, 0)
         ties = [0]
+        bounds: list[float] = []
+        bounded: list[int] = []
+        if not exact[0]:
+            bounds.append(best)
+            bounded.append(0)
         for r in range(1, n):
             value = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, r)
             if value < best:
@@ -179,11 +183,13 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
                 ties = [r]
             elif value == best:
                 ties.append(r)
+            if not exact[r]:
+                bounds.append(value)
+                bounded.append(r)
         read = False
-        for r in range(n):
-            if not exact[r] and _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight,
-                                             queue_weight, hi, lo, r) <= best:
-                views.read(r)  # its usage grows, or stays; its waiting count is exact already
+        for k in range(len(bounded)):
+            if bounds[k] <= best:
+                views.read(bounded[k])  # its usage grows, or stays; its waiting count is exact already
                 read = True
         if not read:
             return ties
@@ -198,6 +204,137 @@ def _llm_d_score(waiting: list[int], usage: list[float], matched: list[int] | No
     queue = 1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)
     kv: float = usage[r]
     return -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
+
+
+class PrefixIndex:
+    """A router-side approximate index of the prompt blocks it sent to one replica: block hash -> when last sent
+    (``sim.fleet._routers._PrefixIndex``; compiled, so that a router's match of every replica's index at an
+    arrival is native calls).
+
+    The hashes are chained (one names its block and all before it), so the leading blocks found form the longest
+    cached prefix, as a radix tree's match would: an approximation of a tree over token blocks (llm-d, Dynamo) at
+    the engine's block size.  Entries older than ``ttl_s`` do not match."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def match(self, hashes: tuple[int, ...], now: float, ttl_s: float = math.inf) -> int:
+        """The number of leading ``hashes`` held (sent no more than ``ttl_s`` before ``now``).
+
+        A binary search: every insert is a whole chained prefix stamped with one time, so along a chain a held
+        hash's predecessors are held and were sent no earlier; "block k matches" is true up to the longest match
+        and false after it (what the engine's prefix cache assumes of the same keys, ``sim.runner``)."""
+        seen = self.seen
+        lo, hi = 0, len(hashes)  # hashes[:lo] match; hashes[hi:] do not
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            t = seen.get(hashes[mid])
+            if t is None or now - t > ttl_s:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def insert(self, hashes: tuple[int, ...], now: float) -> None:
+        seen = self.seen
+        for key in hashes:
+            seen[key] = now
+
+
+class DynamoSlots:
+    """``DynamoKV``'s slot manager, compiled: per worker the prefill tokens and active blocks it charges, per request
+    what it charged where (``live``: index -> [worker, prefill tokens still counted, blocks]), the approximate
+    indexer's per-worker indexes, and the router's decision (:meth:`route`) and hooks (:meth:`first_token`,
+    :meth:`complete`) as native methods.  ``DynamoKV`` binds them as its instance's ``route``, ``on_first_token``
+    and ``on_complete`` (the fleet's loop then calls no interpreted router code per request); its class methods are
+    the rule as written, in terms of the same state, and decide the same (``tests/sim/fleet/test_router_rules.py``).
+    ``draw``: the router's tie draw (``Router._draw``)."""
+
+    def __init__(self, num: int, scale: float, credit: float, ttl_s: float, draw: Callable[[int], int]) -> None:
+        self.indexes = [PrefixIndex() for _ in range(num)]
+        self.prefill_tokens: list[int] = [0] * num
+        self.active_blocks: list[int] = [0] * num
+        self.live: dict[int, list[int]] = {}
+        self.scale = scale
+        self.credit = credit
+        self.ttl_s = ttl_s
+        self.draw = draw
+
+    def overlaps(self, hashes: tuple[int, ...], now: float) -> list[int]:
+        """Each worker's overlap blocks with ``hashes`` at ``now``."""
+        ttl_s = self.ttl_s
+        return [index.match(hashes, now, ttl_s) for index in self.indexes]
+
+    def route(self, request: Any, replicas: Any) -> int:
+        """``DynamoKV.route`` for finite ``scale`` and ``credit`` (:func:`least_costs`'s pass), in one native call:
+        the same overlaps, the same ties, the same draw among them (``Router._pick``) and the same bookkeeping."""
+        hashes: tuple[int, ...] = request.block_hashes
+        now: float = request.arrival_s
+        prompt: int = request.prompt_tokens
+        bs: int = request.block_size
+        new_blocks = -(-prompt // bs)
+        overlaps = self.overlaps(hashes, now) if hashes else None
+        ties = least_costs(self.prefill_tokens, self.active_blocks, overlaps, prompt, bs, new_blocks, self.scale,
+                           self.credit)
+        chosen = ties[0] if len(ties) == 1 else ties[self.draw(len(ties))]
+        self.take(request.index, chosen, overlaps[chosen] if overlaps is not None else 0, prompt, bs, new_blocks,
+                  hashes, now)
+        return chosen
+
+    def take(self, index: int, chosen: int, overlap: int, prompt: int, bs: int, new_blocks: int,
+             hashes: tuple[int, ...], now: float) -> None:
+        """Request ``index`` sent to worker ``chosen``: its uncached prefill tokens and its blocks charged there,
+        its blocks indexed there."""
+        uncached = prompt - overlap * bs
+        if uncached < 0:
+            uncached = 0
+        self.prefill_tokens[chosen] += uncached
+        self.active_blocks[chosen] += new_blocks
+        self.live[index] = [chosen, uncached, new_blocks]
+        self.indexes[chosen].insert(hashes, now)
+
+    def first_token(self, index: int, replica: int, now: float) -> None:
+        """``Router.on_first_token``: the request's prefill tokens no longer charged."""
+        entry = self.live.get(index)
+        if entry is not None and entry[1]:
+            self.prefill_tokens[replica] -= entry[1]
+            entry[1] = 0
+
+    def complete(self, index: int, replica: int, now: float) -> None:
+        """``Router.on_complete``: nothing of the request charged any more."""
+        entry = self.live.pop(index, None)
+        if entry is not None:
+            self.prefill_tokens[replica] -= entry[1]
+            self.active_blocks[replica] -= entry[2]
+
+
+class LLMDScorer:
+    """``LLMDWeighted``'s decision, compiled: its per-replica prefix indexes and weights, and :meth:`route` (the
+    router's ``route`` in one native call: the same matches, the same :func:`llm_d_ties`, the same draw among the
+    ties, ``Router._pick``).  ``LLMDWeighted`` binds :meth:`route` as its instance's ``route``; its class method is
+    the rule as written over the same state.  ``draw``: the router's tie draw (``Router._draw``)."""
+
+    def __init__(self, num: int, prefix_weight: float, kv_weight: float, queue_weight: float,
+                 draw: Callable[[int], int]) -> None:
+        self.indexes = [PrefixIndex() for _ in range(num)]
+        self.prefix_weight = prefix_weight
+        self.kv_weight = kv_weight
+        self.queue_weight = queue_weight
+        self.draw = draw
+
+    def route(self, request: Any, replicas: Any) -> int:
+        hashes: tuple[int, ...] = request.block_hashes
+        now: float = request.arrival_s
+        bs: int = request.block_size
+        blocks = request.prompt_tokens // bs if bs else 0
+        matched: list[int] | None = None
+        if blocks and hashes:
+            matched = [index.match(hashes, now) for index in self.indexes]
+        ties = llm_d_ties(replica_views(replicas), matched, blocks, self.prefix_weight, self.kv_weight,
+                          self.queue_weight)
+        chosen = ties[0] if len(ties) == 1 else ties[self.draw(len(ties))]
+        self.indexes[chosen].insert(hashes, now)
+        return chosen
 
 
 class Loads:
@@ -348,6 +485,10 @@ class MetricViews(ReplicaViews):
         self.until = [-math.inf] * num
         self.inner = [math.inf] * num
         self.exact = [False] * num
+        #: Per replica: the cutoff from which :meth:`refresh` has something to do there (the least of ``until`` and
+        #: ``inner`` while its figures are exact, else ``until``), so that it passes over the others at one
+        #: comparison each.
+        self.check = [-math.inf] * num
         #: Per replica: whether the run of decode steps its figures fall in had requests queued during it (its
         #: published waiting count grows at their boundaries, so it is read again there, not bounded).
         self.queued = [False] * num
@@ -364,17 +505,24 @@ class MetricViews(ReplicaViews):
         until = self.until
         inner = self.inner
         exact = self.exact
+        check = self.check
         stale = -math.inf
         for r in dirty:
             until[r] = stale
+            check[r] = stale
         for r in moved:
             until[r] = stale
+            check[r] = stale
         queued = self.queued
         for r in range(len(until)):
-            if until[r] <= cutoff or (queued[r] and inner[r] <= cutoff):
-                self._read(r)
-            elif inner[r] <= cutoff:
-                exact[r] = False
+            # The rule: read again where ``until[r] <= cutoff or (queued[r] and inner[r] <= cutoff)``, else a bound
+            # where ``inner[r] <= cutoff``; ``check[r]`` is the least cutoff at which either applies.
+            if check[r] <= cutoff:
+                if until[r] <= cutoff or (queued[r] and inner[r] <= cutoff):
+                    self._read(r)
+                else:  # inner[r] <= cutoff: its blocks in use may have grown
+                    exact[r] = False
+                    check[r] = until[r]
         dirty.clear()
 
     def _read(self, r: int) -> None:
@@ -387,6 +535,7 @@ class MetricViews(ReplicaViews):
         self.inner[r] = inner
         self.exact[r] = True
         self.queued[r] = rep.run_queued()
+        self.check[r] = entry if entry < inner else inner
 
     def published(self) -> tuple[list[int], list[float]]:
         """Every replica's published waiting count and KV usage (all read exactly)."""
@@ -498,6 +647,77 @@ class Followed:
         moved.clear()
 
 
+class DueHeap:
+    """A min-heap of ``(time, replica)`` pairs, ordered as tuples are (by time, then replica), in two parallel
+    lists: :func:`route_all`'s heap of when each replica next acts.  ``heapq`` on tuples compares them through
+    their rich comparison at each level (some 2,700 instructions a pop among 64 replicas); here a comparison is
+    two unboxed reads.  A heap's pops are its values in order whatever its layout (equal pairs are the same
+    pair), so the replicas come out as ``heapq``'s would."""
+
+    def __init__(self, num: int) -> None:
+        #: (time 0.0, replica r) for each replica: in order, so already a heap.
+        self.times: list[float] = [0.0] * num
+        self.replicas: list[int] = list(range(num))
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def top(self) -> float:
+        """The least time (the heap is not empty)."""
+        return self.times[0]
+
+    def push(self, t: float, r: int) -> None:
+        times = self.times
+        replicas = self.replicas
+        times.append(t)
+        replicas.append(r)
+        pos = len(times) - 1
+        while pos > 0:  # sift up: the new pair moves above each parent greater than it
+            parent = (pos - 1) >> 1
+            pt = times[parent]
+            if t < pt or (t == pt and r < replicas[parent]):
+                times[pos] = pt
+                replicas[pos] = replicas[parent]
+                pos = parent
+            else:
+                break
+        times[pos] = t
+        replicas[pos] = r
+
+    def pop(self) -> int:
+        """Take the least pair out; returns its replica (its time was :meth:`top`)."""
+        times = self.times
+        replicas = self.replicas
+        first = replicas[0]
+        t = times.pop()
+        r = replicas.pop()
+        n = len(times)
+        if n:
+            pos = 0
+            while True:  # sift down: the last pair goes below each smaller child
+                child = 2 * pos + 1
+                if child >= n:
+                    break
+                ct = times[child]
+                cr = replicas[child]
+                right = child + 1
+                if right < n:
+                    rt = times[right]
+                    if rt < ct or (rt == ct and replicas[right] < cr):
+                        child = right
+                        ct = rt
+                        cr = replicas[right]
+                if ct < t or (ct == t and cr < r):
+                    times[pos] = ct
+                    replicas[pos] = cr
+                    pos = child
+                else:
+                    break
+            times[pos] = t
+            replicas[pos] = r
+        return first
+
+
 def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, requests: RequestViews, router: Any,
               check: Callable[[Any, int], int], replica_of: Any, views: list[Any], reads_metrics: bool,
               metrics_lag: float, follow: Callable[[int, int], None] | None,
@@ -513,12 +733,13 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
     metrics = MetricViews(replicas) if reads_metrics else None
     #: When each replica next acts (a heap entry is live only while it matches this).
     due = [0.0] * num
-    heap: list[tuple[float, int]] = [(0.0, r) for r in range(num)]
+    heap = DueHeap(num)
     again: list[int] = []
     now = 0.0
     for i, now in enumerate(requests.arrivals):
-        while heap and heap[0][0] <= now:
-            at, r = heapq.heappop(heap)
+        while len(heap) and heap.top() <= now:
+            at = heap.top()
+            r = heap.pop()
             if at == due[r]:
                 due[r] = -1.0  # taken (a second entry at the same time is stale)
                 again.append(r)
@@ -526,7 +747,7 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
             nxt = replicas[r].advance(now)
             due[r] = nxt
             if nxt < inf:
-                heapq.heappush(heap, (nxt, r))
+                heap.push(nxt, r)
         if followed is not None:
             moved.extend(again)
             followed.notify(router, moved, now)
@@ -553,7 +774,7 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
         clock = rep.clock
         if clock != due[chosen]:
             due[chosen] = clock
-            heapq.heappush(heap, (clock, chosen))
+            heap.push(clock, chosen)
         if followed is not None:
             moved.append(chosen)
     return now

@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import Loads, least_costs, llm_d_ties, replica_views
+from sim.fleet._loop import DynamoSlots, LLMDScorer, Loads, PrefixIndex, least_costs, llm_d_ties, replica_views
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -247,39 +247,9 @@ def make_router(name: str, params: Mapping[str, object] | None, num_replicas: in
     return cls(int(num_replicas), seed, **values)
 
 
-class _PrefixIndex:
-    """A router-side approximate index of the prompt blocks it sent to one replica: block hash -> when last sent.
-
-    The hashes are chained (one names its block and all before it), so the leading blocks found form the longest
-    cached prefix, as a radix tree's match would: an approximation of a tree over token blocks (llm-d, Dynamo) at
-    the engine's block size.  Entries older than ``ttl_s`` do not match."""
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen: dict[int, float] = {}
-
-    def match(self, hashes: tuple[int, ...], now: float, ttl_s: float = math.inf) -> int:
-        """The number of leading ``hashes`` held (sent no more than ``ttl_s`` before ``now``).
-
-        A binary search: every insert is a whole chained prefix stamped with one time, so along a chain a held
-        hash's predecessors are held and were sent no earlier; "block k matches" is true up to the longest match
-        and false after it (what the engine's prefix cache assumes of the same keys, ``sim.runner``)."""
-        seen = self.seen
-        lo, hi = 0, len(hashes)  # hashes[:lo] match; hashes[hi:] do not
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            t = seen.get(hashes[mid])
-            if t is None or now - t > ttl_s:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def insert(self, hashes: tuple[int, ...], now: float) -> None:
-        seen = self.seen
-        for key in hashes:
-            seen[key] = now
+#: A router-side approximate index of the prompt blocks it sent to one replica (compiled with the fleet's loop,
+#: which says what it is).
+_PrefixIndex = PrefixIndex
 
 
 # ---- the routers ------------------------------------------------------------------------------------------------
@@ -438,9 +408,14 @@ class LLMDWeighted(Router):
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         super().__init__(num_replicas, seed, **params)
-        self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
+        self._scorer = LLMDScorer(num_replicas, self.prefix_weight, self.kv_weight, self.queue_weight, self._draw)
+        self.indexes = self._scorer.indexes
+        # Fast path: the compiled scorer's ``route`` (the same matches, scores, ties and draw as the method below,
+        # in one native call; the fleet then runs no interpreted code of this router per arrival).
+        self.route = self._scorer.route  # type: ignore[method-assign]
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        """The rule as written (the instance's ``route`` is the compiled scorer's, which decides the same)."""
         hashes, now = request.block_hashes, request.arrival_s
         blocks = request.prompt_tokens // request.block_size if request.block_size else 0
         # Scored in one compiled pass (``llm_d_ties``); no hash matches anywhere (prefix 0) when there are none.
@@ -475,23 +450,49 @@ class DynamoKV(Router):
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         super().__init__(num_replicas, seed, **params)
-        self.indexes = [_PrefixIndex() for _ in range(num_replicas)]
+        #: The slot manager's state (per worker, per request) and the indexer, compiled with the fleet's loop.
+        self._slots = DynamoSlots(num_replicas, self.prefill_load_scale, self.overlap_credit, self.ttl_s, self._draw)
+        self.indexes = self._slots.indexes
+        # The hooks are the slot manager's native methods (the fleet calls them for each request's first token and
+        # end): the same bookkeeping as the methods below.
+        self.on_first_token = self._slots.first_token  # type: ignore[method-assign]
+        self.on_complete = self._slots.complete  # type: ignore[method-assign]
         #: A decision's costs and ties in one compiled pass (``sim.fleet._loop.least_costs``), for finite
         #: parameters; else one worker at a time (:meth:`_costs_scan`), which gives the same values.
         self._compiled = math.isfinite(self.prefill_load_scale) and math.isfinite(self.overlap_credit)
-        #: Per worker.
-        self.prefill_tokens: list[int] = [0] * num_replicas
-        self.active_blocks: list[int] = [0] * num_replicas
-        #: index -> (replica, prefill tokens still counted, blocks)
-        self._live: dict[int, list[int]] = {}
+
+    @property
+    def _compiled(self) -> bool:
+        return self._fast
+
+    @_compiled.setter
+    def _compiled(self, value: bool) -> None:
+        # Fast path: with the compiled pass, the instance's ``route`` is the slot manager's (``DynamoSlots.route``:
+        # the same overlaps, ties, draw and bookkeeping as the method below, in one native call).
+        self._fast = value
+        if value:
+            self.route = self._slots.route  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("route", None)
+
+    #: Per worker (the slot manager's lists).
+    prefill_tokens = property(lambda self: self._slots.prefill_tokens,
+                              lambda self, value: setattr(self._slots, "prefill_tokens", list(value)))
+    active_blocks = property(lambda self: self._slots.active_blocks,
+                             lambda self, value: setattr(self._slots, "active_blocks", list(value)))
+    #: index -> [replica, prefill tokens still counted, blocks]
+    _live = property(lambda self: self._slots.live)
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        """The rule as written (with finite parameters the instance's ``route`` is the slot manager's, which decides
+        the same)."""
         bs = request.block_size
         prompt = request.prompt_tokens
         new_blocks = -(-prompt // bs)
         hashes, now = request.block_hashes, request.arrival_s
+        slots = self._slots
         if hashes:
-            overlaps = [index.match(hashes, now, self.ttl_s) for index in self.indexes]
+            overlaps = slots.overlaps(hashes, now)
         else:  # no block can match
             overlaps = [0] * self.num_replicas
         if self._compiled:
@@ -499,11 +500,8 @@ class DynamoKV(Router):
                                             prompt, bs, new_blocks, self.prefill_load_scale, self.overlap_credit))
         else:
             chosen = self._pick_min(self._costs_scan(prompt, bs, new_blocks, overlaps))
-        uncached = max(0, prompt - overlaps[chosen] * bs)
-        self.prefill_tokens[chosen] += uncached
-        self.active_blocks[chosen] += new_blocks
-        self._live[request.index] = [chosen, uncached, new_blocks]
-        self.indexes[chosen].insert(hashes, now)
+        # uncached = max(0, prompt - overlap * bs) charged as prefill, new_blocks as decode; the blocks indexed.
+        slots.take(request.index, chosen, overlaps[chosen], prompt, bs, new_blocks, hashes, now)
         return chosen
 
     def _costs_scan(self, prompt: int, bs: int, new_blocks: int, overlaps: Sequence[int]) -> list[float]:
@@ -517,6 +515,7 @@ class DynamoKV(Router):
             costs.append(scale * max(0.0, prefill - credit * overlaps[w]) + decode)
         return costs
 
+    # The hooks as written (the instance's are the slot manager's, ``DynamoSlots.first_token`` and ``complete``).
     def on_first_token(self, index: int, replica: int, now: float) -> None:
         entry = self._live.get(index)
         if entry is not None and entry[1]:

@@ -3,6 +3,7 @@ what the views let a router see."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -15,7 +16,9 @@ from hypothesis import strategies as st
 from sim.engine.config import EngineConfig
 from sim.fleet import (FleetSimulation, ReplicaView, ReplicaViews, RequestView, make_router, replica_views,
                        simulate_fleet)
-from sim.fleet._loop import MetricViews, RequestViews, least_costs, llm_d_ties, preroute, refresh_counts
+from sim.fleet._loop import (DueHeap, MetricViews, RequestViews, least_costs, llm_d_ties, preroute,
+                             refresh_counts)
+from sim.fleet._routers import DynamoKV, LLMDWeighted
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
 from sim.run_loop import HISTORY_TRIM, Published, RunRecord
@@ -169,6 +172,76 @@ def test_dynamo_least_costs_are_the_scans_ties(data):
     assert router._costs_scan(prompt, bs, new_blocks, overlaps or [0] * n) == rule
     assert least_costs(prefill, active, overlaps, prompt, bs, new_blocks, scale, credit) == \
         [w for w, cost in enumerate(rule) if cost == min(rule)]
+
+
+_hashes = st.lists(st.integers(0, 12), max_size=6).map(lambda xs: tuple(sorted(set(xs))))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.sampled_from([{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}]),
+       st.lists(st.tuples(_hashes, st.integers(1, 400), st.sampled_from([0, 1, 2, 3]), st.integers(0, 40)),
+                min_size=1, max_size=40))
+def test_dynamo_slot_manager_decides_as_the_rule_written(n, params, steps):
+    """``DynamoKV``'s instance ``route`` and hooks (the compiled slot manager's, ``DynamoSlots``) and its class
+    methods (the rule as written) make the same picks, draws and bookkeeping over a run of arrivals, first tokens
+    and ends (ties at the start and among equal loads)."""
+    fast, rule = make_router("dynamo_kv", params, n, 5), make_router("dynamo_kv", params, n, 5)
+    assert fast.route.__self__ is fast._slots and fast.on_complete.__self__ is fast._slots
+    for i, (hashes, prompt, event, back) in enumerate(steps):
+        request = req(i, float(i), prompt, hashes)
+        assert fast.route(request, views(n=n)) == DynamoKV.route(rule, request, views(n=n))
+        j = i - back  # an earlier request (or this one) reports its first token, or ends, or both
+        if j >= 0 and event:
+            replica = rule._live[j][0] if j in rule._live else 0
+            if event & 1:
+                fast.on_first_token(j, replica, float(i))
+                DynamoKV.on_first_token(rule, j, replica, float(i))
+            if event & 2:
+                fast.on_complete(j, replica, float(i))
+                DynamoKV.on_complete(rule, j, replica, float(i))
+        assert (fast.prefill_tokens, fast.active_blocks, fast._live) == (rule.prefill_tokens, rule.active_blocks,
+                                                                         rule._live)
+        assert [index.seen for index in fast.indexes] == [index.seen for index in rule.indexes]
+    assert fast.rng.bit_generator.state == rule.rng.bit_generator.state
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.lists(st.tuples(_hashes, st.integers(1, 400), st.lists(st.integers(0, 3), min_size=6,
+                                                                                    max_size=6),
+                                             st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=6, max_size=6)),
+                                   min_size=1, max_size=30))
+def test_llm_d_compiled_scorer_decides_as_the_rule_written(n, steps):
+    """``LLMDWeighted``'s instance ``route`` (the compiled scorer's, ``LLMDScorer``) and its class method (the rule
+    as written) make the same picks and draws and index the same blocks."""
+    fast, rule = make_router("llm_d_weighted", {}, n, 5), make_router("llm_d_weighted", {}, n, 5)
+    assert fast.route.__self__ is fast._scorer
+    for i, (hashes, prompt, waiting, kv) in enumerate(steps):
+        request = req(i, float(i), prompt, hashes)
+        shown = views(waiting=waiting[:n], kv=kv[:n])
+        assert fast.route(request, shown) == LLMDWeighted.route(rule, request, shown)
+        assert [index.seen for index in fast.indexes] == [index.seen for index in rule.indexes]
+    assert fast.rng.bit_generator.state == rule.rng.bit_generator.state
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 70), st.lists(st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0, math.inf]) |
+                                                            st.floats(0.0, 10.0), st.integers(0, 69)), max_size=200))
+def test_the_due_heap_pops_what_heapq_pops(num, ops):
+    """``route_all``'s heap (``DueHeap``: times and replicas in two lists) pops the pairs ``heapq`` pops from a
+    list of ``(time, replica)`` tuples, in the same order, equal times included."""
+    heap, reference = DueHeap(num), [(0.0, r) for r in range(num)]
+    for op in ops:
+        if op is None:
+            if reference:
+                at = heap.top()
+                assert (at, heap.pop()) == heapq.heappop(reference)
+        else:
+            heap.push(*op)
+            heapq.heappush(reference, op)
+        assert len(heap) == len(reference)
+    while reference:
+        at = heap.top()
+        assert (at, heap.pop()) == heapq.heappop(reference)
 
 
 @pytest.mark.parametrize("params", [{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}])
