@@ -165,24 +165,36 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
             hi = w
         elif w < lo:
             lo = w
+    # Each replica's negated score, -(prefix_weight * prefix + kv_weight * (1 - kv) + queue_weight * queue) with
+    # prefix = matched / blocks (0.0 without a match) and queue = (hi - waiting) / (hi - lo) (1.0 when all equal),
+    # computed in the loop (a call per replica cost more than the score), what does not depend on the replica
+    # taken out of it.
+    prefixed = blocks != 0 and matched is not None
+    counts: list[int] = matched if matched is not None else []
+    spread = hi != lo
     while True:
         # One pass rather than ``min`` and a filter over the scores: the least so far and its replicas (``min``
-        # keeps the first value and replaces it by any smaller one, so the same least; no score is NaN: KV usage
-        # is blocks over a positive count).  The bounds are kept for the pass after it (each computed once).
-        best = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, 0)
-        ties = [0]
+        # keeps the first value and replaces it by any smaller one, so the same least; no score is NaN with finite
+        # weights: KV usage is blocks over a positive count).  A bounded replica whose score is above the least
+        # so far is above the least too: the others are kept for the pass after it.
+        best = 0.0
+        ties: list[int] = []
         bounds: list[float] = []
         bounded: list[int] = []
-        if not exact[0]:
-            bounds.append(best)
-            bounded.append(0)
-        for r in range(1, n):
-            value = _llm_d_score(waiting, usage, matched, blocks, prefix_weight, kv_weight, queue_weight, hi, lo, r)
-            if value < best:
+        for r in range(n):
+            prefix = 0.0
+            if prefixed:
+                prefix = counts[r] / blocks
+            queue = (hi - waiting[r]) / (hi - lo) if spread else 1.0
+            kv: float = usage[r]
+            value = -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
+            if not ties or value < best:
                 best = value
                 ties = [r]
             elif value == best:
                 ties.append(r)
+            else:
+                continue
             if not exact[r]:
                 bounds.append(value)
                 bounded.append(r)
@@ -193,17 +205,6 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
                 read = True
         if not read:
             return ties
-
-
-def _llm_d_score(waiting: list[int], usage: list[float], matched: list[int] | None, blocks: int,
-                 prefix_weight: float, kv_weight: float, queue_weight: float, hi: int, lo: int, r: int) -> float:
-    """Replica ``r``'s negated ``LLMDWeighted`` score (:func:`llm_d_ties`)."""
-    prefix = 0.0
-    if blocks and matched is not None:
-        prefix = matched[r] / blocks
-    queue = 1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)
-    kv: float = usage[r]
-    return -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
 
 
 class PrefixIndex:
@@ -268,16 +269,18 @@ class DynamoSlots:
     def route(self, request: Any, replicas: Any) -> int:
         """``DynamoKV.route`` for finite ``scale`` and ``credit`` (:func:`least_costs`'s pass), in one native call:
         the same overlaps, the same ties, the same draw among them (``Router._pick``) and the same bookkeeping."""
-        hashes: tuple[int, ...] = request.block_hashes
-        now: float = request.arrival_s
-        prompt: int = request.prompt_tokens
-        bs: int = request.block_size
+        # A RequestView's fields by position (a named tuple's field by name is a generic attribute lookup):
+        # block_hashes, arrival_s, prompt_tokens, block_size.
+        hashes: tuple[int, ...] = request[4]
+        now: float = request[1]
+        prompt: int = request[3]
+        bs: int = request[5]
         new_blocks = -(-prompt // bs)
         overlaps = self.overlaps(hashes, now) if hashes else None
         ties = least_costs(self.prefill_tokens, self.active_blocks, overlaps, prompt, bs, new_blocks, self.scale,
                            self.credit)
         chosen = ties[0] if len(ties) == 1 else ties[self.draw(len(ties))]
-        self.take(request.index, chosen, overlaps[chosen] if overlaps is not None else 0, prompt, bs, new_blocks,
+        self.take(request[0], chosen, overlaps[chosen] if overlaps is not None else 0, prompt, bs, new_blocks,
                   hashes, now)
         return chosen
 
@@ -323,10 +326,12 @@ class LLMDScorer:
         self.draw = draw
 
     def route(self, request: Any, replicas: Any) -> int:
-        hashes: tuple[int, ...] = request.block_hashes
-        now: float = request.arrival_s
-        bs: int = request.block_size
-        blocks = request.prompt_tokens // bs if bs else 0
+        # A RequestView's fields by position (as ``DynamoSlots.route``): block_hashes, arrival_s, block_size,
+        # prompt_tokens.
+        hashes: tuple[int, ...] = request[4]
+        now: float = request[1]
+        bs: int = request[5]
+        blocks = request[3] // bs if bs else 0
         matched: list[int] | None = None
         if blocks and hashes:
             matched = [index.match(hashes, now) for index in self.indexes]
@@ -600,6 +605,9 @@ class Followed:
         self.news = news
         self.watch: list[dict[int, Request]] = [{} for _ in news]
         self.told = [0] * num_requests
+        #: :meth:`notify`'s calls, and per replica the last call that told of it.
+        self.calls = 0
+        self.seen = [0] * len(news)
 
     def notify(self, router: Any, moved: list[int], now: float) -> None:
         """Tell ``router`` of the first tokens and ends up to ``now`` of the requests on the replicas in ``moved``
@@ -607,11 +615,22 @@ class Followed:
         then ends.  A first token or end after ``now`` (of a step that ends after the arrival) is kept for a
         later call."""
         told = self.told
-        seen: set[int] = set()
+        on_first = router.on_first_token
+        on_end = router.on_complete
+        # Fast path: hooks that are a compiled slot manager's methods (``DynamoKV``'s) are called as native methods
+        # (the same calls, in the same order, without the generic call of a bound method).
+        slots: DynamoSlots | None = None
+        owner = getattr(on_first, "__self__", None)
+        if isinstance(owner, DynamoSlots) and on_first == owner.first_token and on_end == owner.complete:
+            slots = owner
+        # Each replica once (``moved`` may name one several times): marked with this call's number, not a set.
+        self.calls += 1
+        call = self.calls
+        seen = self.seen
         for r in moved:
-            if r in seen:
+            if seen[r] == call:
                 continue
-            seen.add(r)
+            seen[r] = call
             watch = self.watch[r]
             news = self.news[r]
             if news:
@@ -632,7 +651,10 @@ class Followed:
                     first = req.first_token_s
                     if first <= now:
                         told[index] = 1
-                        router.on_first_token(index, r, first)
+                        if slots is not None:
+                            slots.first_token(index, r, first)
+                        else:
+                            on_first(index, r, first)
                     elif first > now:
                         keep = True  # after this arrival (NaN: none, or taken back by an abort)
                 end = req.end_s
@@ -641,7 +663,10 @@ class Followed:
                 elif not keep and not end > now:
                     del watch[index]  # nothing more to tell until its next report
             for index in gone:
-                router.on_complete(index, r, now)
+                if slots is not None:
+                    slots.complete(index, r, now)
+                else:
+                    on_end(index, r, now)
                 told[index] = 2
                 del watch[index]
         moved.clear()

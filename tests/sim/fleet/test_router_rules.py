@@ -247,7 +247,8 @@ def test_the_due_heap_pops_what_heapq_pops(num, ops):
 @pytest.mark.parametrize("params", [{}, {"prefill_load_scale": 2.0, "overlap_credit": 0.5, "ttl_s": 2.0}])
 def test_dynamo_fleet_routes_the_same_compiled_or_with_the_scan(params):
     """20 replicas behind dynamo_kv, shared prefixes and ties at the start: the same request table whichever way
-    the costs are computed."""
+    the costs are computed, and with the rule as written throughout (the class's ``route`` with the scan, its hooks
+    called through the router as any router's are, not the slot manager's natively by ``Followed.notify``)."""
     workload = make_workload([(0.004 * i, 64 + 16 * (i % 7), 20) for i in range(400)])
     workload.requests["hash_ids"] = [[i % 3, 10 + i % 3, 100 + i] for i in range(400)]
     kwargs = dict(replicas=20, hash_block_tokens=32, latency=LinearStepModel(0.01, 1e-4))
@@ -255,6 +256,8 @@ def test_dynamo_fleet_routes_the_same_compiled_or_with_the_scan(params):
     compiled = simulate_fleet(workload, config, MODEL, GPU, router=make_router("dynamo_kv", params, 20, 1), **kwargs)
     scan = make_router("dynamo_kv", params, 20, 1)
     scan._compiled = False
+    scan.on_first_token = lambda *args: DynamoKV.on_first_token(scan, *args)
+    scan.on_complete = lambda *args: DynamoKV.on_complete(scan, *args)
     scanned = simulate_fleet(workload, config, MODEL, GPU, router=scan, **kwargs)
     pd.testing.assert_frame_equal(compiled.requests, scanned.requests)
     assert compiled.requests["replica"].nunique() > 10 and (compiled.requests["prefix_hit_tokens"] > 0).any()
