@@ -381,22 +381,8 @@ class CpuBlockTier:
             if new:
                 entry.count = fulls[i]
                 entry.copied += new
-        head = self._head
-        total += grown
-        while evict > 0:  # the oldest blocks, none of them the batch's
-            old = entries[head]
-            held = old.count
-            if held > evict:  # the oldest entry loses its tail blocks and stays the oldest
-                old.count = held - evict
-                total -= evict
-                break
-            q = old.next
-            head = q
-            entries[q].prev = -1  # (q >= 0: the batch's entries follow)
-            old.count = 0
-            total -= held
-            evict -= held
-        self._head, self._total = head, total
+        # the oldest blocks, none of them the batch's
+        self._head, self._tail, self._total = self._evict_oldest(evict, self._head, self._tail, total + grown)
         return grown
 
     def _run(self, keys: list[int], fulls: list[int], news: list[int] | None) -> int:
@@ -444,26 +430,8 @@ class CpuBlockTier:
             entry.count = 0
             total -= have
         overflow = total + n - capacity
-        while overflow > 0:
-            if head < 0:
-                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
-            old = entries[head]
-            held = old.count
-            if held <= 0:
-                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
-            if held > overflow:  # the oldest entry loses its tail blocks and stays the oldest
-                old.count = held - overflow
-                total -= overflow
-                break
-            q = old.next
-            head = q
-            if q >= 0:
-                entries[q].prev = -1
-            else:
-                tail = -1
-            old.count = 0
-            total -= held
-            overflow -= held
+        if overflow > 0:
+            head, tail, total = self._evict_oldest(overflow, head, tail, total)
         entry.count = n
         entry.prev = tail
         entry.next = -1
@@ -477,6 +445,33 @@ class CpuBlockTier:
             new = n - have
             entry.copied += new
         return new
+
+    def _evict_oldest(self, count: i64, head: i64, tail: i64, total: i64) -> tuple[i64, i64, i64]:
+        """Take ``count`` blocks from the oldest entries, the last one perhaps in part (it then stays the oldest):
+        :meth:`put`'s and :meth:`restore`'s eviction, on the list's ends and total as given (the callers hold them
+        in locals); returns them as they end.  (A tuple of ``i64``: a C struct in the compiled engine, no boxes.)"""
+        entries = self._entries
+        while count > 0:
+            if head < 0:
+                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+            old = entries[head]
+            held = old.count
+            if held <= 0:
+                raise AssertionError("CpuBlockTier: blocks to evict are missing from its entry list")
+            if held > count:  # the oldest entry loses its tail blocks and stays the oldest
+                old.count = held - count
+                total -= count
+                break
+            q = old.next
+            head = q
+            if q >= 0:
+                entries[q].prev = -1
+            else:
+                tail = -1
+            old.count = 0
+            total -= held
+            count -= held
+        return head, tail, total
 
     def take_copied(self, key: int) -> int:
         """Blocks copied for ``key`` since the last call (0 if none), and forget them."""
