@@ -209,8 +209,8 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
 
 class PrefixIndex:
     """A router-side approximate index of the prompt blocks it sent to one replica: block hash -> when last sent
-    (``sim.fleet._routers._PrefixIndex``; compiled, so that a router's match of every replica's index at an
-    arrival is native calls).
+    (``DynamoSlots.indexes``, ``LLMDScorer.indexes``; compiled, so that a router's match of every replica's index
+    at an arrival is native calls).
 
     The hashes are chained (one names its block and all before it), so the leading blocks found form the longest
     cached prefix, as a radix tree's match would: an approximation of a tree over token blocks (llm-d, Dynamo) at

@@ -18,7 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from sim.errors import ConfigError, short_repr
-from sim.fleet._loop import DynamoSlots, LLMDScorer, Loads, PrefixIndex, least_costs, llm_d_ties, replica_views
+from sim.fleet._loop import DynamoSlots, LLMDScorer, Loads, least_costs, llm_d_ties, replica_views
 from sim.fleet._views import ReplicaView, RequestView
 
 
@@ -245,11 +245,6 @@ def make_router(name: str, params: Mapping[str, object] | None, num_replicas: in
         raise ConfigError(f"router_params.{unknown[0]}", f"{name} has no such parameter (it takes: {known})")
     values = {key: spec.check(name, key, params.get(key, spec.default)) for key, spec in cls.params.items()}
     return cls(int(num_replicas), seed, **values)
-
-
-#: A router-side approximate index of the prompt blocks it sent to one replica (compiled with the fleet's loop,
-#: which says what it is).
-_PrefixIndex = PrefixIndex
 
 
 # ---- the routers ------------------------------------------------------------------------------------------------
