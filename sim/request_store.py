@@ -75,13 +75,9 @@ class RequestStore:
                 self._lists_start = start
             ids, classes, arrivals, prompts, outputs, priorities, timeout_at, cancel_at = self._lists
             j = i - start
-            keys = self.keys[i]
-            lengths = self.pool_lengths
-            if lengths is not None and lengths[i] < len(keys):
-                keys = keys[:lengths[i]]
             req = self.live[i] = self._new_request(
                 i, ids[j], classes[j], arrivals[j], prompts[j], outputs[j], priorities[j], timeout_at[j],
-                cancel_at[j], keys)
+                cancel_at[j], self._pool_keys(i))
         return req
 
     def record(self, finished: list[Request]) -> None:
@@ -102,13 +98,19 @@ class RequestStore:
     def _all_requests(self) -> list[Request]:
         """Every request's live state, made up front (``keep_requests``), from the columns as Python lists
         (indexing the numpy columns element by element, as :meth:`request` does, costs more than the request)."""
-        keys = self.keys
-        if self.pool_lengths is not None:
-            keys = [k[:n] for k, n in zip(keys, self.pool_lengths)]
+        keys = [self._pool_keys(i) for i in range(len(self))]
         reqs = [self._new_request(i, *row)
                 for i, row in enumerate(zip(*(c.tolist() for c in self._columns()), keys))]
         self.live.update(enumerate(reqs))
         return reqs
+
+    def _pool_keys(self, i: int) -> tuple[int, ...]:
+        """Request ``i``'s ``Request.prefix_keys``: its keys up to ``pool_lengths[i]``."""
+        keys = self.keys[i]
+        lengths = self.pool_lengths
+        if lengths is not None and lengths[i] < len(keys):
+            return keys[:lengths[i]]
+        return keys
 
     def _new_request(self, i: int, request_id: int, cls: str, arrival_s: float, prompt: int, output: int,
                      priority: int, timeout_at: float, cancel_at: float, keys: tuple[int, ...]) -> Request:

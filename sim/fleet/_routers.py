@@ -510,18 +510,13 @@ class DynamoKV(Router):
             costs.append(scale * max(0.0, prefill - credit * overlaps[w]) + decode)
         return costs
 
-    # The hooks as written (the instance's are the slot manager's, ``DynamoSlots.first_token`` and ``complete``).
+    # The hooks through the router (the instance's are bound to the slot manager's methods, which hold the
+    # bookkeeping: a request's prefill tokens uncharged at its first token, everything at its end).
     def on_first_token(self, index: int, replica: int, now: float) -> None:
-        entry = self._live.get(index)
-        if entry is not None and entry[1]:
-            self.prefill_tokens[replica] -= entry[1]
-            entry[1] = 0
+        self._slots.first_token(index, replica, now)
 
     def on_complete(self, index: int, replica: int, now: float) -> None:
-        entry = self._live.pop(index, None)
-        if entry is not None:
-            self.prefill_tokens[replica] -= entry[1]
-            self.active_blocks[replica] -= entry[2]
+        self._slots.complete(index, replica, now)
 
 
 @register_router
