@@ -370,7 +370,7 @@ class EngineLoop:
         deadlines = self.deadlines
         deadline = deadlines[0][0] if deadlines else math.inf
         try:
-            return self.core.begin_step(now, min(next_arrival_s, deadline, self.scheduler.next_load_ready_s()),
+            return self.core.begin_step(now, least(next_arrival_s, deadline, self.scheduler.next_load_ready_s()),
                                         deadline)
         except EngineAborted as exc:
             self.aborted = str(exc)
@@ -544,11 +544,15 @@ class EngineLoop:
         wall0 = time.perf_counter()
         last_report = wall0
         clock = env.now
+        # ``env.now``, read again after each yield: the clock moves only while this process is suspended, and
+        # ``env.now`` is a Python property (an attribute lookup and a call per read, twice per step compiled).
+        sim_now = clock
         while feed.next < total or self.done + len(finished) < self.assigned:
             if len(finished) > 256:
                 self.drain()
-            if env.now < clock and feed.next < total and times[feed.next] <= clock:
-                yield env.timeout(clock - env.now)
+            if sim_now < clock and feed.next < total and times[feed.next] <= clock:
+                yield env.timeout(clock - sim_now)
+                sim_now = env.now
             now = clock
             if now > self.max_sim_time_s:
                 break
@@ -566,8 +570,9 @@ class EngineLoop:
                     continue
                 # Idle (or stuck until an arrival or deadline frees something): sleep until the next event; an
                 # arrival wakes it (``add``).
-                if env.now < clock:
-                    yield env.timeout(clock - env.now)
+                if sim_now < clock:
+                    yield env.timeout(clock - sim_now)
+                    sim_now = env.now
                 nxt = self.next_event_s()
                 if nxt == inf:
                     if feed.next >= total:
@@ -579,7 +584,7 @@ class EngineLoop:
                 else:
                     yield self.wake
                 self.wake = None
-                clock = env.now
+                clock = sim_now = env.now
                 continue
             clock = now + step.duration_s
             self._end_step(clock)
@@ -588,6 +593,16 @@ class EngineLoop:
                 if wall - last_report >= self.progress_every_s:
                     last_report = wall
                     self.progress(Progress(clock, self.done + len(finished), total, wall - wall0))
+
+
+def least(a: float, b: float, c: float) -> float:
+    """``min(a, b, c)`` (the first least value, as ``min`` takes it): the compiled engine calls ``min`` of three
+    floats through the builtins module, with each float boxed; this compares C doubles."""
+    if b < a:
+        a = b
+    if c < a:
+        a = c
+    return a
 
 
 def finish_run(loops: list[EngineLoop], store: RequestStore, now: float,

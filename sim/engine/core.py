@@ -200,7 +200,9 @@ class EngineCore:
         # The row describes the step itself: queue lengths before finished requests leave, and the blocks in use
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
-        grown = scheduler.update_from_output(out, now, k, first_end, result.last_s, _shares(out, parts, k))
+        per_new, per_rec, per_dec, overhead = _shares(out, parts, k)
+        grown = scheduler._apply_output(out, now, k, first_end, result.last_s, bool(out.scheduled), per_new, per_rec,
+                                        per_dec, overhead)  # (update_from_output with its shares as C doubles)
         # (The parts one by one, in ``StepParts.as_tuple``'s order: ``*parts.as_tuple()`` made the compiled engine build
         # a list, extend it with that tuple, convert it to a tuple and then unbox and box all 20 values again.)
         self.step_rows.append((
@@ -344,20 +346,25 @@ class EngineCore:
         return StepResult(out, total, limit, first, last)
 
 
-def _shares(out: SchedulerOutput, parts: StepParts, num_steps: int) -> tuple[float, float, float, float] | None:
+def _shares(out: SchedulerOutput, parts: StepParts, num_steps: int) -> tuple[float, float, float, float]:
     """Each scheduled request's share of the step's time parts, as ``update_from_output`` adds them to it:
     ``(per new-prefill token, per recompute token, per decode token, per request)``: a part is split by the
     requests' tokens of that kind (a run's decode part equally over its batch), the overhead equally over the
-    scheduled requests.  Transfer is not attributed (the request table has each request's swapped blocks)."""
-    scheduled = out.scheduled
-    if not scheduled:
-        return None
-    overhead = parts.overhead_s / len(scheduled)
+    scheduled requests.  Transfer is not attributed (the request table has each request's swapped blocks).  All
+    zero when nothing is scheduled (nothing to attribute).
+
+    A tuple of four floats, never None: the compiled engine returns it as four C doubles, not a tuple of boxed
+    floats.  Each count is divided as ``float(n)``, which is what Python's float-by-int division converts it to
+    (and the compiled engine then divides C doubles instead of calling ``PyNumber_TrueDivide``)."""
+    num = len(out.scheduled)
+    if not num:
+        return 0.0, 0.0, 0.0, 0.0
+    overhead = parts.overhead_s / float(num)
     if num_steps > 1:
-        return 0.0, 0.0, parts.decode_s / len(scheduled), overhead
-    per_new = parts.prefill_new_s / out.prefill_tokens_new if out.prefill_tokens_new else 0.0
-    per_rec = parts.recompute_s / out.prefill_tokens_recompute if out.prefill_tokens_recompute else 0.0
-    per_dec = parts.decode_s / out.decode_tokens if out.decode_tokens else 0.0
+        return 0.0, 0.0, parts.decode_s / float(num), overhead
+    per_new = parts.prefill_new_s / float(out.prefill_tokens_new) if out.prefill_tokens_new else 0.0
+    per_rec = parts.recompute_s / float(out.prefill_tokens_recompute) if out.prefill_tokens_recompute else 0.0
+    per_dec = parts.decode_s / float(out.decode_tokens) if out.decode_tokens else 0.0
     return per_new, per_rec, per_dec, overhead
 
 

@@ -203,6 +203,19 @@ class BaseScheduler(ABC):
         (a run's decode share is then per request, not per token); each request's ``time_*_s`` grow by them.
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
+        if shares is None:
+            return self._apply_output(out, end_s, num_steps, first_end_s, last_gap_s, False, 0.0, 0.0, 0.0, 0.0)
+        per_new, per_rec, per_dec, overhead = shares
+        return self._apply_output(out, end_s, num_steps, first_end_s, last_gap_s, True, per_new, per_rec, per_dec,
+                                  overhead)
+
+    def _apply_output(
+        self, out: SchedulerOutput, end_s: float, num_steps: int, first_end_s: float, last_gap_s: float,
+        attribute: bool, per_new: float, per_rec: float, per_dec: float, overhead: float,
+    ) -> int:
+        """:meth:`update_from_output` with its ``shares`` as four floats (``attribute``: shares were given): the
+        engine core calls this once per step, and the compiled engine passes the floats as C doubles, where the
+        tuple was four boxed floats made, unboxed and freed per step."""
         done: list[Request] = []
         grown: i64 = 0
         scheduled = out.scheduled
@@ -214,7 +227,6 @@ class BaseScheduler(ABC):
             # size is a power of two (vLLM's are): the compiled engine's i64 ``//`` is a call per request per run.
             shift = self._block_shift
             round_up: i64 = block_size - 1
-            run_decode, run_overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
             # The bulk entries' processed tokens were left to this method; the others' first was counted by
             # ``_account`` at schedule time.
             cols, ncol = self._columns, out.columnar
@@ -222,8 +234,10 @@ class BaseScheduler(ABC):
             if ncol:
                 # Fast path: the decode columns advance in one compiled pass (the loop below is the slow path).
                 grown, crossed = cols.advance(end_s, num_steps, first_end_s, last_gap_s,
-                                              run_decode if shares is not None else None, run_overhead)
-            segments = ((scheduled[ncol:bulk], num_steps), (scheduled[bulk:], num_steps - 1))
+                                              per_dec if attribute else None, overhead)
+            # (No copy of ``scheduled`` when the bulk entries are all of it, as they are in a steady decode run.)
+            segments = ((scheduled if not ncol and bulk == len(scheduled) else scheduled[ncol:bulk], num_steps),
+                        (scheduled[bulk:], num_steps - 1))
             for segment, extra in segments:
                 for entry in cast(list[tuple], segment):  # (the request only: see the single-step loop below)
                     req: Request = entry[0]
@@ -245,9 +259,9 @@ class BaseScheduler(ABC):
                     req.blocks = blocks
                     if blocks > req.kv_blocks_peak:
                         req.kv_blocks_peak = blocks
-                    if shares is not None:
-                        req.time_decode_s += run_decode
-                        req.time_overhead_s += run_overhead
+                    if attribute:
+                        req.time_decode_s += per_dec
+                        req.time_overhead_s += overhead
                     if req.num_output_tokens >= req.max_output:
                         done.append(req)
             self.pool.allocate(grown)
@@ -272,8 +286,7 @@ class BaseScheduler(ABC):
             if ncol:
                 # Fast path: the decode columns advance in one compiled pass (the loops below are the slow path).
                 cols = self._columns
-                cols.advance(end_s, 1, 0.0, 0.0, shares[2] if shares is not None else None,
-                             shares[3] if shares is not None else None)
+                cols.advance(end_s, 1, 0.0, 0.0, per_dec if attribute else None, overhead if attribute else None)
                 if self.write_through:
                     self._store_segment_blocks(out)  # (before finished requests leave the columns)
                 done.extend(self._columns_finished())
@@ -281,7 +294,6 @@ class BaseScheduler(ABC):
                 # The decode fast path's entries (leading ``scheduled``): each decoded one token and had
                 # computed >= prompt and >= high_water, so none is a prefill chunk or a first token.  The same
                 # updates as the general loop below, without its branches.
-                per_dec, overhead = (shares[2], shares[3]) if shares is not None else (0.0, 0.0)
                 # (Each entry is read as a plain tuple and only its request taken: unpacked as ``req, one``, the
                 # compiled engine converted every entry to its native (Request, int) pair first, checking both
                 # items' types and unboxing the count, for every request of every step.)
@@ -301,16 +313,16 @@ class BaseScheduler(ABC):
                     req.last_token_s = end_s
                     if req.stalled_since == req.stalled_since:
                         req.end_stall(end_s)
-                    if shares is not None:
+                    if attribute:
                         req.time_decode_s += per_dec
                         req.time_overhead_s += overhead
-                    req.num_output_tokens += 1
-                    if req.num_output_tokens >= req.max_output:
+                    produced: i64 = req.num_output_tokens + 1
+                    req.num_output_tokens = produced
+                    if produced >= req.max_output:
                         done.append(req)
             if bulk < len(scheduled):
                 rest = scheduled[bulk:] if bulk else scheduled
-                if shares is not None:
-                    per_new, per_rec, per_dec, overhead = shares
+                if attribute:
                     for (req, _), (new, rec, dec) in zip(rest, out.splits):
                         req.time_prefill_new_s += new * per_new
                         req.time_recompute_s += rec * per_rec
@@ -684,7 +696,7 @@ class BaseScheduler(ABC):
                 if fit < seg:
                     cols.truncate(fit)
                     seg = fit
-        growing = []
+        growing: list[Request] = []
         count = seg
         joinable = 0  # steady decodes right after the segment, in a row, that may join it
         hashed = self.blocks_hashed
@@ -741,7 +753,7 @@ class BaseScheduler(ABC):
                 if grow < 0:
                     break  # holds more blocks than its tokens need: left to the general loop
                 need += grow
-                growing.append((req, blocks))
+                growing.append(req)  # (its blocks, ``(computed + block_size) // block_size``, are set below)
             if cols is not None and joinable == count - seg:
                 # Joins in a state the columns derive everything from (see sim/engine/decode_columns.py).
                 if (-(-computed // block_size) == req.blocks and req.stalled_since != req.stalled_since
@@ -764,8 +776,10 @@ class BaseScheduler(ABC):
             return 0
         assert not out.scheduled, "the decode fast path schedules the step's first entries"
         self.pool.allocate(need)
-        for req, blocks in growing:
-            req.blocks = blocks
+        # A growing request's blocks were recomputed above from its computed tokens, which nothing has changed
+        # since: computed again here rather than kept in a (request, blocks) pair per growing request per step.
+        for req in growing:
+            req.blocks = (req.num_computed_tokens + block_size) // block_size
         if joinable and cols is not None and joinable >= (DECODE_COLUMNS_JOIN if len(cols) else self._columns_min):
             cols.join(running[seg:seg + joinable])
             seg += joinable
