@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,7 +23,7 @@ from sim.runner import (EngineLoop, Feed, FrozenHeap, RequestStore, finish_run, 
                         predicted_output_for, run_info)
 from sim.tables import step_table
 from sim.workload.workload import Workload
-from sim.fleet._loop import Followed, RequestViews, preroute, route_all, run_routed
+from sim.fleet._loop import CountViews, Followed, RequestViews, preroute, route_all, run_routed
 from sim.fleet._routers import Router, make_router
 from sim.fleet._views import ReplicaView
 
@@ -171,9 +171,17 @@ class FleetSimulation:
         self._follow = state and not self._reads_metrics and self.router.follows_loads
         if self._follow:
             self.router.follow_loads(self._view_list)
+        #: The views the router is handed at each arrival when it reads no engine metrics: the list kept up to date
+        #: from the replicas' counts, or, for a router that says it does not read them (``reads_counts`` false),
+        #: the same views made when read.
+        self._views: Sequence[ReplicaView] = self._view_list
+        on_demand = state and not self._reads_metrics and not self._follow and not self.router.reads_counts
+        if on_demand:
+            self._views = CountViews(self.replicas)
         if state:
             for rep in self.replicas:
-                rep.dirty = self._dirty
+                if not on_demand:  # (nothing kept to bring up to date)
+                    rep.dirty = self._dirty
                 if self._reads_metrics:
                     rep.keep_history()
         #: For a ``tracks_requests`` router: its requests' first tokens and ends as the engines report them.
@@ -215,7 +223,7 @@ class FleetSimulation:
         assert self._feed is not None
         router = self.router
         return route_all(self.replicas, self.store, self._feed, self._requests, router, self._check,
-                         self.replica_of, self._view_list, self._reads_metrics, router.metrics_lag,
+                         self.replica_of, self._views, self._reads_metrics, router.metrics_lag,
                          router.load_changed if self._follow else None, self._dirty,
                          self._followed, self._moved)
 

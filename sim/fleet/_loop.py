@@ -299,16 +299,25 @@ class DynamoSlots:
     def first_token(self, index: int, replica: int, now: float) -> None:
         """``Router.on_first_token``: the request's prefill tokens no longer charged."""
         entry = self.live.get(index)
-        if entry is not None and entry[1]:
-            self.prefill_tokens[replica] -= entry[1]
-            entry[1] = 0
+        if entry is not None:
+            uncounted: int = entry[1]
+            if uncounted:
+                tokens = self.prefill_tokens
+                tokens[replica] = tokens[replica] - uncounted  # (as ``-=``, on machine integers)
+                entry[1] = 0
 
     def complete(self, index: int, replica: int, now: float) -> None:
         """``Router.on_complete``: nothing of the request charged any more."""
-        entry = self.live.pop(index, None)
+        live = self.live
+        entry = live.get(index)
         if entry is not None:
-            self.prefill_tokens[replica] -= entry[1]
-            self.active_blocks[replica] -= entry[2]
+            del live[index]  # (``live.pop(index, None)``: a generic method call)
+            tokens = self.prefill_tokens
+            blocks = self.active_blocks
+            uncounted: int = entry[1]
+            held: int = entry[2]
+            tokens[replica] = tokens[replica] - uncounted
+            blocks[replica] = blocks[replica] - held
 
 
 class LLMDScorer:
@@ -395,17 +404,27 @@ class Loads:
         return self.at[self.lo][0]
 
 
+def outstanding(rep: EngineLoop) -> int:
+    """A replica's ``outstanding`` count: the requests sent there, less those ended by its last boundary."""
+    return rep.assigned - rep.ended_pub
+
+
+def count_view(r: int, rep: EngineLoop) -> Any:
+    """Replica ``r``'s view from its counts alone (``routed``, ``outstanding``; the engine metrics None): what a
+    router that reads no engine metrics is shown (:func:`refresh_counts`, :class:`CountViews`)."""
+    return _new_tuple(ReplicaView, (r, rep.assigned, outstanding(rep), None, None, None))
+
+
 def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int],
                    follow: Callable[[int, int], None] | None) -> None:
-    """The views of the replicas in ``dirty`` (whose counts changed) made again from their counts: ``routed`` and
-    ``outstanding`` (sent there, less ended by their last boundary), the engine metrics None; ``follow`` (a router's
-    ``load_changed``) told of each new outstanding count.  ``dirty`` is emptied."""
+    """The views of the replicas in ``dirty`` (whose counts changed) made again from their counts
+    (:func:`count_view`); ``follow`` (a router's ``load_changed``) told of each new outstanding count.  ``dirty``
+    is emptied."""
     for r in dirty:
         rep = replicas[r]
-        outstanding = rep.assigned - rep.ended_pub
-        views[r] = _new_tuple(ReplicaView, (r, rep.assigned, outstanding, None, None, None))
+        views[r] = count_view(r, rep)
         if follow is not None:
-            follow(r, outstanding)
+            follow(r, outstanding(rep))
     dirty.clear()
 
 
@@ -463,6 +482,27 @@ def replica_views(replicas: Sequence[Any]) -> ReplicaViews:
     if isinstance(replicas, ReplicaViews):
         return replicas
     return ReplicaViews(replicas)
+
+
+class CountViews(ReplicaViews):
+    """The replicas as a router that reads no engine metrics and says it does not read its counts
+    (``Router.reads_counts`` false) is handed them: each view made from the replica's counts when it is read
+    (:func:`count_view`), so the same values as the views list :func:`refresh_counts` keeps for the other routers,
+    without making any at an arrival where none is read."""
+
+    def __init__(self, replicas: list[EngineLoop]) -> None:
+        self.replicas = replicas
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    def __getitem__(self, r: int) -> Any:
+        n = len(self.replicas)
+        if r < 0:
+            r += n  # as a list's index (the view's own index is the replica's)
+        if not 0 <= r < n:
+            raise IndexError("replica index out of range")
+        return count_view(r, self.replicas[r])
 
 
 class MetricViews(ReplicaViews):
@@ -587,8 +627,7 @@ class MetricViews(ReplicaViews):
         if not self.exact[r]:
             self._read(r)
         rep = self.replicas[r]
-        assigned = rep.assigned
-        return _new_tuple(ReplicaView, (r, assigned, assigned - rep.ended_pub, self.waiting[r], self.running[r],
+        return _new_tuple(ReplicaView, (r, rep.assigned, outstanding(rep), self.waiting[r], self.running[r],
                                         self.usage[r]))
 
 
@@ -608,6 +647,9 @@ class Followed:
         #: :meth:`notify`'s calls, and per replica the last call that told of it.
         self.calls = 0
         self.seen = [0] * len(news)
+        #: The router's hooks at the last call, and the slot manager they are the methods of (None: not one's).
+        self.hooks: tuple[object, object] = (None, None)
+        self.slots: DynamoSlots | None = None
 
     def notify(self, router: Any, moved: list[int], now: float) -> None:
         """Tell ``router`` of the first tokens and ends up to ``now`` of the requests on the replicas in ``moved``
@@ -618,11 +660,16 @@ class Followed:
         on_first = router.on_first_token
         on_end = router.on_complete
         # Fast path: hooks that are a compiled slot manager's methods (``DynamoKV``'s) are called as native methods
-        # (the same calls, in the same order, without the generic call of a bound method).
-        slots: DynamoSlots | None = None
-        owner = getattr(on_first, "__self__", None)
-        if isinstance(owner, DynamoSlots) and on_first == owner.first_token and on_end == owner.complete:
-            slots = owner
+        # (the same calls, in the same order, without the generic call of a bound method).  Found again only when
+        # the hooks are other objects than at the last call (an instance's bound hooks are the same from call to
+        # call).
+        if on_first is not self.hooks[0] or on_end is not self.hooks[1]:
+            self.hooks = (on_first, on_end)
+            self.slots = None
+            owner = getattr(on_first, "__self__", None)
+            if isinstance(owner, DynamoSlots) and on_first == owner.first_token and on_end == owner.complete:
+                self.slots = owner
+        slots = self.slots
         # Each replica once (``moved`` may name one several times): marked with this call's number, not a set.
         self.calls += 1
         call = self.calls
@@ -744,11 +791,12 @@ class DueHeap:
 
 
 def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, requests: RequestViews, router: Any,
-              check: Callable[[Any, int], int], replica_of: Any, views: list[Any], reads_metrics: bool,
+              check: Callable[[Any, int], int], replica_of: Any, views: Any, reads_metrics: bool,
               metrics_lag: float, follow: Callable[[int, int], None] | None,
               dirty: list[int], followed: Followed | None, moved: list[int]) -> float:
     """``FleetSimulation._route_all``'s loop (its docstring says what it does).  ``views``: the views list the
-    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`); a router that reads engine
+    router is given, kept up to date from the replicas' counts (:func:`refresh_counts`), or a :class:`CountViews`
+    (made when read: nothing to keep); a router that reads engine
     metrics (``reads_metrics``) is given a :class:`MetricViews` instead, brought up to date at each arrival
     (``metrics_lag`` old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
     advanced, of the replicas that moved (``moved``).  Returns the last arrival's time."""
@@ -756,6 +804,7 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
     num = len(replicas)
     inf = math.inf
     metrics = MetricViews(replicas) if reads_metrics else None
+    on_demand = isinstance(views, CountViews)
     #: When each replica next acts (a heap entry is live only while it matches this).
     due = [0.0] * num
     heap = DueHeap(num)
@@ -783,7 +832,10 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
         else:
             again.clear()
             if dirty:
-                refresh_counts(replicas, views, dirty, follow)
+                if on_demand:
+                    dirty.clear()  # nothing kept to bring up to date: each view is made when read
+                else:
+                    refresh_counts(replicas, views, dirty, follow)
             given = views
         answer = route(requests.view(i), given)
         if type(answer) is int and 0 <= answer < num:

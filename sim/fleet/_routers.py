@@ -57,7 +57,8 @@ class Router(abc.ABC):
     carry no load), which lets each replica look ahead to its own next arrival, as a single engine does.
     A router with ``reads_metrics = False`` reads only its own counts (``routed``, ``outstanding``): its views carry
     no engine metrics (None), and the fleet neither records the engines' metrics nor makes every replica's view
-    again at each arrival, only those whose counts changed.
+    again at each arrival, only those whose counts changed (or, with ``reads_counts = False``, each view when
+    read).
     A router with ``tracks_requests = True`` is told when each of its requests' first token and end reach it
     (:meth:`on_first_token`, :meth:`on_complete`), before the next ``route`` call that comes after them.
     """
@@ -72,6 +73,10 @@ class Router(abc.ABC):
     #: True for a router that decides from the replicas' ``outstanding`` counts alone and keeps them in a
     #: :class:`_Loads` when told of each change (:meth:`follow_loads`, :meth:`load_changed`).
     follows_loads: ClassVar[bool] = False
+    #: False for a router with ``reads_metrics = False`` that decides without its views' counts (it may still
+    #: read them): the fleet hands it views made when read (``sim.fleet._loop.CountViews``, the same values)
+    #: rather than making each replica's view again whenever its counts change.
+    reads_counts: ClassVar[bool] = True
 
     def __init__(self, num_replicas: int, seed: int = 0, **params: float) -> None:
         self.num_replicas = num_replicas
@@ -436,6 +441,7 @@ class DynamoKV(Router):
 
     name = "dynamo_kv"
     reads_metrics = False
+    reads_counts = False  # its own slot manager's counts only
     tracks_requests = True
     params = {
         "prefill_load_scale": Param(1.0, 0.0, math.inf),

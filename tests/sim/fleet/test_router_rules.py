@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sim.engine.config import EngineConfig
 from sim.fleet import (FleetSimulation, ReplicaView, ReplicaViews, RequestView, make_router, replica_views,
                        simulate_fleet)
-from sim.fleet._loop import (DueHeap, MetricViews, RequestViews, least_costs, llm_d_ties, preroute,
+from sim.fleet._loop import (CountViews, DueHeap, MetricViews, RequestViews, least_costs, llm_d_ties, preroute,
                              refresh_counts)
 from sim.fleet._routers import DynamoKV, LLMDWeighted
 from sim.latency import LinearStepModel
@@ -734,3 +734,53 @@ def test_the_loops_views_are_the_named_tuples():
     router.route = lambda request, views: seen.append(list(views)) or route(request, views)
     assert preroute(router, requests, 2, None) == ([0, 1], [[0.5], [1.5]])
     assert seen[1] == [ReplicaView(0, 1), ReplicaView(1, 0)] and all(type(v) is ReplicaView for v in seen[1])
+
+
+def test_views_made_when_read_are_the_views_kept():
+    """A router that says it does not read its counts (``reads_counts`` false) is handed views made when read
+    (``CountViews``): at each arrival the same views as the list the fleet keeps for the other routers, read by
+    position, from the end or by iteration, and the same decisions."""
+    workload = make_workload([(0.013 * i, 200, 30) for i in range(60)])
+    kwargs = dict(replicas=3, latency=LinearStepModel(0.01, 1e-5))
+    seen: dict[bool, list] = {True: [], False: []}
+    tables = {}
+    for reads in (True, False):
+        router = make_router("least_outstanding", {}, 3, 0)
+        router.follows_loads = False  # scans the views it is handed
+        router.reads_counts = reads
+        route = router.route
+
+        def spy(request, replicas, route=route, reads=reads):
+            assert type(replicas) is (list if reads else CountViews)
+            shown = [tuple(v) for v in replicas]
+            assert shown == [tuple(replicas[r]) for r in range(len(replicas))]
+            assert tuple(replicas[-1]) == shown[-1] and type(replicas[0]) is ReplicaView
+            seen[reads].append(shown)
+            return route(request, replicas)
+
+        router.route = spy
+        tables[reads] = simulate_fleet(workload, EngineConfig(), MODEL, GPU, router=router, **kwargs).requests
+    assert seen[True] == seen[False] and len(seen[True]) == 60
+    assert any(v[2] for shown in seen[True] for v in shown)  # some requests outstanding
+    pd.testing.assert_frame_equal(tables[True], tables[False])
+
+
+def test_hooks_replaced_between_arrivals_are_the_ones_told():
+    """``Followed.notify`` finds the slot manager's native hooks once per pair of hooks: hooks replaced during the
+    run (the rule's, through the router) are the ones told from then on, and decide the same."""
+    workload = make_workload([(0.004 * i, 64 + 16 * (i % 7), 20) for i in range(200)])
+    kwargs = dict(replicas=8, latency=LinearStepModel(0.01, 1e-4))
+    plain = simulate_fleet(workload, EngineConfig(), MODEL, GPU, router=make_router("dynamo_kv", {}, 8, 1), **kwargs)
+    router = make_router("dynamo_kv", {}, 8, 1)
+    route = router.route
+    told = []
+
+    def spy(request, replicas):
+        if request.index == 100:
+            router.on_first_token = lambda *args: told.append(args) or DynamoKV.on_first_token(router, *args)
+        return route(request, replicas)
+
+    router.route = spy
+    swapped = simulate_fleet(workload, EngineConfig(), MODEL, GPU, router=router, **kwargs)
+    assert told and min(args[0] for args in told) < 100
+    pd.testing.assert_frame_equal(plain.requests, swapped.requests)
