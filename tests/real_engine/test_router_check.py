@@ -30,3 +30,21 @@ def test_fit_speed_recovers_the_step_time_factor_of_a_round_robin_run(rc, tmp_pa
     far = {"sent_s": real["sent_s"], "end_s": [s + 1e6 for s in real["sent_s"]]}
     with pytest.raises(SystemExit, match="outside what step times"):
         rc.fit_speed(args, far, workload)
+
+
+def test_kvtune_routed_runs_are_simulated_with_the_router_that_ran(rc):
+    assert rc.router_of("cache_aware") == "sglang_cache_aware"
+    assert rc.router_of("round_robin") == "round_robin"
+    assert rc.router_of("kvtune:llm_d_weighted") == "llm_d_weighted"
+    with pytest.raises(KeyError):
+        rc.router_of("power_of_two")  # a sglang-router policy kvtune has no model of
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kvtune-routers", "round_robin,fastest"], "unknown router 'fastest'"),
+    (["--skip-sglang"], "--skip-sglang needs --kvtune-routers"),
+])
+def test_bad_router_flags_exit_2_with_one_line(rc, tmp_path, capsys, argv, message):
+    assert rc.main([*argv, "--out", str(tmp_path / "out"), "--sim-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

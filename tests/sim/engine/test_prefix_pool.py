@@ -17,7 +17,7 @@ from sim.engine.prefix_pool import PrefixBlockPool, block_hash
 from sim.engine.request import Request
 from sim.latency import LinearStepModel
 from sim.profiles import load_gpu, load_model
-from sim.request_store import _int64_keys, _prefix_hashes, _prefix_hashes_loop
+from sim.request_store import _int64_keys, _key_tuples, _prefix_hash_array, _prefix_hashes_loop
 from sim.runner import Simulation
 from tests.sim.engine.conftest import make_workload
 
@@ -229,6 +229,12 @@ def hash_columns(draw):
     column[:] = [draw(row) for _ in range(n)] if n else []
     prompts = np.array(draw(st.lists(st.integers(1, 40 * block_size), min_size=n, max_size=n)), dtype=np.int64)
     return column, prompts, block_size, hash_block_tokens
+
+
+def _prefix_hashes(column, prompts, block_size, hash_block_tokens):
+    """The vectorized keys as one tuple per request (the loop's form), or None where it falls back to the loop."""
+    found = _prefix_hash_array(column, prompts, block_size, hash_block_tokens)
+    return None if found is None else _key_tuples(found[0], found[1])
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
