@@ -476,13 +476,29 @@ class DynamoKV(Router):
         else:
             self.__dict__.pop("route", None)
 
-    #: Per worker (the slot manager's lists).
-    prefill_tokens = property(lambda self: self._slots.prefill_tokens,
-                              lambda self, value: setattr(self._slots, "prefill_tokens", list(value)))
-    active_blocks = property(lambda self: self._slots.active_blocks,
-                             lambda self, value: setattr(self._slots, "active_blocks", list(value)))
-    #: index -> [replica, prefill tokens still counted, blocks]
-    _live = property(lambda self: self._slots.live)
+    # The router's state is the slot manager's (one copy, whichever route runs).
+    @property
+    def prefill_tokens(self) -> list[int]:
+        """Per worker: tokens of its requests still in prefill (the slot manager's list)."""
+        return self._slots.prefill_tokens
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, value: Sequence[int]) -> None:
+        self._slots.prefill_tokens = list(value)
+
+    @property
+    def active_blocks(self) -> list[int]:
+        """Per worker: prompt blocks of its requests not yet ended (the slot manager's list)."""
+        return self._slots.active_blocks
+
+    @active_blocks.setter
+    def active_blocks(self, value: Sequence[int]) -> None:
+        self._slots.active_blocks = list(value)
+
+    @property
+    def _live(self) -> dict[int, list[int]]:
+        """Request index -> [replica, prefill tokens still counted, blocks] (the slot manager's)."""
+        return self._slots.live
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         """The rule as written (with finite parameters the instance's ``route`` is the slot manager's, which decides
