@@ -177,8 +177,14 @@ class _TieDraws:
         self.bits = generator.bit_generator
         state = self.bits.state
         self.exact = state.get("bit_generator") == "PCG64"
-        self.has = int(state.get("has_uint32", 0))
-        self.half = int(state.get("uinteger", 0))
+        self.has = self.half = 0
+        if self.exact:
+            self._take()
+
+    def _take(self) -> None:
+        """The generator's buffered half word, drawn from here from now on (PCG64)."""
+        state = self.bits.state
+        self.has, self.half = int(state["has_uint32"]), int(state["uinteger"])
 
     def _word(self) -> int:
         if self.has:
@@ -194,7 +200,10 @@ class _TieDraws:
             return 0  # numpy returns the low end without a draw
         if not self.exact or n > 0xFFFFFFFF:
             self.hand_back()
-            return int(self.generator.integers(n))
+            value = int(self.generator.integers(n))
+            if self.exact:  # numpy may have taken or left a half word (2**32 draws one 32-bit word): take it again
+                self._take()
+            return value
         m = self._word() * n
         if (m & 0xFFFFFFFF) < n:
             threshold = (0xFFFFFFFF - (n - 1)) % n

@@ -10,7 +10,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sim.engine.config import EngineConfig
@@ -691,6 +691,7 @@ def test_a_router_told_of_each_load_change_decides_as_one_that_scans(router, par
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32), st.lists(st.tuples(st.booleans(), st.integers(1, 2**33)), max_size=60))
+@example(0, [(False, 2**32), (False, 5)])  # numpy draws 2**32 as one 32-bit word: the half word buffer moves
 def test_tie_draws_are_numpys(seed, steps):
     """A router's tie draw (``Router._draw``, numpy's bounded draw in Python) gives ``rng.integers(n)``'s numbers,
     and the generator's stream goes on the same when it is used directly between draws (``Router.rng``)."""
