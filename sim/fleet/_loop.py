@@ -120,18 +120,23 @@ def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: l
     ``DynamoKV._costs_scan`` computes it (the same float operations in the same order, so the same values and the
     same ties) and ``Router._pick_min``'s ties among them, in one compiled pass.  Finite ``scale`` and ``credit``
     only (every cost is then finite, so the least and its ties are those of ``min``); ``overlaps`` None: none."""
+    # One list for the ties, emptied at each new least cost (not a new list per new least).  The prefill as
+    # ``float(a) / float(b)``: ``a / b`` for ints below 2**53 (both exact as floats, and each division rounds the
+    # exact quotient once), without the int division's call.
     ties: list[int] = []
     best = 0.0
+    fbs = float(bs)
     for w in range(len(prefill_tokens)):
-        prefill = (prefill_tokens[w] + prompt) / bs
+        prefill = float(prefill_tokens[w] + prompt) / fbs
         if overlaps is not None:
             prefill = prefill - credit * overlaps[w]
         if not prefill > 0.0:  # max(0.0, prefill): the first of equals, 0.0
             prefill = 0.0
         cost = scale * prefill + (active_blocks[w] + new_blocks)
-        if not ties or cost < best:
+        if w == 0 or cost < best:
             best = cost
-            ties = [w]
+            ties.clear()
+            ties.append(w)
         elif cost == best:
             ties.append(w)
     return ties
@@ -687,7 +692,12 @@ class Followed:
             if not watch:
                 continue
             gone: list[int] = []
-            for index in sorted(watch) if len(watch) > 1 else list(watch):
+            # The walk is in routing order (request index) for hooks in general.  The slot manager's hooks commute:
+            # ``first_token(i)``/``complete(i)`` touch request i's own ``live`` entry and subtract machine-free
+            # integers from its replica's counters (exact, so in any order the same sums), and request i's first
+            # token is still told before its end (the walk, then ``gone``); so there the walk takes the watch in
+            # its own order, unsorted (tests/sim/fleet/test_router_rules.py: the same state as the sorted walk).
+            for index in list(watch) if slots is not None or len(watch) < 2 else sorted(watch):
                 req = watch[index]
                 state = told[index]
                 if state == 2:  # told already
@@ -741,29 +751,38 @@ class DueHeap:
     def push(self, t: float, r: int) -> None:
         times = self.times
         replicas = self.replicas
+        # The same lists as boxed objects: a pair moves as its two objects (no new float or int per level).
+        tboxes: list[Any] = times
+        rboxes: list[Any] = replicas
         times.append(t)
         replicas.append(r)
         pos = len(times) - 1
+        tbox = tboxes[pos]
+        rbox = rboxes[pos]
         while pos > 0:  # sift up: the new pair moves above each parent greater than it
             parent = (pos - 1) >> 1
             pt = times[parent]
             if t < pt or (t == pt and r < replicas[parent]):
-                times[pos] = pt
-                replicas[pos] = replicas[parent]
+                tboxes[pos] = tboxes[parent]
+                rboxes[pos] = rboxes[parent]
                 pos = parent
             else:
                 break
-        times[pos] = t
-        replicas[pos] = r
+        tboxes[pos] = tbox
+        rboxes[pos] = rbox
 
     def pop(self) -> int:
         """Take the least pair out; returns its replica (its time was :meth:`top`)."""
         times = self.times
         replicas = self.replicas
+        tboxes: list[Any] = times  # (as in :meth:`push`: pairs move as their objects)
+        rboxes: list[Any] = replicas
         first = replicas[0]
-        t = times.pop()
-        r = replicas.pop()
-        n = len(times)
+        n = len(times) - 1
+        t = times[n]
+        r = replicas[n]
+        tbox = tboxes.pop()
+        rbox = rboxes.pop()
         if n:
             pos = 0
             while True:  # sift down: the last pair goes below each smaller child
@@ -780,13 +799,13 @@ class DueHeap:
                         ct = rt
                         cr = replicas[right]
                 if ct < t or (ct == t and cr < r):
-                    times[pos] = ct
-                    replicas[pos] = cr
+                    tboxes[pos] = tboxes[child]
+                    rboxes[pos] = rboxes[child]
                     pos = child
                 else:
                     break
-            times[pos] = t
-            replicas[pos] = r
+            tboxes[pos] = tbox
+            rboxes[pos] = rbox
         return first
 
 

@@ -785,3 +785,51 @@ def test_hooks_replaced_between_arrivals_are_the_ones_told():
     swapped = simulate_fleet(workload, EngineConfig(), MODEL, GPU, router=router, **kwargs)
     assert told and min(args[0] for args in told) < 100
     pd.testing.assert_frame_equal(plain.requests, swapped.requests)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_followed_unsorted_slot_walk_matches_the_sorted_walk(data):
+    """``Followed.notify`` walks each replica's watch unsorted when the hooks are the slot manager's (they commute:
+    see the comment there): after every call the same slot state, the same told and the same watch as the sorted
+    walk of hooks called through the router (the rule's path)."""
+    from types import SimpleNamespace
+
+    from sim.engine.request import Request, Status
+    from sim.fleet._loop import DynamoSlots, Followed
+
+    n = data.draw(st.integers(1, 3))
+    count = data.draw(st.integers(1, 12))
+    times = st.one_of(st.just(math.nan), st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0]))
+    reqs, where = [], []
+    for i in range(count):
+        r = Request(i, i, "a", 0.0, data.draw(st.integers(1, 90)), 5, 4096)
+        r.first_token_s = data.draw(times)
+        r.end_s = data.draw(times)
+        r.status = data.draw(st.sampled_from([Status.RUNNING, Status.FINISHED, Status.CANCELLED]))
+        reqs.append(r)
+        where.append(data.draw(st.integers(0, n - 1)))
+    slot_sets = [DynamoSlots(n, 1.0, 1.0, 120.0, lambda k: 0) for _ in range(2)]
+    for slots in slot_sets:
+        for i, r in enumerate(reqs):
+            slots.take(i, where[i], 0, r.prompt_tokens, 16, -(-r.prompt_tokens // 16), (), 0.0)
+    fast_slots, rule_slots = slot_sets
+    fast_router = SimpleNamespace(on_first_token=fast_slots.first_token, on_complete=fast_slots.complete)
+    rule_router = SimpleNamespace(on_first_token=lambda *a: rule_slots.first_token(*a),
+                                  on_complete=lambda *a: rule_slots.complete(*a))
+    followed = [Followed([[] for _ in range(n)], count) for _ in range(2)]
+    order = data.draw(st.permutations(list(range(count)) * 2))
+    cut = sorted(data.draw(st.lists(st.integers(0, len(order)), min_size=3, max_size=3)))
+    batches = [order[:cut[0]], order[cut[0]:cut[1]], order[cut[1]:cut[2]], order[cut[2]:]]
+    for now, batch in zip([0.5, 1.0, 2.0, 3.5], batches):
+        for f in followed:
+            for i in batch:
+                f.news[where[i]].append(reqs[i])
+        followed[0].notify(fast_router, list(range(n)), now)
+        followed[1].notify(rule_router, list(range(n)), now)
+        assert followed[0].slots is fast_slots and followed[1].slots is None
+        assert fast_slots.prefill_tokens == rule_slots.prefill_tokens
+        assert fast_slots.active_blocks == rule_slots.active_blocks
+        assert fast_slots.live == rule_slots.live
+        assert followed[0].told == followed[1].told
+        assert [sorted(w) for w in followed[0].watch] == [sorted(w) for w in followed[1].watch]
