@@ -693,7 +693,7 @@ class Followed:
                 continue
             gone: list[int] = []
             # The walk is in routing order (request index) for hooks in general.  The slot manager's hooks commute:
-            # ``first_token(i)``/``complete(i)`` touch request i's own ``live`` entry and subtract machine-free
+            # ``first_token(i)``/``complete(i)`` touch request i's own ``live`` entry and subtract
             # integers from its replica's counters (exact, so in any order the same sums), and request i's first
             # token is still told before its end (the walk, then ``gone``); so there the walk takes the watch in
             # its own order, unsorted (tests/sim/fleet/test_router_rules.py: the same state as the sorted walk).
