@@ -206,20 +206,28 @@ def measure(args, policy: str, urls: list[str], workload: Workload, out: Path) -
         router.terminate()
         router.wait(30)
     table["replica"] = table["served_by"].map({f"e{r}": r for r in range(len(urls))}).fillna(-1).astype(int)
+    # when each request left the client and when its response had ended there, s from the first arrival: the span
+    # in which the router counts it as its worker's load
+    return measured_run(policy, table, before, after, table["sent_s"], table["sent_s"] + table["e2e_s"],
+                        int(table["error"].notna().sum()), next(iter(table["error"].dropna()), None))
+
+
+def measured_run(policy: str, table: pd.DataFrame, before: list[dict], after: list[dict], sent, ends, errors: int,
+                 first_error: str | None) -> dict:
+    """A run's measurements as ``router_check.json`` keeps them: per engine the requests it served (``table``'s
+    ``replica``) and its prefix-cache hit rate from the ``/metrics`` counters ``before`` and ``after`` the run,
+    each request's send and end times, the client's TTFT p50/p99 and the fleet's hit rate."""
     per = []
-    for r in range(len(urls)):
+    for r in range(len(before)):
         q = after[r]["prefix_cache_queries_total"] - before[r]["prefix_cache_queries_total"]
         h = after[r]["prefix_cache_hits_total"] - before[r]["prefix_cache_hits_total"]
         per.append({"requests": int((table["replica"] == r).sum()), "queries": q, "hits": h,
                     "hit_rate": h / q if q else 0.0})
     ttft = table["ttft_s"].dropna()
-    ends = table["sent_s"] + table["e2e_s"]
-    return {"policy": policy, "replicas": per, "replica_of": table["replica"].tolist(),
-            # when each request left the client and when its response had ended there, s from the first arrival:
-            # the span in which the router counts it as its worker's load
-            "sent_s": [None if v != v else round(float(v), 4) for v in table["sent_s"]],
+    return {"policy": policy, "replicas": per, "replica_of": table["replica"].astype(int).tolist(),
+            "sent_s": [None if v != v else round(float(v), 4) for v in sent],
             "end_s": [None if v != v else round(float(v), 4) for v in ends],
-            "errors": int(table["error"].notna().sum()), "first_error": next(iter(table["error"].dropna()), None),
+            "errors": errors, "first_error": first_error,
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99)),
             "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
 
@@ -236,23 +244,12 @@ def measure_kvtune(args, router: str, urls: list[str], workload: Workload) -> di
     result = replay(urls, workload, ReplayOptions(router=router, router_block_size=BLOCK, hash_block_tokens=BLOCK,
                                                   model="tiny", max_model_len=2048, record_tokens=False))
     table = result.requests
-    per = []
-    for r, rep in enumerate(result.info["replicas"]):
-        before, after = rep["metrics_before"], rep["metrics_after"]
-        q = after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"]
-        h = after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"]
-        per.append({"requests": int((table["replica"] == r).sum()), "queries": q, "hits": h,
-                    "hit_rate": h / q if q else 0.0})
-    ttft = table["ttft_s"].dropna()
+    reps = result.info["replicas"]
     failed = table["status"] != "finished"
-    return {"policy": f"kvtune:{router}", "replicas": per, "replica_of": table["replica"].astype(int).tolist(),
-            # the replay sends each request at its arrival (trace seconds from the first arrival)
-            "sent_s": [round(float(v), 4) for v in table["arrival_s"]],
-            "end_s": [None if v != v else round(float(v), 4) for v in table["end_s"]],
-            "errors": int(failed.sum()), "first_error": None if not failed.any() else str(
-                table.loc[failed, "status"].iloc[0]),
-            "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99)),
-            "fleet_hit_rate": sum(p["hits"] for p in per) / max(1.0, sum(p["queries"] for p in per))}
+    # the replay sends each request at its arrival (trace seconds from the first arrival)
+    return measured_run(f"kvtune:{router}", table, [rep["metrics_before"] for rep in reps],
+                        [rep["metrics_after"] for rep in reps], table["arrival_s"], table["end_s"],
+                        int(failed.sum()), str(table.loc[failed, "status"].iloc[0]) if failed.any() else None)
 
 
 def router_of(policy: str) -> str:
@@ -507,12 +504,10 @@ def report_from(args, workload: Workload) -> int:
     """Simulate each policy's matching kvtune router and print the comparison with the measurements saved in
     ``OUT/router_check.json``."""
     saved_runs = json.loads((args.out / "router_check.json").read_text())
-    for saved in saved_runs[:1]:
-        if saved.get("workload"):  # the run's own trace and engine sizes (runs before 2026-12-06 used the flags')
-            for key, value in saved["workload"].items():
-                setattr(args, key, value)
-            workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate,
-                                              args.seed)
+    if saved_runs[0].get("workload"):  # the runs' own trace and engine sizes (runs before 2026-12-06 used the flags')
+        for key, value in saved_runs[0]["workload"].items():
+            setattr(args, key, value)
+        workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate, args.seed)
     scale = 1.0
     if args.fit_speed:  # on the first round-robin run (sglang-router's, else kvtune's), before any prediction
         real = next((s["measured"] for s in saved_runs if router_of(s["measured"]["policy"]) == "round_robin"), None)

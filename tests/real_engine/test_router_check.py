@@ -48,3 +48,18 @@ def test_bad_router_flags_exit_2_with_one_line(rc, tmp_path, capsys, argv, messa
     assert rc.main([*argv, "--out", str(tmp_path / "out"), "--sim-only"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_run_is_measured_per_engine_from_its_metrics_deltas(rc):
+    import pandas as pd
+
+    table = pd.DataFrame({"replica": [0, 1, 1, 0, 1], "ttft_s": [0.1, 0.2, float("nan"), 0.4, 0.5]})
+    before = [{"prefix_cache_queries_total": 100, "prefix_cache_hits_total": 10}] * 2
+    after = [{"prefix_cache_queries_total": 300, "prefix_cache_hits_total": 60},
+             {"prefix_cache_queries_total": 100, "prefix_cache_hits_total": 10}]
+    run = rc.measured_run("kvtune:x", table, before, after, [0.0, 1.0, 2.0, 3.0, 4.0],
+                          [0.5, 1.5, float("nan"), 3.5, 4.5], 1, "unfinished")
+    assert [p["requests"] for p in run["replicas"]] == [2, 3]
+    assert [p["hit_rate"] for p in run["replicas"]] == [0.25, 0.0]  # 50 of 200; no queries on e1
+    assert run["fleet_hit_rate"] == 0.25 and run["end_s"][2] is None and run["replica_of"] == [0, 1, 1, 0, 1]
+    assert run["ttft_p50_s"] == pytest.approx(0.3) and (run["errors"], run["first_error"]) == (1, "unfinished")
