@@ -545,7 +545,9 @@ class EngineLoop:
         last_report = wall0
         clock = env.now
         # ``env.now``, read again after each yield: the clock moves only while this process is suspended, and
-        # ``env.now`` is a Python property (an attribute lookup and a call per read, twice per step compiled).
+        # ``env.now`` is a Python property (an attribute lookup and a call per read, twice per step compiled).  A
+        # stale ``sim_now`` would make the next catch-up yield overshoot the engine's clock
+        # (tests/sim/engine/test_run_clock.py).
         sim_now = clock
         while feed.next < total or self.done + len(finished) < self.assigned:
             if len(finished) > 256:

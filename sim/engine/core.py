@@ -201,8 +201,8 @@ class EngineCore:
         # at its end (a run's last step included) before finished requests free theirs.
         running, waiting, swapped, used = len(scheduler.running), len(scheduler.waiting), scheduler.num_swapped(), pool.num_used
         per_new, per_rec, per_dec, overhead = _shares(out, parts, k)
-        grown = scheduler._apply_output(out, now, k, first_end, result.last_s, bool(out.scheduled), per_new, per_rec,
-                                        per_dec, overhead)  # (update_from_output with its shares as C doubles)
+        grown = scheduler.update_from_output(out, now, k, first_end, result.last_s, bool(out.scheduled), per_new,
+                                             per_rec, per_dec, overhead)
         # (The parts one by one, in ``StepParts.as_tuple``'s order: ``*parts.as_tuple()`` made the compiled engine build
         # a list, extend it with that tuple, convert it to a tuple and then unbox and box all 20 values again.)
         self.step_rows.append((

@@ -192,30 +192,20 @@ class BaseScheduler(ABC):
 
     def update_from_output(
         self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0,
-        shares: tuple[float, float, float, float] | None = None,
+        attribute: bool = False, per_new: float = 0.0, per_rec: float = 0.0, per_dec: float = 0.0,
+        overhead: float = 0.0,
     ) -> int:
         """Apply ``num_steps`` identical steps of ``out`` ending at ``end_s``: computed tokens advance, a token
         is sampled for every request whose scheduled tokens reach its end, finished requests free blocks.
         A run's first step ends at ``first_end_s`` and its last lasts ``last_gap_s`` (its longest, step times
         only grow along a run): the inter-token gaps.
-        ``shares`` (from the engine core, when it attributes step time to requests): seconds per new-prefill,
-        recompute and decode token and per scheduled request (overhead) of the step, or of the whole run
-        (a run's decode share is then per request, not per token); each request's ``time_*_s`` grow by them.
+        With ``attribute`` (the engine core attributes step time to requests, ``core._shares``): ``per_new``,
+        ``per_rec`` and ``per_dec`` are the seconds per new-prefill, recompute and decode token and ``overhead``
+        per scheduled request of the step, or of the whole run (a run's decode share is then per request, not per
+        token); each request's ``time_*_s`` grow by them.  (Four floats, not a tuple: the compiled engine passes
+        them as C doubles, where a tuple was four boxed floats made, unboxed and freed per step.)
         Returns the blocks a run of decode steps grew by after its first step (the engine core checked they
         are free); 0 for a single step, whose blocks ``schedule()`` allocated."""
-        if shares is None:
-            return self._apply_output(out, end_s, num_steps, first_end_s, last_gap_s, False, 0.0, 0.0, 0.0, 0.0)
-        per_new, per_rec, per_dec, overhead = shares
-        return self._apply_output(out, end_s, num_steps, first_end_s, last_gap_s, True, per_new, per_rec, per_dec,
-                                  overhead)
-
-    def _apply_output(
-        self, out: SchedulerOutput, end_s: float, num_steps: int, first_end_s: float, last_gap_s: float,
-        attribute: bool, per_new: float, per_rec: float, per_dec: float, overhead: float,
-    ) -> int:
-        """:meth:`update_from_output` with its ``shares`` as four floats (``attribute``: shares were given): the
-        engine core calls this once per step, and the compiled engine passes the floats as C doubles, where the
-        tuple was four boxed floats made, unboxed and freed per step."""
         done: list[Request] = []
         grown: i64 = 0
         scheduled = out.scheduled
