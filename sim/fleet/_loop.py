@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from mypy_extensions import mypyc_attr
+from mypy_extensions import i64, mypyc_attr
 
 from sim.engine.request import FINAL_STATUSES, Request
 from sim.fleet._views import ReplicaView, RequestView
@@ -114,31 +114,76 @@ def run_routed(replicas: list[EngineLoop], store: RequestStore, arrivals: list[f
     return last
 
 
+class WorkerLoad:
+    """One worker's charges in ``DynamoKV``'s slot manager (``DynamoSlots.loads``): prefill tokens of its requests
+    not yet at their first token (``tokens``) and prompt blocks of those not yet ended (``blocks``).  As ``i64``
+    fields (a boxed int in a ``list[int]`` is ~25 instructions a read with its unboxing), each with its value as a
+    float beside it (``ftokens``, ``fblocks``), which :func:`least_load_costs` reads.  The counts are token and
+    block sums, far below 2**53, so each float is exact.  Changed only through :meth:`add` and :meth:`set`, which
+    keep the two in step."""
+
+    def __init__(self, tokens: i64 = 0, blocks: i64 = 0) -> None:
+        self.tokens = tokens
+        self.blocks = blocks
+        self.ftokens = float(tokens)
+        self.fblocks = float(blocks)
+
+    def add(self, tokens: i64, blocks: i64) -> None:
+        self.set(self.tokens + tokens, self.blocks + blocks)
+
+    def set(self, tokens: i64, blocks: i64) -> None:
+        self.tokens = tokens
+        self.blocks = blocks
+        self.ftokens = float(tokens)
+        self.fblocks = float(blocks)
+
+
 def least_costs(prefill_tokens: list[int], active_blocks: list[int], overlaps: list[int] | None, prompt: int,
                 bs: int, new_blocks: int, scale: float, credit: float) -> list[int]:
+    """``DynamoKV``'s workers at the least cost, in index order, from per-worker lists: :func:`least_load_costs` on
+    those figures (what the rule as written, ``DynamoKV.route``, calls)."""
+    loads = [WorkerLoad(prefill_tokens[w], active_blocks[w]) for w in range(len(prefill_tokens))]
+    return least_load_costs(loads, overlaps, prompt, bs, new_blocks, scale, credit)
+
+
+def least_load_costs(loads: list[WorkerLoad], overlaps: list[int] | None, prompt: i64, bs: i64, new_blocks: i64,
+                     scale: float, credit: float) -> list[int]:
     """``DynamoKV``'s workers at the least cost, in index order: each worker's ``worker_logit`` as
     ``DynamoKV._costs_scan`` computes it (the same float operations in the same order, so the same values and the
     same ties) and ``Router._pick_min``'s ties among them, in one compiled pass.  Finite ``scale`` and ``credit``
     only (every cost is then finite, so the least and its ties are those of ``min``); ``overlaps`` None: none."""
-    # One list for the ties, emptied at each new least cost (not a new list per new least).  The prefill as
-    # ``float(a) / float(b)``: ``a / b`` for ints below 2**53 (both exact as floats, and each division rounds the
-    # exact quotient once), without the int division's call.
-    ties: list[int] = []
+    # The prefill as ``float(a) / float(b)``: ``a / b`` for ints below 2**53 (both exact as floats, and each
+    # division rounds the exact quotient once), without the int division's call.  The sums ``tokens + prompt`` and
+    # ``blocks + new_blocks`` as floats (``WorkerLoad``'s float fields): the same values as the int sums converted,
+    # every operand and sum being an integer below 2**53 (exact as a float).  The least's first worker is kept
+    # apart and the list of its other ties made only when there are some (a new least is then no list operation).
+    first: i64 = 0
+    more: list[int] = []
     best = 0.0
     fbs = float(bs)
-    for w in range(len(prefill_tokens)):
-        prefill = float(prefill_tokens[w] + prompt) / fbs
+    fprompt = float(prompt)
+    fnew = float(new_blocks)
+    w: i64 = 0
+    for load in loads:
+        prefill = (load.ftokens + fprompt) / fbs
         if overlaps is not None:
             prefill = prefill - credit * overlaps[w]
         if not prefill > 0.0:  # max(0.0, prefill): the first of equals, 0.0
             prefill = 0.0
-        cost = scale * prefill + (active_blocks[w] + new_blocks)
+        cost = scale * prefill + (load.fblocks + fnew)
         if w == 0 or cost < best:
             best = cost
-            ties.clear()
-            ties.append(w)
+            first = w
+            if more:
+                more.clear()
         elif cost == best:
-            ties.append(w)
+            more.append(w)
+        w += 1
+    if not w:
+        return []
+    ties = [first]
+    if more:
+        ties.extend(more)
     return ties
 
 
@@ -258,13 +303,41 @@ class DynamoSlots:
 
     def __init__(self, num: int, scale: float, credit: float, ttl_s: float, draw: Callable[[int], int]) -> None:
         self.indexes = [PrefixIndex() for _ in range(num)]
-        self.prefill_tokens: list[int] = [0] * num
-        self.active_blocks: list[int] = [0] * num
+        #: Per worker its prefill tokens and active blocks (:class:`WorkerLoad`: machine integers, which the cost
+        #: pass reads); the lists :attr:`prefill_tokens` and :attr:`active_blocks` are made from them.
+        self.loads = [WorkerLoad() for _ in range(num)]
         self.live: dict[int, list[int]] = {}
         self.scale = scale
         self.credit = credit
         self.ttl_s = ttl_s
         self.draw = draw
+
+    @property
+    def prefill_tokens(self) -> list[int]:
+        """Per worker: tokens of its requests still in prefill (a new list; set: each worker's from a list)."""
+        return [load.tokens for load in self.loads]
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, value: list[int]) -> None:
+        loads = self._loads_for(value)
+        for w in range(len(loads)):
+            loads[w].set(value[w], loads[w].blocks)
+
+    @property
+    def active_blocks(self) -> list[int]:
+        """Per worker: prompt blocks of its requests not yet ended (a new list; set: each worker's from a list)."""
+        return [load.blocks for load in self.loads]
+
+    @active_blocks.setter
+    def active_blocks(self, value: list[int]) -> None:
+        loads = self._loads_for(value)
+        for w in range(len(loads)):
+            loads[w].set(loads[w].tokens, value[w])
+
+    def _loads_for(self, value: list[int]) -> list[WorkerLoad]:
+        if len(value) != len(self.loads):
+            raise ValueError(f"{len(value)} figures for {len(self.loads)} workers")
+        return self.loads
 
     def overlaps(self, hashes: tuple[int, ...], now: float) -> list[int]:
         """Each worker's overlap blocks with ``hashes`` at ``now``."""
@@ -282,8 +355,7 @@ class DynamoSlots:
         bs: int = request[5]
         new_blocks = -(-prompt // bs)
         overlaps = self.overlaps(hashes, now) if hashes else None
-        ties = least_costs(self.prefill_tokens, self.active_blocks, overlaps, prompt, bs, new_blocks, self.scale,
-                           self.credit)
+        ties = least_load_costs(self.loads, overlaps, prompt, bs, new_blocks, self.scale, self.credit)
         chosen = ties[0] if len(ties) == 1 else ties[self.draw(len(ties))]
         self.take(request[0], chosen, overlaps[chosen] if overlaps is not None else 0, prompt, bs, new_blocks,
                   hashes, now)
@@ -296,8 +368,7 @@ class DynamoSlots:
         uncached = prompt - overlap * bs
         if uncached < 0:
             uncached = 0
-        self.prefill_tokens[chosen] += uncached
-        self.active_blocks[chosen] += new_blocks
+        self.loads[chosen].add(uncached, new_blocks)
         self.live[index] = [chosen, uncached, new_blocks]
         self.indexes[chosen].insert(hashes, now)
 
@@ -307,8 +378,7 @@ class DynamoSlots:
         if entry is not None:
             uncounted: int = entry[1]
             if uncounted:
-                tokens = self.prefill_tokens
-                tokens[replica] = tokens[replica] - uncounted  # (as ``-=``, on machine integers)
+                self.loads[replica].add(-uncounted, 0)
                 entry[1] = 0
 
     def complete(self, index: int, replica: int, now: float) -> None:
@@ -317,12 +387,9 @@ class DynamoSlots:
         entry = live.get(index)
         if entry is not None:
             del live[index]  # (``live.pop(index, None)``: a generic method call)
-            tokens = self.prefill_tokens
-            blocks = self.active_blocks
             uncounted: int = entry[1]
             held: int = entry[2]
-            tokens[replica] = tokens[replica] - uncounted
-            blocks[replica] = blocks[replica] - held
+            self.loads[replica].add(-uncounted, -held)
 
 
 class LLMDScorer:
@@ -641,13 +708,17 @@ class Followed:
     arrival by :func:`route_all`; the cost follows the first tokens and ends, not the requests in flight).
 
     Each replica's engine appends a request to its ``news`` list (``SchedulerBase.news``) at the request's first
-    token and at its end, as they happen; :meth:`notify` moves them to the replica's watch (request index ->
-    request) until what they reported has reached the router.  ``told`` per request: 0 nothing told yet, 1 its
-    first token, 2 its end."""
+    token and at its end, as they happen; :meth:`notify` moves them to the replica's watch (its requests in the
+    order they were first moved there, each once) until what they reported has reached the router.  ``told`` per
+    request: 0 nothing told yet, 1 its first token, 2 its end."""
 
     def __init__(self, news: list[list[Request]], num_requests: int) -> None:
         self.news = news
-        self.watch: list[dict[int, Request]] = [{} for _ in news]
+        # The watch as a list and a flag per request (``watching``: in its replica's watch), not a dict keyed by
+        # request index: no boxed index and no hashing per entry.  The list keeps a dict's order (insertion; an
+        # entry taken out and moved back goes to the end).
+        self.watch: list[list[Request]] = [[] for _ in news]
+        self.watching = [False] * num_requests
         self.told = [0] * num_requests
         #: :meth:`notify`'s calls, and per replica the last call that told of it.
         self.calls = 0
@@ -679,6 +750,7 @@ class Followed:
         self.calls += 1
         call = self.calls
         seen = self.seen
+        watching = self.watching
         for r in moved:
             if seen[r] == call:
                 continue
@@ -687,21 +759,27 @@ class Followed:
             news = self.news[r]
             if news:
                 for req in news:
-                    watch[req.index] = req
+                    if not watching[req.index]:  # (else in the watch already: it keeps its place)
+                        watching[req.index] = True
+                        watch.append(req)
                 news.clear()
             if not watch:
                 continue
             gone: list[int] = []
+            dropped = False
             # The walk is in routing order (request index) for hooks in general.  The slot manager's hooks commute:
             # ``first_token(i)``/``complete(i)`` touch request i's own ``live`` entry and subtract
             # integers from its replica's counters (exact, so in any order the same sums), and request i's first
             # token is still told before its end (the walk, then ``gone``); so there the walk takes the watch in
             # its own order, unsorted (tests/sim/fleet/test_router_rules.py: the same state as the sorted walk).
-            for index in list(watch) if slots is not None or len(watch) < 2 else sorted(watch):
-                req = watch[index]
+            # A request leaves the watch by its flag during the walk (the list is not changed while walked), and
+            # the list is compacted after it, in its own order.
+            for req in watch if slots is not None or len(watch) < 2 else sorted(watch, key=request_index):
+                index = req.index
                 state = told[index]
                 if state == 2:  # told already
-                    del watch[index]
+                    watching[index] = False
+                    dropped = True
                     continue
                 keep = False
                 if state == 0:
@@ -718,15 +796,30 @@ class Followed:
                 if end <= now or (req.status in FINAL_STATUSES and math.isnan(end)):
                     gone.append(index)
                 elif not keep and not end > now:
-                    del watch[index]  # nothing more to tell until its next report
+                    watching[index] = False  # nothing more to tell until its next report
+                    dropped = True
             for index in gone:
                 if slots is not None:
                     slots.complete(index, r, now)
                 else:
                     on_end(index, r, now)
                 told[index] = 2
-                del watch[index]
+                watching[index] = False
+                dropped = True
+            if dropped:
+                kept = 0
+                for req in watch:
+                    if watching[req.index]:
+                        watch[kept] = req
+                        kept += 1
+                while len(watch) > kept:
+                    watch.pop()
         moved.clear()
+
+
+def request_index(req: Request) -> int:
+    """A request's index (:meth:`Followed.notify`'s sort key)."""
+    return req.index
 
 
 class DueHeap:

@@ -832,4 +832,7 @@ def test_followed_unsorted_slot_walk_matches_the_sorted_walk(data):
         assert fast_slots.active_blocks == rule_slots.active_blocks
         assert fast_slots.live == rule_slots.live
         assert followed[0].told == followed[1].told
-        assert [sorted(w) for w in followed[0].watch] == [sorted(w) for w in followed[1].watch]
+        assert [sorted(req.index for req in w) for w in followed[0].watch] == \
+            [sorted(req.index for req in w) for w in followed[1].watch]
+        for f in followed:  # each request in its replica's watch once, flagged as watched, and no other flagged
+            assert sorted(req.index for w in f.watch for req in w) == [i for i in range(count) if f.watching[i]]
