@@ -54,7 +54,7 @@ class RunRecord:
     step 0's boundary and the run's end are published as they come).  Queue lengths are those after the run's
     first ``schedule()`` (a steady decode admits and preempts nothing, and no request finishes before the run's
     end) plus the requests added to the waiting queue during the run (arrivals that do not end it, see
-    ``EngineLoop.cut``), and the blocks in use grow by each step's new blocks (a request needs one where its
+    ``EngineLoop.cut``) from the boundary after the step that left them waiting, and the blocks in use grow by each step's new blocks (a request needs one where its
     token count crosses a block boundary)."""
 
     def __init__(self, start_s: float, num_steps: int, affine: tuple[float, float] | None,
@@ -130,12 +130,18 @@ class RunRecord:
         """(waiting, running, blocks in use) published at step ``j >= 1``'s boundary."""
         m = j - 1  # the steps after the first whose blocks are in use by then
         used = self.used + (m // block_size) * self.batch + self.cumulative[m % block_size]
-        at = self.boundary_s(j)
+        return self.waiting_at(j), self.running, used
+
+    def waiting_at(self, j: int) -> int:
+        """The waiting count published at step ``j >= 1``'s boundary (``j = num_steps``: the run's end): the
+        requests the run's first ``schedule()`` left waiting, and those added during the run by the time step
+        ``j - 1`` was scheduled, which that ``schedule()`` left waiting (see ``EngineLoop.advance``)."""
+        at = self.boundary_s(j - 1)
         added = 0
-        for t in self.adds:  # a few at most: an arrival routed here cuts the run
+        for t in self.adds:  # a few at most: an arrival that can join the batch cuts the run
             if t <= at:
                 added += 1
-        return self.waiting + added, self.running, used
+        return self.waiting + added
 
 
 class Published:
@@ -212,6 +218,9 @@ class EngineLoop:
         self.history: list[Published] | None = None
         self.history_head = 0
         self.run_record: RunRecord | None = None
+        #: The waiting count right after the engine last scheduled: what it publishes at the next boundary (see
+        #: ``advance``).
+        self.waiting_pub = 0
         if self.scheduler.async_scheduling:
             # vLLM 0.33's async engine core takes the aborts after schedule(N+1), before update_from_output(N)
             # (v1/engine/core.py step_with_batch_queue): the core calls this then, instead of the loop before.
@@ -425,12 +434,22 @@ class EngineLoop:
                 if dirty is not None:
                     dirty.append(self.index)
             if history is not None:
-                # What vLLM's stats would publish at this boundary: the state before this step is scheduled.
-                self.run_record = None
-                history.append(Published(now, len(scheduler.waiting), len(scheduler.running), pool.num_used, None))
+                # What vLLM's stats publish at this boundary: the requests running and the blocks in use now, and
+                # the waiting count the last schedule() left.  vLLM 0.32/0.33 makes its SchedulerStats at the end
+                # of update_from_output (v1/core/sched/scheduler.py make_stats); its engine core adds the requests
+                # that came in during the step only after that, before the next schedule() (v1/engine/core.py
+                # run_busy_loop: _process_input_queue).  So an arrival counts as waiting only once a schedule()
+                # has left it waiting (``RunRecord.waiting_at`` inside a run of decode steps), and a woken idle
+                # engine publishes the count of its last step.
+                record = self.run_record
+                if record is not None:  # the end of a run: what its last step's schedule() left
+                    self.waiting_pub = record.waiting_at(record.num_steps)
+                    self.run_record = None
+                history.append(Published(now, self.waiting_pub, len(scheduler.running), pool.num_used, None))
             step = None
             if scheduler.has_unfinished():
                 step = self._begin(now, math.inf)
+                self.waiting_pub = len(scheduler.waiting)
                 if self.stopped:
                     break
             if step is None:

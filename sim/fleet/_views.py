@@ -37,7 +37,9 @@ class ReplicaView(NamedTuple):
     ``outstanding`` and ``routed`` are the router's own bookkeeping (requests it sent there, less those whose
     response has ended by now), exact at the arrival.  ``num_waiting``, ``num_running`` and ``kv_usage`` are the
     engine's published metrics (vLLM's ``num_requests_waiting``, ``num_requests_running``,
-    ``kv_cache_usage_perc``): the state at the last step boundary at or before ``now - metrics_lag_s``.  For a
+    ``kv_cache_usage_perc``): the state at the last step boundary at or before ``now - metrics_lag_s``, as
+    vLLM's stats give it (waiting: the requests the schedule() before that boundary left waiting; arrivals during
+    the step count from the next boundary on, ``sim.run_loop.EngineLoop.advance``).  For a
     router routed ahead of the run (``Router.needs_state`` false) they are None.
     """
 

@@ -375,6 +375,32 @@ def test_metrics_are_a_published_boundary_at_least_lag_old(router, lag):
             assert (waiting, kv) == (past[-1][1], past[-1][3] / blocks)
 
 
+@pytest.mark.parametrize("router", ["least_kv_usage", "llm_d_weighted"])
+def test_the_published_waiting_count_is_what_the_last_schedule_left(router):
+    """vLLM publishes its stats at the end of a step, before it adds the requests that arrived during it
+    (v1/core/sched/scheduler.py make_stats, v1/engine/core.py _process_input_queue): at each boundary an engine
+    publishes as waiting the requests its previous schedule() left waiting (arrived by then, scheduled later), not
+    those that arrived during the step that just ended.  Stepped one iteration at a time, every boundary is in the
+    history; max_num_seqs 2 keeps some requests waiting, and KV to spare keeps preemption out."""
+    workload = make_workload([(0.0077 * i, 120 + 31 * (i % 5), 6 + 5 * (i % 4)) for i in range(80)])
+    fleet = FleetSimulation(workload, EngineConfig(max_num_seqs=2), MODEL, GPU, replicas=2, router=router,
+                            router_params={"metrics_lag_s": 0.0}, latency=LinearStepModel(0.01, 1e-5),
+                            batch_decode_runs=False)
+    table = fleet.run().requests
+    assert (table["num_preemptions"] == 0).all()
+    counted = 0
+    for r, rep in enumerate(fleet.replicas):
+        mine = table[table["replica"] == r]
+        history = rep.history
+        assert len(history) < HISTORY_TRIM  # every boundary kept
+        for before, entry in zip(history, history[1:]):
+            s = before.t  # the schedule() before this boundary
+            left = int(((mine["arrival_s"] <= s) & (mine["first_scheduled_s"] > s)).sum())
+            assert entry.waiting == left, (r, entry.t)
+            counted += left
+    assert counted > 0  # some boundaries did publish requests left waiting
+
+
 @pytest.mark.parametrize("router, lag, batch", [("least_kv_usage", 0.0, True), ("least_kv_usage", 0.05, True),
                                                 ("llm_d_weighted", 0.03, False)])
 def test_kept_metric_views_are_those_made_again(router, lag, batch):
@@ -608,12 +634,14 @@ def _shown(router, lag, batch, workload, config=None, replicas=3):
 @pytest.mark.parametrize("config", [EngineConfig(), EngineConfig(flavor="vllm-v0"),
                                     EngineConfig(enable_prefix_caching=True, max_num_seqs=8)],
                          ids=["v1", "v0", "v1-prefix-queued"])
-@pytest.mark.parametrize("router, lag", [("least_kv_usage", 0.0), ("llm_d_weighted", 0.03)])
+@pytest.mark.parametrize("router, lag", [("least_kv_usage", 0.0), ("llm_d_weighted", 0.0300037)])
 def test_a_batched_run_shows_what_stepping_would_have_published(router, lag, config):
     """A replica's run of identical decode steps is neither cut at arrivals routed elsewhere nor visible to the
     router as one step: at each arrival the router is shown the queue lengths and KV usage that stepping one
     iteration at a time publishes (same views, same routes, same tables), and only an arrival routed to the
-    replica ends its run (EngineLoop.cut)."""
+    replica ends its run (EngineLoop.cut).  The lag is off the 1e-5 s grid the arrivals and step times lie on:
+    a run's step starts are computed a few ulps from the stepped sums, so a cutoff on a boundary could see it on
+    either side."""
     workload = make_workload([(0.0173 * i, 200 + 37 * (i % 7), 20 + 13 * (i % 5)) for i in range(120)])
     stepped_fleet, stepped, by_step = _shown(router, lag, False, workload, config)
     batched_fleet, batched, by_run = _shown(router, lag, True, workload, config)
