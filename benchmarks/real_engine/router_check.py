@@ -258,9 +258,10 @@ def router_of(policy: str) -> str:
     return policy.split(":", 1)[1] if policy.startswith("kvtune:") else dict(POLICIES)[policy]
 
 
-def simulate(args, router: str, workload: Workload, step_scale: float = 1.0) -> dict:
-    """kvtune's fleet on the run's trace with ``router``; every step time of the profile times ``step_scale``."""
-    res = _simulate_fleet(args, router, workload, step_scale)
+def simulate(args, router: str, workload: Workload, step_scale: float = 1.0, seed: int = 0) -> dict:
+    """kvtune's fleet on the run's trace with ``router``; every step time of the profile times ``step_scale``;
+    ``seed``: the router's tie draws."""
+    res = _simulate_fleet(args, router, workload, step_scale, seed)
     reps = res.replicas
     ttft = res.requests["ttft_s"].dropna()
     return {"router": router, "step_scale": step_scale, "replica_of": res.requests["replica"].tolist(),
@@ -275,7 +276,7 @@ def _read_profile(path: str):
     return read_profile(path)
 
 
-def _simulate_fleet(args, router: str, workload: Workload, step_scale: float):
+def _simulate_fleet(args, router: str, workload: Workload, step_scale: float, seed: int = 0):
     from replay.calibrate import at_cpu_share
 
     config = EngineConfig(block_size=BLOCK, max_model_len=2048, num_gpu_blocks_override=args.blocks,
@@ -283,7 +284,7 @@ def _simulate_fleet(args, router: str, workload: Workload, step_scale: float):
     profile = _read_profile(str(args.profile))  # (once: --fit-speed simulates a dozen times)
     coefficients = at_cpu_share(profile.coefficients, 1.0 / step_scale)  # every step time x step_scale
     return simulate_fleet(workload, config, load_model(str(args.model)), load_gpu(profile.gpu or "vllm-cpu-1core"),
-                          replicas=2, router=router, coefficients=coefficients, seed=0)
+                          replicas=2, router=router, coefficients=coefficients, seed=seed)
 
 
 #: ``--fit-speed``: the step-time factor is searched in [1/SPEED_RANGE, SPEED_RANGE], to this relative precision.
@@ -378,6 +379,23 @@ def compare(real: dict, sim: dict) -> dict:
             "fleet_hit_err": sim["fleet_hit_rate"] / real["fleet_hit_rate"] - 1 if real["fleet_hit_rate"] else float("nan")}
 
 
+def seed_spread(real: dict, sims: list[dict], tolerance: float = 0.10) -> dict:
+    """The simulated figures over the router's tie-draw seeds (``--router-seeds``), each relabelled as
+    :func:`compare` does: per replica, the median, least and most requests and hit rate, and how many seeds come
+    within ``tolerance`` of the measured figure.  At a few dozen sessions one session placed the other way moves
+    a replica's count by ~2%, and which way a session starting on equal loads goes is a tie draw."""
+    per = []
+    compared = [compare(real, sim)["per"] for sim in sims]
+    for r in range(2):
+        counts = np.array([c[r]["sim_requests"] for c in compared])
+        hits = np.array([c[r]["sim_hit_rate"] for c in compared])
+        per.append({"requests": (float(np.median(counts)), int(counts.min()), int(counts.max())),
+                    "hit_rate": (float(np.median(hits)), float(hits.min()), float(hits.max())),
+                    "count_within": int(sum(abs(c[r]["count_err"]) <= tolerance for c in compared)),
+                    "hit_within": int(sum(abs(c[r]["hit_err"]) <= tolerance for c in compared))})
+    return {"seeds": len(sims), "per": per}
+
+
 def report(results: list[dict]) -> str:
     lines = ["| policy (router that ran / kvtune model) | replica | requests meas / sim (err) | hit rate meas / sim (err) |"
              " TTFT p50 / p99 meas | TTFT p50 / p99 sim | same replica (relabelled) |",
@@ -393,6 +411,21 @@ def report(results: list[dict]) -> str:
                 f"{sim['ttft_p99_s']:.3f} s | {cmp['same_replica']}/{cmp['n']} ({cmp['same_replica_relabelled']}) |")
         lines.append(f"| {real['policy']} / {sim['router']} | fleet | {sum(p['requests'] for p in real['replicas'])} | "
                      f"{real['fleet_hit_rate']:.3f} / {sim['fleet_hit_rate']:.3f} ({cmp['fleet_hit_err']:+.0%}) | | | |")
+    spreads = [res for res in results if res.get("seed_spread")]
+    if spreads:
+        n = spreads[0]["seed_spread"]["seeds"]
+        lines += ["", f"Over {n} seeds of the router's tie draws: simulated median [least, most], and the seeds within "
+                  "10% of measured:", "",
+                  "| policy | replica | requests meas / sim | seeds within 10% | hit rate meas / sim | seeds within 10% |",
+                  "|---|---|---|---|---|---|"]
+        for res in spreads:
+            real, spread = res["measured"], res["seed_spread"]
+            for r in range(2):
+                m, q = real["replicas"][r], spread["per"][r]
+                (cm, clo, chi), (hm, hlo, hhi) = q["requests"], q["hit_rate"]
+                lines.append(f"| {real['policy']} | e{r} | {m['requests']} / {cm:.0f} [{clo}, {chi}] | "
+                             f"{q['count_within']}/{n} | {m['hit_rate']:.3f} / {hm:.3f} [{hlo:.3f}, {hhi:.3f}] | "
+                             f"{q['hit_within']}/{n} |")
     for res in results:
         check = res.get("rule_check")
         if check:
@@ -438,6 +471,8 @@ def main(argv=None) -> int:
                     help="also route the trace with these kvtune routers (comma-separated, or 'all'), each through "
                          "kvtune replay's own routing across the two engines")
     ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router runs (only --kvtune-routers)")
+    ap.add_argument("--router-seeds", type=int, default=1,
+                    help="also simulate each run with this many seeds of the router's tie draws and print the spread")
     args = ap.parse_args(argv)
     args.model, args.profile = Path(args.model), Path(args.profile)
     from sim.fleet import router_names
@@ -447,7 +482,8 @@ def main(argv=None) -> int:
     # 'all': round robin first (the run --fit-speed measures the engines' speed on when sglang-router's is skipped)
     args.kvtune_routers = sorted(known, key=lambda n: n != "round_robin") if names == ["all"] else names
     bad = [f"--{k.replace('_', '-')} must be >= {low}" for k, low in
-           (("requests", 2), ("sessions", 1), ("prefix_blocks", 1), ("rate", 1e-9), ("blocks", 1), ("max_num_seqs", 1))
+           (("requests", 2), ("sessions", 1), ("prefix_blocks", 1), ("rate", 1e-9), ("blocks", 1), ("max_num_seqs", 1),
+            ("router_seeds", 1))
            if getattr(args, k) < low]
     bad += [f"--kvtune-routers: unknown router {n!r} (known: {', '.join(known)})" for n in args.kvtune_routers
             if n not in known]
@@ -521,7 +557,11 @@ def report_from(args, workload: Workload) -> int:
         router = router_of(real["policy"])
         sglang = not real["policy"].startswith("kvtune:")
         sim = simulate(args, router, workload, scale)
-        results.append({"measured": real, "simulated": sim, "compare": compare(real, sim),
+        spread = None
+        if args.router_seeds > 1:
+            spread = seed_spread(real, [sim] + [simulate(args, router, workload, scale, seed)
+                                                for seed in range(1, args.router_seeds)])
+        results.append({"measured": real, "simulated": sim, "compare": compare(real, sim), "seed_spread": spread,
                         "rule_check": rule_check(real, router, workload) if sglang and router != "round_robin"
                         else None,
                         "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})

@@ -43,6 +43,7 @@ def test_kvtune_routed_runs_are_simulated_with_the_router_that_ran(rc):
 @pytest.mark.parametrize("argv, message", [
     (["--kvtune-routers", "round_robin,fastest"], "unknown router 'fastest'"),
     (["--skip-sglang"], "--skip-sglang needs --kvtune-routers"),
+    (["--router-seeds", "0"], "--router-seeds must be >= 1"),
 ])
 def test_bad_router_flags_exit_2_with_one_line(rc, tmp_path, capsys, argv, message):
     assert rc.main([*argv, "--out", str(tmp_path / "out"), "--sim-only"]) == 2
@@ -63,3 +64,25 @@ def test_a_run_is_measured_per_engine_from_its_metrics_deltas(rc):
     assert [p["hit_rate"] for p in run["replicas"]] == [0.25, 0.0]  # 50 of 200; no queries on e1
     assert run["fleet_hit_rate"] == 0.25 and run["end_s"][2] is None and run["replica_of"] == [0, 1, 1, 0, 1]
     assert run["ttft_p50_s"] == pytest.approx(0.3) and (run["errors"], run["first_error"]) == (1, "unfinished")
+
+
+def test_the_seed_spread_relabels_each_seed_and_counts_those_within_10_percent(rc):
+    """Per replica over the seeds: median, least and most of the simulated requests and hit rates, each seed's
+    replicas relabelled as ``compare`` does (a seed that swaps the two identical replicas is read swapped)."""
+    real = {"replica_of": [0, 0, 1, 1], "replicas": [{"requests": 100, "hit_rate": 0.5},
+                                                     {"requests": 200, "hit_rate": 0.4}], "fleet_hit_rate": 0.45}
+
+    def sim(counts, hits, replica_of):
+        return {"replica_of": replica_of, "fleet_hit_rate": 0.45,
+                "replicas": [{"requests": c, "hit_rate": h} for c, h in zip(counts, hits)]}
+
+    sims = [sim((105, 195), (0.52, 0.30), [0, 0, 1, 1]),   # e0 within, e1 count within, e1 hit rate not
+            sim((230, 70), (0.41, 0.70), [1, 1, 0, 0]),    # swapped: e0 = 70 (-30%), e1 = 230 (+15%)
+            sim((100, 200), (0.50, 0.40), [0, 0, 1, 1])]   # exact
+    spread = rc.seed_spread(real, sims)
+    assert spread["seeds"] == 3
+    e0, e1 = spread["per"]
+    assert e0["requests"] == (100.0, 70, 105) and e1["requests"] == (200.0, 195, 230)
+    assert e0["count_within"] == 2 and e1["count_within"] == 2
+    assert e0["hit_rate"] == (0.52, 0.5, 0.7) and e1["hit_rate"] == (0.4, 0.3, 0.41)
+    assert e0["hit_within"] == 2 and e1["hit_within"] == 2
