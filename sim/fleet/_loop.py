@@ -203,7 +203,9 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
     waiting: list[int]
     usage: list[float]
     exact: list[bool]
-    if math.isfinite(prefix_weight) and math.isfinite(kv_weight) and math.isfinite(queue_weight):
+    # ``math.isfinite(x)`` for each weight as ``x - x == 0.0`` (0.0 for a finite float; NaN for an infinite or NaN
+    # one), without three calls through the module's attribute.
+    if prefix_weight - prefix_weight == 0.0 and kv_weight - kv_weight == 0.0 and queue_weight - queue_weight == 0.0:
         waiting, usage, exact = views.published_bounds()
     else:
         waiting, usage = views.published()
@@ -218,42 +220,62 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
     # Each replica's negated score, -(prefix_weight * prefix + kv_weight * (1 - kv) + queue_weight * queue) with
     # prefix = matched / blocks (0.0 without a match) and queue = (hi - waiting) / (hi - lo) (1.0 when all equal),
     # computed in the loop (a call per replica cost more than the score), what does not depend on the replica
-    # taken out of it.
+    # taken out of it.  Both divisions as ``float(a) / float(b)``: ``a / b`` for ints below 2**53 (both exact as
+    # floats, and each division rounds the exact quotient once, as CPython's int true division does for such
+    # ints), without the int division's call.
     prefixed = blocks != 0 and matched is not None
     counts: list[int] = matched if matched is not None else []
     spread = hi != lo
+    fblocks = float(blocks)
+    span = float(hi - lo)
     while True:
         # One pass rather than ``min`` and a filter over the scores: the least so far and its replicas (``min``
         # keeps the first value and replaces it by any smaller one, so the same least; no score is NaN with finite
-        # weights: KV usage is blocks over a positive count).  A bounded replica whose score is above the least
-        # so far is above the least too: the others are kept for the pass after it.
+        # weights: KV usage is blocks over a positive count).  The least's first replica is kept apart and its
+        # other ties in ``more`` (a new least is then no list made; as ``least_load_costs``).  A bounded replica
+        # whose score is above the least so far is above the least too: the others are kept for the pass after it.
+        # The lists are made only when something goes in them (most arrivals have no tie and no bound in the way:
+        # fewer objects made, fewer collections of the cyclic GC).
         best = 0.0
-        ties: list[int] = []
-        bounds: list[float] = []
-        bounded: list[int] = []
+        first = 0
+        more: list[int] | None = None
+        bounds: list[float] | None = None
+        bounded: list[int] | None = None
         for r in range(n):
             prefix = 0.0
             if prefixed:
-                prefix = counts[r] / blocks
-            queue = (hi - waiting[r]) / (hi - lo) if spread else 1.0
+                prefix = float(counts[r]) / fblocks
+            queue = float(hi - waiting[r]) / span if spread else 1.0
             kv: float = usage[r]
             value = -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
-            if not ties or value < best:
+            if r == 0 or value < best:
                 best = value
-                ties = [r]
+                first = r
+                more = None
             elif value == best:
-                ties.append(r)
+                if more is None:
+                    more = [r]
+                else:
+                    more.append(r)
             else:
                 continue
             if not exact[r]:
-                bounds.append(value)
-                bounded.append(r)
+                if bounds is None or bounded is None:
+                    bounds = [value]
+                    bounded = [r]
+                else:
+                    bounds.append(value)
+                    bounded.append(r)
         read = False
-        for k in range(len(bounded)):
-            if bounds[k] <= best:
-                views.read(bounded[k])  # its usage grows, or stays; its waiting count is exact already
-                read = True
+        if bounds is not None and bounded is not None:
+            for k in range(len(bounded)):
+                if bounds[k] <= best:
+                    views.read(bounded[k])  # its usage grows, or stays; its waiting count is exact already
+                    read = True
         if not read:
+            ties = [first]
+            if more is not None:
+                ties.extend(more)
             return ties
 
 

@@ -130,6 +130,37 @@ def test_llm_d_scores_each_replica_as_written(data):
         assert chosen == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_llm_d_ties_are_the_rules_least_negated_scores(data):
+    """``llm_d_ties`` gives the replicas at the least negated score as ``Router._pick_min`` finds them over the rule's
+    scores (``LLMDWeighted``: ``3 * prefix + 2 * (1 - KV usage) + 2 * queue`` with int true divisions), in index
+    order: its divisions as floats of ints below 2**53 (counts up to 2**53 here), a new least after ties, ties
+    after a new least, all equal."""
+    n = data.draw(st.integers(1, 70))
+    counts = st.sampled_from([0, 1, 3]) | st.integers(0, 50) | st.integers(0, 2**53)
+    waiting = data.draw(st.lists(counts, min_size=n, max_size=n))
+    kv = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0.0, 1.0), min_size=n, max_size=n))
+    blocks = data.draw(st.sampled_from([0, 1, 4]) | st.integers(0, 2**53))
+    matched = data.draw(st.none() | st.lists(st.integers(0, 4) | st.integers(0, 2**53), min_size=n, max_size=n))
+    pw, kw, qw = (data.draw(_weights) for _ in range(3))
+    hi, lo = max(waiting), min(waiting)
+    scores = [pw * (matched[r] / blocks if blocks and matched is not None else 0.0) + kw * (1.0 - kv[r])
+              + qw * (1.0 if hi == lo else (hi - waiting[r]) / (hi - lo)) for r in range(n)]
+    least = min(-s for s in scores)
+    shown = replica_views([ReplicaView(r, 0, 0, waiting[r], 0, kv[r]) for r in range(n)])
+    assert llm_d_ties(shown, matched, blocks, pw, kw, qw) == [r for r in range(n) if -scores[r] == least]
+
+
+def test_llm_d_ties_divide_as_ints_divide():
+    """The prefix and queue terms are ``a / b`` of ints, rounded once (49 / 49 is 1.0; ``49 * (1 / 49)`` is not):
+    a replica whose full prefix or longest-free queue gives exactly 1.0 ties with one scoring 1.0 otherwise."""
+    two = [ReplicaView(0, 0, 0, 0, 0, 1.0), ReplicaView(1, 0, 0, 0, 0, 0.0)]
+    assert llm_d_ties(replica_views(two), [49, 0], 49, 1.0, 1.0, 0.0) == [0, 1]
+    three = [ReplicaView(0, 0, 0, 0, 0, 1.0), ReplicaView(1, 0, 0, 49, 0, 0.0), ReplicaView(2, 0, 0, 49, 0, 1.0)]
+    assert llm_d_ties(replica_views(three), None, 0, 0.0, 1.0, 1.0) == [0, 1]
+
+
 def test_dynamo_credits_overlap_and_charges_load():
     router = make_router("dynamo_kv", {}, 2)
     prefix = list(range(10))
