@@ -54,8 +54,8 @@ class RunRecord:
     step 0's boundary and the run's end are published as they come).  Queue lengths are those after the run's
     first ``schedule()`` (a steady decode admits and preempts nothing, and no request finishes before the run's
     end) plus the requests added to the waiting queue during the run (arrivals that do not end it, see
-    ``EngineLoop.cut``) from the boundary after the step that left them waiting, and the blocks in use grow by each step's new blocks (a request needs one where its
-    token count crosses a block boundary)."""
+    ``EngineLoop.cut``) from the boundary after the step that left them waiting, and the blocks in use grow by each
+    step's new blocks (a request needs one where its token count crosses a block boundary)."""
 
     def __init__(self, start_s: float, num_steps: int, affine: tuple[float, float] | None,
                  durations: np.ndarray | None, waiting: int, running: int, used: int, cumulative: list[int],
@@ -449,7 +449,8 @@ class EngineLoop:
             step = None
             if scheduler.has_unfinished():
                 step = self._begin(now, math.inf)
-                self.waiting_pub = len(scheduler.waiting)
+                if history is not None:
+                    self.waiting_pub = len(scheduler.waiting)
                 if self.stopped:
                     break
             if step is None:

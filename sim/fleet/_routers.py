@@ -488,7 +488,7 @@ class DynamoKV(Router):
     # The router's state is the slot manager's (one copy, whichever route runs).
     @property
     def prefill_tokens(self) -> list[int]:
-        """Per worker: tokens of its requests still in prefill (the slot manager's list)."""
+        """Per worker: tokens of its requests still in prefill, from the slot manager (a new list: set a whole list to change them)."""
         return self._slots.prefill_tokens
 
     @prefill_tokens.setter
@@ -497,7 +497,7 @@ class DynamoKV(Router):
 
     @property
     def active_blocks(self) -> list[int]:
-        """Per worker: prompt blocks of its requests not yet ended (the slot manager's list)."""
+        """Per worker: prompt blocks of its requests not yet ended, from the slot manager (a new list: set a whole list to change them)."""
         return self._slots.active_blocks
 
     @active_blocks.setter
