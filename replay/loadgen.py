@@ -37,7 +37,9 @@ picks at its arrival, from what a router in front of them sees: the request (its
 outstanding: sent, response not ended) and, for a router that reads engine metrics, each server's last scraped
 ``/metrics`` (``vllm:num_requests_waiting``, ``..._running``, ``kv_cache_usage_perc``; as old as the sampling
 interval).  Routers that track requests are told when a first token and an end reach the client.  The request
-table gains ``replica`` (the index of the URL; -1: never sent); the metrics are every server's summed (the KV
+table gains ``replica`` (the index of the URL; -1: never sent), ``routed_s`` and ``router_end_s`` (trace seconds at
+which the router placed the request, its arrival plus the client's lag, and at which it stopped counting it as
+outstanding: the span a load-following router saw; NaN if never sent); the metrics are every server's summed (the KV
 usage gauge averaged), and ``info["replicas"]`` holds each server's URL, request count and counters.
 """
 
@@ -129,6 +131,9 @@ class _Record:
     close_lag: float = math.nan
     #: The server (index of the base URL) it was sent to; -1: not sent.
     replica: int = -1
+    #: When the router placed it and when it stopped counting it as outstanding (routed runs only).
+    routed: float = math.nan
+    released: float = math.nan
     #: The server's ``usage.prompt_tokens_details.cached_tokens`` (vLLM's ``num_cached_tokens``: the prefix-cache
     #: hit of the request's first admission; sent with ``--enable-prompt-tokens-details``); -1: not reported.
     cached_tokens: int = -1
@@ -277,6 +282,7 @@ class _Replay:
         if self.router is None or rec.replica < 0:
             return
         self.outstanding[rec.replica] -= 1
+        rec.released = loop.time()
         if self.router.tracks_requests:
             self.router.on_complete(rec.index, rec.replica, self.trace_time(loop.time()))
 
@@ -388,6 +394,7 @@ class _Replay:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 self.records[i].replica = self._route(i)
+                self.records[i].routed = loop.time()
             else:
                 self.records[i].replica = 0
             tasks.append(loop.create_task(self._request(session, i, body, start)))
@@ -664,6 +671,9 @@ class _Replay:
                                              for r in records]
         if self.routed:
             requests["replica"] = np.array([r.replica for r in records], dtype=np.int64)
+            # Trace seconds on the client's clock, as a send is scheduled (wall_time's inverse).
+            for column, attr in (("routed_s", "routed"), ("router_end_s", "released")):
+                requests[column] = [(getattr(r, attr) - self.t0) * self.options.speed for r in records]
         if self.options.record_tokens:
             token_times = {
                 int(self.ids[r.index]): (np.asarray(r.token_times, dtype=float) - self.t0 - self.recv_offset)

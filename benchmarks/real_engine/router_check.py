@@ -246,16 +246,29 @@ def measure_kvtune(args, router: str, urls: list[str], workload: Workload) -> di
     table = result.requests
     reps = result.info["replicas"]
     failed = table["status"] != "finished"
-    # the replay sends each request at its arrival (trace seconds from the first arrival)
-    return measured_run(f"kvtune:{router}", table, [rep["metrics_before"] for rep in reps],
-                        [rep["metrics_after"] for rep in reps], table["arrival_s"], table["end_s"],
-                        int(failed.sum()), str(table.loc[failed, "status"].iloc[0]) if failed.any() else None)
+    # the span the router counted each request as its replica's load (trace seconds from the first arrival): from
+    # its placement, the arrival plus the client's lag, to its release after the response's end
+    run = measured_run(f"kvtune:{router}", table, [rep["metrics_before"] for rep in reps],
+                       [rep["metrics_after"] for rep in reps], table["routed_s"], table["router_end_s"],
+                       int(failed.sum()), str(table.loc[failed, "status"].iloc[0]) if failed.any() else None)
+    return {**run, **{key: result.info[key] for key in ("send_lag_p50_s", "send_lag_p99_s", "send_lag_max_s")}}
 
 
 def router_of(policy: str) -> str:
     """The kvtune router that simulates a measured run: sglang-router's policy's model, or the kvtune router that
     routed the run itself (``kvtune:NAME``)."""
     return policy.split(":", 1)[1] if policy.startswith("kvtune:") else dict(POLICIES)[policy]
+
+
+def as_sent(workload: Workload, real: dict) -> Workload:
+    """``workload`` with each request arriving when the measured run's router placed it (``sent_s``: a real
+    router's runs, the client's send; kvtune's, the replay's placement), not at its trace time: the client's lag
+    behind the trace (a loaded client machine) is then not counted against the model.  A running maximum keeps
+    the arrivals in order (concurrent sends can be recorded a few microseconds out of order)."""
+    sent = np.array([np.nan if v is None else v for v in real["sent_s"]], dtype=float)
+    df = workload.requests.copy()
+    df["arrival_s"] = np.maximum.accumulate(np.where(np.isnan(sent), df["arrival_s"].to_numpy(), sent))
+    return workload.with_requests(df)
 
 
 def simulate(args, router: str, workload: Workload, step_scale: float = 1.0, seed: int = 0) -> dict:
@@ -341,6 +354,17 @@ def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
             chosen.append((int(i), 1 - pick if flip else pick))
         agree[flip] = sum(int(real_of[i] == r) for i, r in chosen)
     return {"router": router, "agree": agree[False], "agree_relabelled": max(agree.values()), "n": len(sent)}
+
+
+def rule_checked(router: str, sglang: bool) -> bool:
+    """Whether :func:`rule_check` can rebuild what the router saw: a real router's cache_aware run, or a kvtune
+    router that decides from its own in-flight counts alone (no engine metrics, no first-token hooks), whose
+    recorded spans (the replay's ``routed_s`` / ``router_end_s``) must then give back every decision it made."""
+    from sim.fleet import router_class
+
+    cls = router_class(router)
+    return router != "round_robin" and (sglang or (cls.needs_state and not cls.reads_metrics
+                                                   and not cls.tracks_requests))
 
 
 def session_starts(real: dict, sim: dict, workload: Workload) -> dict | None:
@@ -471,6 +495,9 @@ def main(argv=None) -> int:
                     help="also route the trace with these kvtune routers (comma-separated, or 'all'), each through "
                          "kvtune replay's own routing across the two engines")
     ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router runs (only --kvtune-routers)")
+    ap.add_argument("--as-sent", action="store_true",
+                    help="simulate each run with the requests arriving when its router placed them (the measured "
+                         "send times), not at the trace's times: the client's lag is not counted against the model")
     ap.add_argument("--router-seeds", type=int, default=1,
                     help="also simulate each run with this many seeds of the router's tie draws and print the spread")
     args = ap.parse_args(argv)
@@ -549,21 +576,21 @@ def report_from(args, workload: Workload) -> int:
         real = next((s["measured"] for s in saved_runs if router_of(s["measured"]["policy"]) == "round_robin"), None)
         if real is None or not real.get("sent_s"):
             raise SystemExit("router_check.py: --fit-speed: no round-robin run with send and end times")
-        scale = fit_speed(args, real, workload)
+        scale = fit_speed(args, real, as_sent(workload, real) if args.as_sent else workload)
         print(f"speed fitted on the {real['policy']} run: every step time of {args.profile.name} x{scale:.3f}")
     results = []
     for saved in saved_runs:
         real = saved["measured"]
         router = router_of(real["policy"])
         sglang = not real["policy"].startswith("kvtune:")
-        sim = simulate(args, router, workload, scale)
+        trace = as_sent(workload, real) if args.as_sent else workload
+        sim = simulate(args, router, trace, scale)
         spread = None
         if args.router_seeds > 1:
-            spread = seed_spread(real, [sim] + [simulate(args, router, workload, scale, seed)
+            spread = seed_spread(real, [sim] + [simulate(args, router, trace, scale, seed)
                                                 for seed in range(1, args.router_seeds)])
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim), "seed_spread": spread,
-                        "rule_check": rule_check(real, router, workload) if sglang and router != "round_robin"
-                        else None,
+                        "rule_check": rule_check(real, router, workload) if rule_checked(router, sglang) else None,
                         "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})
     (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
     print(report(results))

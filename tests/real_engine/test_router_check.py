@@ -86,3 +86,50 @@ def test_the_seed_spread_relabels_each_seed_and_counts_those_within_10_percent(r
     assert e0["count_within"] == 2 and e1["count_within"] == 2
     assert e0["hit_rate"] == (0.52, 0.5, 0.7) and e1["hit_rate"] == (0.4, 0.3, 0.41)
     assert e0["hit_within"] == 2 and e1["hit_within"] == 2
+
+
+def test_as_sent_moves_each_arrival_to_its_measured_send_and_keeps_the_order(rc):
+    workload = rc.shared_prefix_workload(6, 2, 2, 2.0, 3)
+    trace = workload.requests["arrival_s"].tolist()
+    # a lagging client (+0.1 s on request 2), a send recorded a microsecond early (4), one never sent (5)
+    sent = [trace[0], trace[1], trace[2] + 0.1, trace[3] + 0.01, None, None]
+    sent[4] = trace[3] + 0.01 - 1e-6
+    moved = rc.as_sent(workload, {"sent_s": sent}).requests["arrival_s"].tolist()
+    assert moved[:4] == [trace[0], trace[1], trace[2] + 0.1, max(trace[3] + 0.01, trace[2] + 0.1)]
+    assert moved[4] == moved[3]  # the running maximum: never before the request sent ahead of it
+    assert moved[5] == max(trace[5], moved[4])  # not sent: its trace time
+    assert workload.requests["arrival_s"].tolist() == trace  # the workload itself is not changed
+
+
+def test_rule_check_runs_where_the_recorded_spans_are_all_a_router_saw(rc):
+    # sglang-router's cache_aware run, and kvtune's routers that read only their own in-flight counts
+    assert rc.rule_checked("sglang_cache_aware", sglang=True)
+    assert rc.rule_checked("sglang_cache_aware", sglang=False) and rc.rule_checked("least_outstanding", sglang=False)
+    # no loads read (round robin, session affinity), engine metrics (llm-d, KV usage), first-token hooks (Dynamo)
+    for router in ("round_robin", "session_affinity", "llm_d_weighted", "least_kv_usage", "dynamo_kv"):
+        assert not rc.rule_checked(router, sglang=False), router
+
+
+def test_the_rule_check_gives_back_a_load_following_routers_decisions_from_its_spans(rc):
+    # kvtune's least_outstanding placed a trace from the spans it counted (send to release): fed the loads those
+    # spans give, the rule check must agree with every decision; with the spans cut short it must not.
+    from sim.fleet import ReplicaView, RequestView, make_router
+    from sim.runner import RequestStore
+    from sim.engine.config import EngineConfig
+
+    workload = rc.shared_prefix_workload(40, 4, 2, 20.0, 3)
+    df = workload.requests
+    keys = RequestStore(workload, EngineConfig(block_size=rc.BLOCK, enable_prefix_caching=True), 0, rc.BLOCK, None,
+                        False).keys
+    sent = df["arrival_s"].to_numpy()
+    end = sent + 0.3
+    model, placed = make_router("least_outstanding", {}, 2), []
+    for i in range(len(df)):
+        loads = [sum(1 for j in range(i) if placed[j] == r and end[j] > sent[i]) for r in range(2)]
+        view = RequestView(index=i, arrival_s=float(sent[i]), class_name="chat",
+                           prompt_tokens=int(df["prompt_tokens"].iloc[i]), block_hashes=keys[i], block_size=rc.BLOCK)
+        placed.append(model.route(view, [ReplicaView(index=r, routed=0, outstanding=loads[r]) for r in range(2)]))
+    real = {"sent_s": sent.tolist(), "end_s": end.tolist(), "replica_of": placed}
+    assert rc.rule_check(real, "least_outstanding", workload)["agree"] == len(df)
+    short = {**real, "end_s": (sent + 1e-3).tolist()}
+    assert rc.rule_check(short, "least_outstanding", workload)["agree"] < len(df)

@@ -82,6 +82,37 @@ def test_cache_aware_keeps_sessions_together_as_the_fleet_model_does(two_twins):
     assert result.info["router_params"]["cache_threshold"] == pytest.approx(0.3)
 
 
+@pytest.mark.parametrize("router", ["least_outstanding", "sglang_cache_aware"])
+def test_the_table_holds_the_spans_the_router_counted(two_twins, router):
+    # routed_s / router_end_s are when the router placed each request and stopped counting it: fed the loads they
+    # give at each placement, the same router makes every decision again.  (router_check.py rebuilds a real run's
+    # loads this way; from arrival_s / end_s instead, a loaded client's lag makes some decisions look wrong.)
+    from sim.fleet import ReplicaView, RequestView, make_router
+    from sim.runner import RequestStore
+
+    workload = _sessions_workload()
+    df = workload.requests.copy()
+    df["arrival_s"] = [0.0, 0.0, 0.05, 0.3, 0.3, 0.35, 0.9, 0.95]  # overlapping requests: loads of 0-3
+    workload = workload.with_requests(df)
+    req = replay(list(two_twins), workload, ReplayOptions(speed=SPEED, router=router)).requests
+    assert (req["status"] == "finished").all()
+    routed, released, placed = req["routed_s"].to_numpy(), req["router_end_s"].to_numpy(), req["replica"].to_numpy()
+    assert (routed >= req["arrival_s"].to_numpy() - 1e-9).all() and (released > routed).all()
+    model = make_router(router, {}, 2)
+    keys = RequestStore(workload, EngineConfig(block_size=16, enable_prefix_caching=True), 0,
+                        workload.hash_block_tokens, None, False).keys  # as the replay makes them (router_block_size)
+    loads_seen = set()
+    for i in sorted(range(len(req)), key=lambda k: routed[k]):
+        busy = (routed < routed[i]) & (released > routed[i])
+        loads = [int((busy & (placed == r)).sum()) for r in range(2)]
+        loads_seen.add(tuple(loads))
+        view = RequestView(index=i, arrival_s=float(routed[i]), class_name="chat",
+                           prompt_tokens=int(df["prompt_tokens"].iloc[i]), block_hashes=keys[i], block_size=16)
+        assert model.route(view, [ReplicaView(index=r, routed=0, outstanding=loads[r]) for r in range(2)]) == \
+            placed[i], (i, loads)
+    assert len(loads_seen) > 1  # the loads differed between decisions: the check could fail
+
+
 @pytest.mark.parametrize("interval", [0.05, 0.0])
 def test_router_reads_each_servers_metrics(two_twins, interval):
     # With no sampler (interval 0) the router has only the scrape before the run: every server's figures from the
