@@ -47,7 +47,7 @@ from optimizer import (add_latency_arguments, add_model_argument, add_seed_argum
 from replay import EngineProcess, free_port, parse_metrics  # noqa: E402
 from sim.engine.config import EngineConfig  # noqa: E402
 from sim.fleet import simulate_fleet  # noqa: E402
-from sim.latency import read_profile  # noqa: E402
+from sim.latency import add_client_latency, read_profile  # noqa: E402
 from sim.profiles import load_gpu, load_model  # noqa: E402
 from sim.workload import Workload  # noqa: E402
 from sim.workload.classes import RequestClass  # noqa: E402
@@ -271,13 +271,16 @@ def as_sent(workload: Workload, real: dict) -> Workload:
     return workload.with_requests(df)
 
 
-def simulate(args, router: str, workload: Workload, step_scale: float = 1.0, seed: int = 0) -> dict:
+def simulate(args, router: str, workload: Workload, step_scale: float = 1.0, seed: int = 0,
+             client_offset_s: float = 0.0) -> dict:
     """kvtune's fleet on the run's trace with ``router``; every step time of the profile times ``step_scale``;
-    ``seed``: the router's tie draws."""
+    ``seed``: the router's tie draws; TTFT as the client sees it, ``client_offset_s`` later than the engine's
+    first token (:func:`sim.latency.add_client_latency`)."""
     res = _simulate_fleet(args, router, workload, step_scale, seed)
     reps = res.replicas
-    ttft = res.requests["ttft_s"].dropna()
-    return {"router": router, "step_scale": step_scale, "replica_of": res.requests["replica"].tolist(),
+    ttft = add_client_latency(res.requests, client_offset_s)["ttft_s"].dropna()
+    return {"router": router, "step_scale": step_scale, "client_offset_s": client_offset_s,
+            "replica_of": res.requests["replica"].tolist(),
             "replicas": [{"requests": int(reps["requests"][r]), "hit_rate": float(reps["prefix_hit_rate"][r])}
                          for r in range(len(reps))],
             "fleet_hit_rate": float(res.fleet["prefix_hit_rate"]),
@@ -324,6 +327,13 @@ def fit_speed(args, real: dict, workload: Workload) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if median_e2e(float(np.exp(mid))) < target else (lo, mid)
     return float(np.exp((lo + hi) / 2))
+
+
+def client_offset(real: dict, sim: dict) -> float:
+    """What the client's TTFT holds beyond the engine's (the HTTP front end, the stream's first chunk): the
+    round-robin run's measured TTFT p50 less the simulated one at the fitted speed, never below 0; added to every
+    simulated run's TTFT, which it therefore predicts held out (as ``kvtune calibrate``'s ``client_latency``)."""
+    return max(0.0, real["ttft_p50_s"] - sim["ttft_p50_s"])
 
 
 def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
@@ -489,8 +499,9 @@ def main(argv=None) -> int:
                     help="compare OUT/router_check.json's measurements with fresh simulations (no engines)")
     ap.add_argument("--fit-speed", action="store_true",
                     help="scale the profile's step times so that the simulated round-robin run matches the measured "
-                         "one's median time in flight, then predict cache_aware with that speed (the round-robin "
-                         "run measures these engines' speed under this machine's load)")
+                         "one's median time in flight, and add to every simulated TTFT what the client's TTFT p50 "
+                         "held beyond the engine's in that run; then predict the other routers with them (the "
+                         "round-robin run measures these engines' speed under this machine's load)")
     ap.add_argument("--kvtune-routers", default="",
                     help="also route the trace with these kvtune routers (comma-separated, or 'all'), each through "
                          "kvtune replay's own routing across the two engines")
@@ -571,23 +582,26 @@ def report_from(args, workload: Workload) -> int:
         for key, value in saved_runs[0]["workload"].items():
             setattr(args, key, value)
         workload = shared_prefix_workload(args.requests, args.sessions, args.prefix_blocks, args.rate, args.seed)
-    scale = 1.0
+    scale, offset = 1.0, 0.0
     if args.fit_speed:  # on the first round-robin run (sglang-router's, else kvtune's), before any prediction
         real = next((s["measured"] for s in saved_runs if router_of(s["measured"]["policy"]) == "round_robin"), None)
         if real is None or not real.get("sent_s"):
             raise SystemExit("router_check.py: --fit-speed: no round-robin run with send and end times")
-        scale = fit_speed(args, real, as_sent(workload, real) if args.as_sent else workload)
-        print(f"speed fitted on the {real['policy']} run: every step time of {args.profile.name} x{scale:.3f}")
+        trace = as_sent(workload, real) if args.as_sent else workload
+        scale = fit_speed(args, real, trace)
+        offset = client_offset(real, simulate(args, "round_robin", trace, scale))
+        print(f"speed fitted on the {real['policy']} run: every step time of {args.profile.name} x{scale:.3f}; "
+              f"client's TTFT {offset * 1e3:.1f} ms after the engine's first token")
     results = []
     for saved in saved_runs:
         real = saved["measured"]
         router = router_of(real["policy"])
         sglang = not real["policy"].startswith("kvtune:")
         trace = as_sent(workload, real) if args.as_sent else workload
-        sim = simulate(args, router, trace, scale)
+        sim = simulate(args, router, trace, scale, client_offset_s=offset)
         spread = None
         if args.router_seeds > 1:
-            spread = seed_spread(real, [sim] + [simulate(args, router, trace, scale, seed)
+            spread = seed_spread(real, [sim] + [simulate(args, router, trace, scale, seed, offset)
                                                 for seed in range(1, args.router_seeds)])
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim), "seed_spread": spread,
                         "rule_check": rule_check(real, router, workload) if rule_checked(router, sglang) else None,

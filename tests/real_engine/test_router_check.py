@@ -133,3 +133,17 @@ def test_the_rule_check_gives_back_a_load_following_routers_decisions_from_its_s
     assert rc.rule_check(real, "least_outstanding", workload)["agree"] == len(df)
     short = {**real, "end_s": (sent + 1e-3).tolist()}
     assert rc.rule_check(short, "least_outstanding", workload)["agree"] < len(df)
+
+
+def test_the_client_offset_is_what_the_measured_ttft_holds_beyond_the_simulated(rc, tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"coefficients": {"mfu": 0.05, "bw_eff": 0.2}}))
+    args = argparse.Namespace(profile=profile, model="Llama-2-7B", blocks=300, max_num_seqs=32)
+    workload = rc.shared_prefix_workload(40, 4, 4, 2.0, 3)
+    plain = rc.simulate(args, "round_robin", workload)
+    later = rc.simulate(args, "round_robin", workload, client_offset_s=0.04)
+    assert later["ttft_p50_s"] == pytest.approx(plain["ttft_p50_s"] + 0.04)
+    assert later["ttft_p99_s"] == pytest.approx(plain["ttft_p99_s"] + 0.04)
+    assert later["replica_of"] == plain["replica_of"]  # the routing does not see it
+    assert rc.client_offset({"ttft_p50_s": plain["ttft_p50_s"] + 0.03}, plain) == pytest.approx(0.03)
+    assert rc.client_offset({"ttft_p50_s": plain["ttft_p50_s"] - 0.03}, plain) == 0.0
