@@ -307,7 +307,7 @@ def _simulate_fleet(args, router: str, workload: Workload, step_scale: float, se
 SPEED_RANGE, SPEED_TOL = 20.0, 1e-3
 
 
-def fit_speed(args, real: dict, workload: Workload) -> float:
+def fit_speed(args, real: dict, workload: Workload, router: str = "round_robin") -> float:
     """The factor on every step time of the profile at which kvtune's round-robin fleet gives the measured
     round-robin run's median time in flight (a request's send to its response's end: what a router counts as
     load).  Round robin routes the same whatever the engines' speed, so its run measures how fast these engines
@@ -317,7 +317,7 @@ def fit_speed(args, real: dict, workload: Workload) -> float:
     target = float(np.median(inflight))
 
     def median_e2e(scale: float) -> float:
-        return float(_simulate_fleet(args, "round_robin", workload, scale).requests["e2e_s"].median())
+        return float(_simulate_fleet(args, router, workload, scale).requests["e2e_s"].median())
 
     lo, hi = np.log(1.0 / SPEED_RANGE), np.log(SPEED_RANGE)
     if not median_e2e(np.exp(lo)) <= target <= median_e2e(np.exp(hi)):
@@ -431,15 +431,15 @@ def seed_spread(real: dict, sims: list[dict], tolerance: float = 0.10) -> dict:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| policy (router that ran / kvtune model) | replica | requests meas / sim (err) | hit rate meas / sim (err) |"
-             " TTFT p50 / p99 meas | TTFT p50 / p99 sim | same replica (relabelled) |",
+    lines = ["| policy (router that ran / kvtune model, step times x) | replica | requests meas / sim (err) | hit rate "
+             "meas / sim (err) | TTFT p50 / p99 meas | TTFT p50 / p99 sim | same replica (relabelled) |",
              "|---|---|---|---|---|---|---|"]
     for res in results:
         real, sim, cmp = res["measured"], res["simulated"], res["compare"]
         for r in range(2):
             m, c = real["replicas"][r], cmp["per"][r]
             lines.append(
-                f"| {real['policy']} / {sim['router']} | e{r} | {m['requests']} / {c['sim_requests']} "
+                f"| {real['policy']} / {sim['router']}, x{sim['step_scale']:.3f} | e{r} | {m['requests']} / {c['sim_requests']} "
                 f"({c['count_err']:+.0%}) | {m['hit_rate']:.3f} / {c['sim_hit_rate']:.3f} ({c['hit_err']:+.0%}) | "
                 f"{real['ttft_p50_s']:.3f} / {real['ttft_p99_s']:.3f} s | {sim['ttft_p50_s']:.3f} / "
                 f"{sim['ttft_p99_s']:.3f} s | {cmp['same_replica']}/{cmp['n']} ({cmp['same_replica_relabelled']}) |")
@@ -502,6 +502,11 @@ def main(argv=None) -> int:
                          "one's median time in flight, and add to every simulated TTFT what the client's TTFT p50 "
                          "held beyond the engine's in that run; then predict the other routers with them (the "
                          "round-robin run measures these engines' speed under this machine's load)")
+    ap.add_argument("--fit-each", action="store_true",
+                    help="with --fit-speed: fit the step times again on each run's own median time in flight (the "
+                         "engines' speed during that run, which a loaded machine changes from run to run), so that "
+                         "each router's placements are predicted at the speed its run had; the TTFT offset stays "
+                         "the round-robin run's")
     ap.add_argument("--kvtune-routers", default="",
                     help="also route the trace with these kvtune routers (comma-separated, or 'all'), each through "
                          "kvtune replay's own routing across the two engines")
@@ -525,6 +530,8 @@ def main(argv=None) -> int:
            if getattr(args, k) < low]
     bad += [f"--kvtune-routers: unknown router {n!r} (known: {', '.join(known)})" for n in args.kvtune_routers
             if n not in known]
+    if args.fit_each and not args.fit_speed:
+        bad.append("--fit-each needs --fit-speed")
     if args.skip_sglang and not args.kvtune_routers:
         bad.append("--skip-sglang needs --kvtune-routers")
     if args.report_only and not (args.out / "router_check.json").is_file():
@@ -598,10 +605,11 @@ def report_from(args, workload: Workload) -> int:
         router = router_of(real["policy"])
         sglang = not real["policy"].startswith("kvtune:")
         trace = as_sent(workload, real) if args.as_sent else workload
-        sim = simulate(args, router, trace, scale, client_offset_s=offset)
+        run_scale = fit_speed(args, real, trace, router) if args.fit_each else scale
+        sim = simulate(args, router, trace, run_scale, client_offset_s=offset)
         spread = None
         if args.router_seeds > 1:
-            spread = seed_spread(real, [sim] + [simulate(args, router, trace, scale, seed, offset)
+            spread = seed_spread(real, [sim] + [simulate(args, router, trace, run_scale, seed, offset)
                                                 for seed in range(1, args.router_seeds)])
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim), "seed_spread": spread,
                         "rule_check": rule_check(real, router, workload) if rule_checked(router, sglang) else None,

@@ -25,6 +25,10 @@ def test_fit_speed_recovers_the_step_time_factor_of_a_round_robin_run(rc, tmp_pa
     req = rc._simulate_fleet(args, "round_robin", workload, scale).requests
     real = {"sent_s": req["arrival_s"].tolist(), "end_s": (req["arrival_s"] + req["e2e_s"]).tolist()}
     assert rc.fit_speed(args, real, workload) == pytest.approx(scale, rel=0.02)
+    # --fit-each: a run of another router is fitted on that router's simulation
+    ca = rc._simulate_fleet(args, "least_outstanding", workload, scale).requests
+    own = {"sent_s": ca["arrival_s"].tolist(), "end_s": (ca["arrival_s"] + ca["e2e_s"]).tolist()}
+    assert rc.fit_speed(args, own, workload, "least_outstanding") == pytest.approx(scale, rel=0.02)
     assert rc.simulate(args, "sglang_cache_aware", workload, scale)["step_scale"] == scale
     # a run slower than the search range allows is refused, not clipped
     far = {"sent_s": real["sent_s"], "end_s": [s + 1e6 for s in real["sent_s"]]}
@@ -44,6 +48,7 @@ def test_kvtune_routed_runs_are_simulated_with_the_router_that_ran(rc):
     (["--kvtune-routers", "round_robin,fastest"], "unknown router 'fastest'"),
     (["--skip-sglang"], "--skip-sglang needs --kvtune-routers"),
     (["--router-seeds", "0"], "--router-seeds must be >= 1"),
+    (["--fit-each"], "--fit-each needs --fit-speed"),
 ])
 def test_bad_router_flags_exit_2_with_one_line(rc, tmp_path, capsys, argv, message):
     assert rc.main([*argv, "--out", str(tmp_path / "out"), "--sim-only"]) == 2
