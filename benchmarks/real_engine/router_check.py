@@ -336,20 +336,40 @@ def client_offset(real: dict, sim: dict) -> float:
     return max(0.0, real["ttft_p50_s"] - sim["ttft_p50_s"])
 
 
+def _timed(real: dict) -> bool:
+    """Whether a measured run recorded every request's send and end (runs before 2026-12-06 did not)."""
+    return bool(real.get("sent_s")) and not any(v is None for v in real["sent_s"] + real["end_s"])
+
+
+def _router_keys(workload: Workload) -> list:
+    """Each prompt's block hashes as the fleet's routers get them."""
+    from sim.runner import RequestStore
+
+    return RequestStore(workload, EngineConfig(block_size=BLOCK, enable_prefix_caching=True), 0, BLOCK, None,
+                        False).keys
+
+
+def _place(model, workload: Workload, keys: list, i: int, at: float, loads: list[int]) -> int:
+    """``model``'s replica for request ``i`` at ``at`` with these in-flight ``loads`` (two replicas)."""
+    from sim.fleet import ReplicaView, RequestView
+
+    view = RequestView(index=i, arrival_s=at, class_name="chat",
+                       prompt_tokens=int(workload.requests["prompt_tokens"].iloc[i]), block_hashes=keys[i],
+                       block_size=BLOCK)
+    return model.route(view, [ReplicaView(index=r, routed=0, outstanding=loads[r]) for r in range(2)])
+
+
 def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
     """kvtune's router model fed the real run's loads: each request in arrival order, with each worker's load the
     requests routed there (as the real router routed them) that were sent before it and had not ended.  Counts the
     decisions that agree with the real router's (as labelled, and with the two workers' labels swapped: the real
     router's "first worker" is the first in its registry, not necessarily e0).  None without the timings (runs
     measured before they were recorded)."""
-    if not real.get("sent_s") or any(v is None for v in real["sent_s"] + real["end_s"]):
+    if not _timed(real):
         return None
-    from sim.fleet import ReplicaView, RequestView, make_router
-    from sim.runner import RequestStore
+    from sim.fleet import make_router
 
-    df = workload.requests
-    keys = RequestStore(workload, EngineConfig(block_size=BLOCK, enable_prefix_caching=True), 0, BLOCK, None,
-                        False).keys
+    keys = _router_keys(workload)
     sent, end, real_of = np.array(real["sent_s"]), np.array(real["end_s"]), np.array(real["replica_of"])
     agree = {}
     for flip in (False, True):
@@ -358,12 +378,45 @@ def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
         for i in np.argsort(sent, kind="stable"):
             busy = (sent < sent[i]) & (end > sent[i])
             loads = [int((busy & (real_of == (1 - r if flip else r))).sum()) for r in range(2)]
-            view = RequestView(index=int(i), arrival_s=float(sent[i]), class_name="chat",
-                               prompt_tokens=int(df["prompt_tokens"].iloc[i]), block_hashes=keys[i], block_size=BLOCK)
-            pick = model.route(view, [ReplicaView(index=r, routed=0, outstanding=loads[r]) for r in range(2)])
+            pick = _place(model, workload, keys, int(i), float(sent[i]), loads)
             chosen.append((int(i), 1 - pick if flip else pick))
         agree[flip] = sum(int(real_of[i] == r) for i, r in chosen)
     return {"router": router, "agree": agree[False], "agree_relabelled": max(agree.values()), "n": len(sent)}
+
+
+def placed_counts(router: str, workload: Workload, sent: np.ndarray, spans: np.ndarray, keys: list) -> list[int]:
+    """Requests per replica when ``router`` places the trace itself, request i sent at ``sent[i]`` and counted as
+    its replica's load for ``spans[i]`` seconds (the loads are the router's own earlier placements)."""
+    from sim.fleet import make_router
+
+    model = make_router(router, {}, 2)
+    end, placed = np.full(len(sent), np.inf), np.full(len(sent), -1)
+    for i in np.argsort(sent, kind="stable"):
+        busy = (sent < sent[i]) & (end > sent[i])
+        placed[i] = _place(model, workload, keys, int(i), float(sent[i]), [int((busy & (placed == r)).sum())
+                                                                           for r in range(2)])
+        end[i] = sent[i] + spans[i]
+    return np.bincount(placed, minlength=2).tolist()
+
+
+def span_check(real: dict, router: str, workload: Workload, draws: int = 40, seed: int = 0) -> dict | None:
+    """What the spread of the run's times in flight does to a load-following router's counts: the router places
+    the run's trace itself (:func:`placed_counts`) at the run's send times with each request's span (a) as
+    measured (gives back the run's counts), (b) the run's median for every request (a model with one time in flight
+    per request, as kvtune's is on identical requests), (c) drawn at random from the run's own spans, ``draws``
+    times (their spread, without their order in time).  None without the timings."""
+    if not _timed(real):
+        return None
+    keys = _router_keys(workload)
+    sent = np.array(real["sent_s"])
+    spans = np.array(real["end_s"]) - sent
+    rng = np.random.default_rng(seed)
+    drawn = [placed_counts(router, workload, sent, rng.choice(spans, len(spans)), keys)[1] for _ in range(draws)]
+    return {"router": router, "exact": placed_counts(router, workload, sent, spans, keys),
+            "median_span_s": float(np.median(spans)),
+            "median": placed_counts(router, workload, sent, np.full(len(spans), np.median(spans)), keys),
+            "drawn_e1": (float(np.median(drawn)), float(np.quantile(drawn, 0.1)), float(np.quantile(drawn, 0.9))),
+            "draws": draws}
 
 
 def rule_checked(router: str, sglang: bool) -> bool:
@@ -381,7 +434,7 @@ def session_starts(real: dict, sim: dict, workload: Workload) -> dict | None:
     """Where each session's first request went (measured, simulated), and how many of those found both workers
     with equal loads in the real run (cache_aware then takes the registry's first worker, and the whole session
     follows).  None without the timings."""
-    if not real.get("sent_s") or any(v is None for v in real["sent_s"] + real["end_s"]):
+    if not _timed(real):
         return None
     sess = workload.requests["session_id"].to_numpy()
     first = [int(np.flatnonzero(sess == s)[0]) for s in np.unique(sess)]
@@ -466,6 +519,13 @@ def report(results: list[dict]) -> str:
             lines.append(f"\n{check['router']} fed the measured loads (each worker's requests in flight at each "
                          f"arrival, from the real run): {check['agree']}/{check['n']} decisions as the real router's "
                          f"({check['agree_relabelled']} relabelled)")
+        spans = res.get("span_check")
+        if spans:
+            lines.append(f"{spans['router']} placing the trace itself from the run's spans (e0 / e1): as measured "
+                         f"{spans['exact'][0]} / {spans['exact'][1]}; every request in flight for the run's median "
+                         f"{spans['median_span_s']:.3f} s {spans['median'][0]} / {spans['median'][1]}; spans drawn "
+                         f"from the run's own ({spans['draws']} draws) e1 {spans['drawn_e1'][0]:.0f} "
+                         f"[{spans['drawn_e1'][1]:.0f}, {spans['drawn_e1'][2]:.0f}] (median [10%, 90%])")
         starts = res.get("session_starts")
         if starts:
             lines.append(f"{res['measured']['policy']}: the {starts['sessions']} sessions' first requests went "
@@ -613,6 +673,7 @@ def report_from(args, workload: Workload) -> int:
                                                 for seed in range(1, args.router_seeds)])
         results.append({"measured": real, "simulated": sim, "compare": compare(real, sim), "seed_spread": spread,
                         "rule_check": rule_check(real, router, workload) if rule_checked(router, sglang) else None,
+                        "span_check": span_check(real, router, workload) if rule_checked(router, sglang) else None,
                         "session_starts": session_starts(real, sim, workload) if router != "round_robin" else None})
     (args.out / "router_check_compared.json").write_text(json.dumps(results, indent=1))
     print(report(results))

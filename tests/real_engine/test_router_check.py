@@ -138,6 +138,15 @@ def test_the_rule_check_gives_back_a_load_following_routers_decisions_from_its_s
     assert rc.rule_check(real, "least_outstanding", workload)["agree"] == len(df)
     short = {**real, "end_s": (sent + 1e-3).tolist()}
     assert rc.rule_check(short, "least_outstanding", workload)["agree"] < len(df)
+    # the router placing the trace itself from those spans gives back the run's counts; with every span the same,
+    # the median span changes nothing and every random draw of the spans is that span again
+    spans = rc.span_check(real, "least_outstanding", workload, draws=5)
+    counts = [placed.count(r) for r in range(2)]
+    assert spans["exact"] == counts and spans["median"] == counts and spans["drawn_e1"] == (counts[1],) * 3
+    assert spans["median_span_s"] == pytest.approx(0.3)
+    # short spans (no request ever in flight at another's arrival): the first of equals, replica 0, takes all,
+    # which the run's own spans did not give
+    assert rc.span_check(short, "least_outstanding", workload, draws=3)["exact"] == [len(df), 0] != counts
 
 
 def test_the_client_offset_is_what_the_measured_ttft_holds_beyond_the_simulated(rc, tmp_path):
