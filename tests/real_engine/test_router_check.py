@@ -144,9 +144,10 @@ def test_the_rule_check_gives_back_a_load_following_routers_decisions_from_its_s
     counts = [placed.count(r) for r in range(2)]
     assert spans["exact"] == counts and spans["median"] == counts and spans["drawn_e1"] == (counts[1],) * 3
     assert spans["median_span_s"] == pytest.approx(0.3)
-    # short spans (no request ever in flight at another's arrival): the first of equals, replica 0, takes all,
-    # which the run's own spans did not give
-    assert rc.span_check(short, "least_outstanding", workload, draws=3)["exact"] == [len(df), 0] != counts
+    # cache_aware takes the first of equal loads (replica 0) for a session's first request: with spans too short
+    # for any request to be in flight at another's arrival, every session starts there; with 0.3 s, not
+    assert rc.span_check(short, "sglang_cache_aware", workload, draws=3)["exact"] == [len(df), 0]
+    assert rc.span_check(real, "sglang_cache_aware", workload, draws=3)["exact"] != [len(df), 0]
 
 
 def test_the_client_offset_is_what_the_measured_ttft_holds_beyond_the_simulated(rc, tmp_path):
