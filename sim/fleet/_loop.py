@@ -192,7 +192,7 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
     """``LLMDWeighted``'s replicas at the highest score, in index order: each replica's score as the router's rule
     computes it (``3 * prefix + 2 * (1 - KV usage) + 2 * queue`` with its weights: the same float operations in
     the same order, so the same values) and ``Router._pick_min``'s ties over the negated scores, in one compiled
-    pass.  ``views``: the replicas' published waiting counts and KV usage (:meth:`ReplicaViews.published_bounds`);
+    pass.  ``views``: the replicas' published waiting counts and KV usage (:meth:`ReplicaViews.figures`);
     ``matched``: each one's matched prefix blocks (None: none matched anywhere); ``blocks``: the prompt's full
     blocks (0: the prefix term is 0).
 
@@ -200,33 +200,29 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
     is monotone in it for a weight >= 0), so such a replica is read exactly only where that bound is at or below
     the least found: any other cannot be the least or tie with it (as :meth:`MetricViews.least_usage`).  With a
     weight that is not finite every replica is read first."""
-    waiting: list[int]
-    usage: list[float]
-    exact: list[bool]
     # ``math.isfinite(x)`` for each weight as ``x - x == 0.0`` (0.0 for a finite float; NaN for an infinite or NaN
     # one), without three calls through the module's attribute.
-    if prefix_weight - prefix_weight == 0.0 and kv_weight - kv_weight == 0.0 and queue_weight - queue_weight == 0.0:
-        waiting, usage, exact = views.published_bounds()
-    else:
-        waiting, usage = views.published()
-        exact = [True] * len(waiting)
-    n = len(waiting)
-    hi = lo = waiting[0]
-    for w in waiting:  # max() and min() of the list, on machine integers (the builtins compare objects)
-        if w > hi:
-            hi = w
-        elif w < lo:
-            lo = w
+    bounded_ok = (prefix_weight - prefix_weight == 0.0 and kv_weight - kv_weight == 0.0
+                  and queue_weight - queue_weight == 0.0)
+    figs = views.figures(bounded_ok)
+    hi = lo = figs[0].waiting
+    for f in figs:  # max() and min() of the waiting counts, on machine integers
+        if f.waiting > hi:
+            hi = f.waiting
+        elif f.waiting < lo:
+            lo = f.waiting
     # Each replica's negated score, -(prefix_weight * prefix + kv_weight * (1 - kv) + queue_weight * queue) with
     # prefix = matched / blocks (0.0 without a match) and queue = (hi - waiting) / (hi - lo) (1.0 when all equal),
     # computed in the loop (a call per replica cost more than the score), what does not depend on the replica
     # taken out of it.  Both divisions as ``float(a) / float(b)``: ``a / b`` for ints below 2**53 (both exact as
     # floats, and each division rounds the exact quotient once, as CPython's int true division does for such
-    # ints), without the int division's call.
+    # ints), without the int division's call; ``hi - waiting`` as ``float(hi) - fwaiting`` (the same value: both
+    # exact, and so is their difference, an integer below 2**53).
     prefixed = blocks != 0 and matched is not None
     counts: list[int] = matched if matched is not None else []
     spread = hi != lo
     fblocks = float(blocks)
+    fhi = float(hi)
     span = float(hi - lo)
     while True:
         # One pass rather than ``min`` and a filter over the scores: the least so far and its replicas (``min``
@@ -237,17 +233,17 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
         # The lists are made only when something goes in them (most arrivals have no tie and no bound in the way:
         # fewer objects made, fewer collections of the cyclic GC).
         best = 0.0
-        first = 0
+        first: i64 = 0
         more: list[int] | None = None
         bounds: list[float] | None = None
         bounded: list[int] | None = None
-        for r in range(n):
+        r: i64 = 0
+        for f in figs:
             prefix = 0.0
             if prefixed:
                 prefix = float(counts[r]) / fblocks
-            queue = float(hi - waiting[r]) / span if spread else 1.0
-            kv: float = usage[r]
-            value = -(prefix_weight * prefix + kv_weight * (1.0 - kv) + queue_weight * queue)
+            queue = (fhi - f.fwaiting) / span if spread else 1.0
+            value = -(prefix_weight * prefix + kv_weight * (1.0 - f.usage) + queue_weight * queue)
             if r == 0 or value < best:
                 best = value
                 first = r
@@ -258,14 +254,16 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
                 else:
                     more.append(r)
             else:
+                r += 1
                 continue
-            if not exact[r]:
+            if not f.exact:
                 if bounds is None or bounded is None:
                     bounds = [value]
                     bounded = [r]
                 else:
                     bounds.append(value)
                     bounded.append(r)
+            r += 1
         read = False
         if bounds is not None and bounded is not None:
             for k in range(len(bounded)):
@@ -277,6 +275,7 @@ def llm_d_ties(views: ReplicaViews, matched: list[int] | None, blocks: int, pref
             if more is not None:
                 ties.extend(more)
             return ties
+        figs = views.figures(True)  # the same objects, read (MetricViews), or made again from the lists
 
 
 class PrefixIndex:
@@ -429,12 +428,19 @@ class LLMDScorer:
         self.draw = draw
 
     def route(self, request: Any, replicas: Any) -> int:
-        # A RequestView's fields by position (as ``DynamoSlots.route``): block_hashes, arrival_s, block_size,
-        # prompt_tokens.
-        hashes: tuple[int, ...] = request[4]
-        now: float = request[1]
-        bs: int = request[5]
-        blocks = request[3] // bs if bs else 0
+        # A RequestView's fields by position (as ``DynamoSlots.route``): block_hashes, arrival_s, prompt_tokens,
+        # block_size.
+        return self.decide(request[4], request[1], request[3], request[5], replicas)
+
+    def route_at(self, requests: RequestViews, i: int, replicas: Any) -> int:
+        """:meth:`route` of request ``i`` of ``requests``, from the lists its view is made of, without the view
+        (:func:`route_all` calls this where the router's ``route`` is this scorer's: the same fields, the same
+        decision; a view costs ~2,300 instructions to make, most of it ``tuple.__new__``)."""
+        return self.decide(requests.keys[i], requests.arrivals[i], requests.prompts[i], requests.block_size,
+                           replicas)
+
+    def decide(self, hashes: tuple[int, ...], now: float, prompt: int, bs: int, replicas: Any) -> int:
+        blocks = prompt // bs if bs else 0
         matched: list[int] | None = None
         if blocks and hashes:
             matched = [index.match(hashes, now) for index in self.indexes]
@@ -522,6 +528,43 @@ def refresh_counts(replicas: list[EngineLoop], views: list[Any], dirty: list[int
     dirty.clear()
 
 
+class ReplicaFigures:
+    """One replica's published waiting count and KV usage (``exact`` false: the usage is a lower bound), as
+    :func:`llm_d_ties` reads them (:meth:`ReplicaViews.figures`).  Native fields, which mypyc stores unboxed: a
+    boxed float or int in a list costs a list read and an unboxing call at each read (as :class:`WorkerLoad`).
+    Counts below 2**53 (exact as floats): the waiting count also as a float (``fwaiting``, which the score reads;
+    set with it by :meth:`publish`)."""
+
+    def __init__(self, waiting: i64, usage: float, exact: bool) -> None:
+        self.waiting = waiting
+        self.fwaiting = float(waiting)
+        self.usage = usage
+        self.exact = exact
+
+    def publish(self, waiting: i64, usage: float) -> None:
+        self.waiting = waiting
+        self.fwaiting = float(waiting)
+        self.usage = usage
+
+
+class MetricFigures(ReplicaFigures):
+    """A replica's figures as :class:`MetricViews` keeps them: the published figures (its running count too) and
+    when to read them again.  ``until``: the cutoff the figures (or the bound) hold until (exclusive; ``-inf``: to
+    be read again); ``inner``: the cutoff from which its KV usage may have grown; ``check``: the cutoff from which
+    :meth:`MetricViews.refresh` has something to do there (the least of ``until`` and ``inner`` while the figures
+    are exact, else ``until``); ``queued``: whether the run of decode steps the figures fall in had requests queued
+    during it (its published waiting count grows at the run's boundaries, so it is read again there, not
+    bounded)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 0.0, False)
+        self.running: i64 = 0
+        self.until = -math.inf
+        self.inner = math.inf
+        self.check = -math.inf
+        self.queued = False
+
+
 # Compiled, and subclassed by interpreted views (a user's) as well as by the fleet's own (MetricViews).
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ReplicaViews:
@@ -569,6 +612,17 @@ class ReplicaViews:
         views = [self[r] for r in range(len(self))]
         return [v.num_waiting for v in views], [v.kv_usage for v in views]
 
+    def figures(self, bounds: bool) -> list[ReplicaFigures]:
+        """Per replica its published waiting count and KV usage as a :class:`ReplicaFigures` (what
+        :func:`llm_d_ties` reads): from :meth:`published_bounds` (``bounds``: a KV usage not exact is a lower bound,
+        which :meth:`read` makes exact; call this again after a read) or :meth:`published` (all exact).  The generic
+        one makes them anew from those lists; :class:`MetricViews` returns its own, which :meth:`read` updates."""
+        if bounds:
+            waiting, usage, exact = self.published_bounds()
+            return [ReplicaFigures(waiting[r], usage[r], exact[r]) for r in range(len(waiting))]
+        waiting, usage = self.published()
+        return [ReplicaFigures(waiting[r], usage[r], True) for r in range(len(waiting))]
+
 
 def replica_views(replicas: Sequence[Any]) -> ReplicaViews:
     """``replicas`` as a :class:`ReplicaViews`: itself if it is one, else a sequence of :class:`ReplicaView`
@@ -606,8 +660,8 @@ class MetricViews(ReplicaViews):
     ``advance`` stops at the first at or after it; one inside a run of decode steps is computed from the run,
     ``RunRecord``).
 
-    The published figures are kept per replica in columns (``waiting``, ``running``, ``usage``), read by position
-    (:meth:`least_usage`, :meth:`published`) or as views.  A replica's figures are read again
+    The published figures are kept per replica (``figs``: :class:`MetricFigures`, unboxed), read by position
+    (:meth:`least_usage`, :meth:`figures`, :meth:`published`) or as views.  A replica's figures are read again
     (``EngineLoop.metrics_at``) only when they may have changed: when its counts changed or it was advanced since
     (its history grew), or the cutoff reached its next history entry (``until``).  Inside a run of decode steps
     the figures change at each inner boundary, where the blocks in use can only grow: once the cutoff passes the
@@ -615,114 +669,136 @@ class MetricViews(ReplicaViews):
     reader needs it (:meth:`least_usage`: only where the bound is at or below the least; any other read: all)."""
 
     def __init__(self, replicas: list[EngineLoop]) -> None:
-        num = len(replicas)
         self.replicas = replicas
         #: The cutoff of the figures (it may not decrease).
         self.cutoff = -math.inf
-        #: Per replica: the cutoff its figures (or the bound) hold until (exclusive; ``-inf``: to be read again),
-        #: and from which its KV usage may have grown (``inner``).
-        self.until = [-math.inf] * num
-        self.inner = [math.inf] * num
-        self.exact = [False] * num
-        #: Per replica: the cutoff from which :meth:`refresh` has something to do there (the least of ``until`` and
-        #: ``inner`` while its figures are exact, else ``until``), so that it passes over the others at one
-        #: comparison each.
-        self.check = [-math.inf] * num
-        #: Per replica: whether the run of decode steps its figures fall in had requests queued during it (its
-        #: published waiting count grows at their boundaries, so it is read again there, not bounded).
-        self.queued = [False] * num
-        self.waiting = [0] * num
-        self.running = [0] * num
-        #: Blocks in use over all GPU blocks (as a view's ``kv_usage``).
-        self.usage = [0.0] * num
+        self.figs = [MetricFigures() for _ in replicas]
+        #: At most the least ``check`` of any replica: while the cutoff is below it, :meth:`refresh` has nothing
+        #: to do but read the replicas that moved (most arrivals at 64 replicas skip the pass over all of them).
+        self.soonest = -math.inf
+        #: The lists :meth:`published_bounds` last returned (None: none since the last refresh), which
+        #: :meth:`read` keeps exact as its contract says.
+        self.bounds: tuple[list[int], list[float], list[bool]] | None = None
 
     def refresh(self, cutoff: float, dirty: list[int], moved: list[int]) -> None:
         """The figures as of ``cutoff``, which may not decrease from call to call; ``dirty`` (replicas whose counts
         changed: emptied) and ``moved`` (advanced since the last call: left as it is) are read again whatever their
         cutoff."""
         self.cutoff = cutoff
-        until = self.until
-        inner = self.inner
-        exact = self.exact
-        check = self.check
+        self.bounds = None
+        figs = self.figs
         stale = -math.inf
         for r in dirty:
-            until[r] = stale
-            check[r] = stale
+            figs[r].check = stale
         for r in moved:
-            until[r] = stale
-            check[r] = stale
-        queued = self.queued
-        for r in range(len(until)):
-            # The rule: read again where ``until[r] <= cutoff or (queued[r] and inner[r] <= cutoff)``, else a bound
-            # where ``inner[r] <= cutoff``; ``check[r]`` is the least cutoff at which either applies.
-            if check[r] <= cutoff:
-                if until[r] <= cutoff or (queued[r] and inner[r] <= cutoff):
-                    self._read(r)
-                else:  # inner[r] <= cutoff: its blocks in use may have grown
-                    exact[r] = False
-                    check[r] = until[r]
+            figs[r].check = stale
+        # Those read at once (each once: a read leaves ``check`` after the cutoff, above -inf).
+        for r in dirty:
+            self._read_stale(r)
+        for r in moved:
+            self._read_stale(r)
         dirty.clear()
+        if cutoff < self.soonest:
+            return
+        soonest = math.inf
+        k: i64 = 0
+        for f in figs:
+            # The rule: read again where ``until <= cutoff or (queued and inner <= cutoff)``, else a bound where
+            # ``inner <= cutoff``; ``check`` is the least cutoff at which either applies.
+            if f.check <= cutoff:
+                if f.until <= cutoff or (f.queued and f.inner <= cutoff):
+                    self._read(k)
+                else:  # inner <= cutoff: its blocks in use may have grown
+                    f.exact = False
+                    f.check = f.until
+            if f.check < soonest:
+                soonest = f.check
+            k += 1
+        self.soonest = soonest
+
+    def _read_stale(self, r: int) -> None:
+        """Replica ``r`` read if marked stale (``check`` -inf)."""
+        if self.figs[r].check == -math.inf:
+            self._read(r)
 
     def _read(self, r: int) -> None:
         rep = self.replicas[r]
+        f = self.figs[r]
         waiting, running, used, entry, inner = rep.metrics_at(self.cutoff)
-        self.waiting[r] = waiting
-        self.running[r] = running
-        self.usage[r] = used / rep.scheduler.pool.num_blocks
-        self.until[r] = entry
-        self.inner[r] = inner
-        self.exact[r] = True
-        self.queued[r] = rep.run_queued()
-        self.check[r] = entry if entry < inner else inner
+        f.publish(waiting, used / rep.scheduler.pool.num_blocks)
+        f.running = running
+        f.until = entry
+        f.inner = inner
+        f.exact = True
+        f.queued = rep.run_queued()
+        f.check = entry if entry < inner else inner
+        if f.check < self.soonest:  # (a bounded replica read by a router: its check may come back before)
+            self.soonest = f.check
+        bounds = self.bounds
+        if bounds is not None:
+            bounds[0][r] = f.waiting
+            bounds[1][r] = f.usage
+            bounds[2][r] = True
+
+    def figures(self, bounds: bool) -> list[ReplicaFigures]:
+        """The figures themselves (:meth:`ReplicaViews.figures`; without ``bounds``, every one read exactly)."""
+        figs = self.figs
+        if not bounds:
+            for r in range(len(figs)):
+                if not figs[r].exact:
+                    self._read(r)
+        # (A list of the subclass is a list of the class: read only, through the class's fields.)
+        given: Any = figs
+        return given
 
     def published(self) -> tuple[list[int], list[float]]:
-        """Every replica's published waiting count and KV usage (all read exactly)."""
-        exact = self.exact
-        for r in range(len(exact)):
-            if not exact[r]:
-                self._read(r)
-        return self.waiting, self.usage
+        """Every replica's published waiting count and KV usage (all read exactly), in new lists."""
+        figs = self.figures(False)
+        return [f.waiting for f in figs], [f.usage for f in figs]
 
     def published_bounds(self) -> tuple[list[int], list[float], list[bool]]:
-        """The columns themselves (:meth:`ReplicaViews.published_bounds`): a replica inside a run of decode steps
-        whose cutoff passed its next inner boundary has a lower bound for its KV usage; its waiting count is exact
-        (one with requests queued during the run is read again at each boundary, ``refresh``)."""
-        return self.waiting, self.usage, self.exact
+        """:meth:`ReplicaViews.published_bounds` in new lists, which :meth:`read` keeps exact until the next
+        refresh: a replica inside a run of decode steps whose cutoff passed its next inner boundary has a lower
+        bound for its KV usage; its waiting count is exact (one with requests queued during the run is read again
+        at each boundary, ``refresh``)."""
+        figs = self.figs
+        bounds = ([f.waiting for f in figs], [f.usage for f in figs], [f.exact for f in figs])
+        self.bounds = bounds
+        return bounds
 
     def read(self, r: int) -> None:
-        if not self.exact[r]:
+        if not self.figs[r].exact:
             self._read(r)
 
     def least_usage(self) -> list[int]:
         """The replicas at the least published KV usage, in index order (``Router._pick_min``'s ties over the
         views' ``kv_usage``), read again only where their bound could be the least: a bound above the least after
         them is below the replica's exact figure too."""
-        usage = self.usage
-        exact = self.exact
-        n = len(usage)
+        figs = self.figs
         while True:
-            best = usage[0]
-            for u in usage:  # min(usage), on unboxed floats (none is NaN: blocks over a positive count)
-                if u < best:
-                    best = u
+            best = figs[0].usage
+            for f in figs:  # min() of the usage (none is NaN: blocks over a positive count)
+                if f.usage < best:
+                    best = f.usage
             read = False
-            for r in range(n):
-                if not exact[r] and usage[r] <= best:
+            r: i64 = 0
+            for f in figs:
+                if not f.exact and f.usage <= best:
                     self._read(r)  # it grows, or stays
                     read = True
+                r += 1
             if not read:
-                return [r for r in range(n) if usage[r] == best]
+                return [r for r in range(len(figs)) if figs[r].usage == best]
 
     def __len__(self) -> int:
-        return len(self.until)
+        return len(self.figs)
 
     def __getitem__(self, r: int) -> Any:
-        if not self.exact[r]:
+        f = self.figs[r]
+        if not f.exact:
             self._read(r)
         rep = self.replicas[r]
-        return _new_tuple(ReplicaView, (r, rep.assigned, outstanding(rep), self.waiting[r], self.running[r],
-                                        self.usage[r]))
+        return _new_tuple(ReplicaView, (r, rep.assigned, outstanding(rep), f.waiting, f.running, f.usage))
 
 
 class Followed:
@@ -935,6 +1011,11 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
     (``metrics_lag`` old); ``followed``: a ``tracks_requests`` router's, told (:meth:`Followed.notify`) after the replicas due were
     advanced, of the replicas that moved (``moved``).  Returns the last arrival's time."""
     route = router.route
+    # Fast path: a ``route`` that is a compiled ``LLMDScorer``'s (``LLMDWeighted``'s) is called as its native
+    # ``route_at``, which decides from the request's fields without its view made (as ``Followed.notify`` finds
+    # the slot manager's hooks).
+    owner = getattr(route, "__self__", None)
+    scorer = owner if isinstance(owner, LLMDScorer) and route == owner.route else None
     num = len(replicas)
     inf = math.inf
     metrics = MetricViews(replicas) if reads_metrics else None
@@ -971,7 +1052,10 @@ def route_all(replicas: list[EngineLoop], store: RequestStore, feed: Feed, reque
                 else:
                     refresh_counts(replicas, views, dirty, follow)
             given = views
-        answer = route(requests.view(i), given)
+        if scorer is not None:
+            answer: Any = scorer.route_at(requests, i, given)
+        else:
+            answer = route(requests.view(i), given)
         if type(answer) is int and 0 <= answer < num:
             chosen: int = answer
         else:

@@ -514,6 +514,75 @@ def test_the_llm_d_pick_read_lazily_is_the_pick_of_every_replica_read(rows, repl
     fleet.run()
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.03), st.integers(1, 300), st.integers(1, 120)), min_size=1, max_size=50),
+       st.integers(1, 6), st.sampled_from([0.0, 0.004, 0.05]), st.sampled_from([4, 64]))
+@example([(0.001, 300, 120)] * 30, 2, 0.004, 4)  # requests left waiting (its float too) and runs (bounds)
+def test_the_metric_figures_are_the_published_ones_or_bounds(rows, replicas, lag, max_num_seqs):
+    """At each arrival of a fleet behind llm_d_weighted, the figures ``MetricViews`` keeps per replica (unboxed,
+    ``MetricFigures``; refreshed only where they may have changed, and skipping the pass over all replicas while
+    the cutoff is below every one's next check) are those read afresh: the waiting count (and its float) exact,
+    the KV usage exact where ``exact`` says so and else a lower bound; ``read`` makes a bound exact in the lists
+    ``published_bounds`` returned."""
+    fleet = _gapped_fleet(rows, replicas, "llm_d_weighted", lag, max_num_seqs)
+    route = fleet.router.route
+
+    def spy(request, views):
+        fresh = [rep.metrics_at(request.arrival_s - lag) for rep in fleet.replicas]
+        usage = [f[2] / rep.scheduler.pool.num_blocks for f, rep in zip(fresh, fleet.replicas)]
+        figs = views.figures(True)
+        assert [f.waiting for f in figs] == [f[0] for f in fresh]
+        assert [f.fwaiting for f in figs] == [float(f[0]) for f in fresh]
+        assert all(f.usage == u if f.exact else f.usage <= u for f, u in zip(figs, usage))
+        waiting, bounds, exact = views.published_bounds()
+        for r in range(len(figs)):
+            if not exact[r]:
+                views.read(r)
+                assert (waiting[r], bounds[r], exact[r]) == (fresh[r][0], usage[r], True)
+        return route(request, views)
+
+    fleet.router.route = spy
+    fleet.run()
+
+
+def test_the_llm_d_scorer_routes_an_index_as_it_routes_its_view():
+    """``LLMDScorer.route_at`` (request ``i`` from the lists a ``RequestViews`` makes its view of) picks, draws and
+    indexes as the scorer's ``route`` on request ``i``'s view: shared prefixes of several lengths (the prefix term
+    divides by the prompt's blocks), ties among the replicas."""
+    n, count = 4, 60
+    rng = np.random.default_rng(1)
+    prompts = [int(p) for p in rng.integers(16, 200, count)]
+    keys = [tuple(range(i % 3 * 1000, i % 3 * 1000 + p // 16)) for i, p in enumerate(prompts)]
+    requests = RequestViews([0.01 * i for i in range(count)], ["a"] * count, prompts, keys, 16, None)
+    fast, slow = make_router("llm_d_weighted", {}, n, 5), make_router("llm_d_weighted", {}, n, 5)
+    for i in range(count):
+        shown = views(waiting=[int(w) for w in rng.integers(0, 3, n)],
+                      kv=[float(u) for u in rng.choice([0.0, 0.25, 0.5], n)])
+        assert fast._scorer.route_at(requests, i, shown) == slow.route(requests.view(i), shown)
+        assert [index.seen for index in fast.indexes] == [index.seen for index in slow.indexes]
+    assert fast.rng.bit_generator.state == slow.rng.bit_generator.state
+
+
+def test_the_fleet_calls_the_llm_d_scorer_without_views_and_picks_the_same():
+    """``route_all`` calls the compiled scorer of an llm_d_weighted router (``LLMDScorer.route_at``: the request's
+    fields from the lists its view is made of, no view made) and picks what the scorer's ``route`` picks on the
+    request's view (a router whose ``route`` is another callable gets the view): the same request table, with
+    shared prefixes (the prefix term) and ties."""
+    rows = [(0.004 * i, 64 + 48 * (i % 7), 20 + i % 30) for i in range(240)]
+    tables = []
+    for wrapped in (False, True):
+        workload = make_workload(rows)
+        workload.requests["hash_ids"] = [[i % 3 * 100, i % 3 * 100 + 1, 1000 + i] for i in range(240)]
+        fleet = FleetSimulation(workload, EngineConfig(enable_prefix_caching=True), MODEL, GPU, replicas=5,
+                                router="llm_d_weighted", latency=LinearStepModel(0.01, 1e-5), hash_block_tokens=32)
+        scorer = fleet.router._scorer
+        if wrapped:
+            fleet.router.route = lambda request, views: scorer.route(request, views)
+        tables.append(fleet.run().requests)
+    assert tables[0]["replica"].nunique() > 1 and (tables[0]["prefix_hit_tokens"] > 0).any()
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+
+
 def test_a_waiting_count_grown_inside_a_run_is_read_where_it_grows():
     """A replica whose run of decode steps had arrivals queued during it (max_num_seqs 1: they join a blocked
     queue) publishes a waiting count that grows at the run's inner boundaries, so ``MetricViews`` reads it again
