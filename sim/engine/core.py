@@ -159,6 +159,7 @@ class EngineCore:
                 result = StepResult(out, self.latency.step_time(out.shape), 1)
                 self._pending, self._pending_start = result, now
                 return result
+            self._hand_back(out)  # (nothing to apply)
             return None
         if out.steady_decode and self.batch_decode_runs:
             if next_deadline_s is not None and self.scheduler.arrivals_join_blocked_queue():
@@ -191,6 +192,7 @@ class EngineCore:
         first_end = self._pending_start + result.first_s
         if not self.record_steps and self.on_rows is None:
             scheduler.update_from_output(out, now, k, first_end, result.last_s)
+            self._hand_back(out)
             self._flush_if_idle()
             if self.step_hook is not None:
                 self._call_step_hook()
@@ -211,11 +213,18 @@ class EngineCore:
             out.swap_out_blocks, out.swap_in_blocks, len(out.preempted),
             parts.prefill_new_s, parts.recompute_s, parts.decode_s, parts.transfer_s, parts.overhead_s,
         ))
+        self._hand_back(out)
         if not self.record_steps and len(self.step_rows) >= ROWS_CHUNK:
             self.flush_rows()
         self._flush_if_idle()
         if self.step_hook is not None:
             self._call_step_hook()
+
+    def _hand_back(self, out: SchedulerOutput) -> None:
+        """The applied output goes back to the scheduler, whose next ``schedule()`` reuses it
+        (``BaseScheduler.recycle``), unless an observer or a schedule hook was given it: they may keep it."""
+        if self.observer is None and self.schedule_hook is None:
+            self.scheduler.recycle(out)
 
     def _call_step_hook(self) -> None:
         """The hook sees every request's state between steps."""

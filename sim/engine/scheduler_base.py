@@ -112,6 +112,8 @@ class BaseScheduler(ABC):
         #: The running batch's leading steady decodes as arrays (off unless :meth:`use_decode_columns`).
         self._columns: DecodeColumns | None = None
         self._columns_min = DECODE_COLUMNS_MIN
+        #: An applied output handed back by the engine core (:meth:`recycle`), for the next ``schedule()``.
+        self._spare: SchedulerOutput | None = None
 
     @property
     def block_size(self) -> int:
@@ -189,6 +191,21 @@ class BaseScheduler(ABC):
     @abstractmethod
     def schedule(self, now: float) -> SchedulerOutput:
         """Decide this step's batch, allocating blocks and preempting as vLLM would."""
+
+    def new_output(self) -> SchedulerOutput:
+        """The output a ``schedule()`` fills: the one handed back by :meth:`recycle`, reset, else a new one."""
+        out = self._spare
+        if out is None:
+            return SchedulerOutput()
+        self._spare = None
+        out.reset()
+        return out
+
+    def recycle(self, out: SchedulerOutput) -> None:
+        """``out`` was applied (``update_from_output``) and nobody keeps it: the next :meth:`new_output` may reset and
+        reuse it.  (It stays as it is until then: a caller may still read it after the step, as ``replay``'s twin
+        engine does.)"""
+        self._spare = out
 
     def update_from_output(
         self, out: SchedulerOutput, end_s: float, num_steps: int = 1, first_end_s: float = 0.0, last_gap_s: float = 0.0,

@@ -73,7 +73,7 @@ class V0Scheduler(BaseScheduler):
 
     # ------------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = self.new_output()
         if self.chunked:
             self._schedule_chunked(out, now)
         else:

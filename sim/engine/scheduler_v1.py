@@ -43,7 +43,7 @@ class V1Scheduler(BaseScheduler):
         self.predicted_admission = config.admission_policy == "predicted"
 
     def schedule(self, now: float) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = self.new_output()
         if self.loading:
             self._land_loads(now)
         pool = self.pool
