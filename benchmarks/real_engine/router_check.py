@@ -312,6 +312,7 @@ def fit_speed(args, real: dict, workload: Workload, router: str = "round_robin")
     round-robin run's median time in flight (a request's send to its response's end: what a router counts as
     load).  Round robin routes the same whatever the engines' speed, so its run measures how fast these engines
     were under this machine's load, and cache_aware, which routes by that load, is then predicted held out.
+    ``--fit-each`` fits each run on its own ``router``'s fleet instead (not held out: the speed that run had).
     Bisection on the factor's logarithm (the median grows with it)."""
     inflight = [e - s for s, e in zip(real["sent_s"], real["end_s"]) if s is not None and e is not None]
     target = float(np.median(inflight))
@@ -492,7 +493,8 @@ def report(results: list[dict]) -> str:
         for r in range(2):
             m, c = real["replicas"][r], cmp["per"][r]
             lines.append(
-                f"| {real['policy']} / {sim['router']}, x{sim['step_scale']:.3f} | e{r} | {m['requests']} / {c['sim_requests']} "
+                f"| {real['policy']} / {sim['router']}, x{sim['step_scale']:.3f} | e{r} | {m['requests']} / "
+                f"{c['sim_requests']} "
                 f"({c['count_err']:+.0%}) | {m['hit_rate']:.3f} / {c['sim_hit_rate']:.3f} ({c['hit_err']:+.0%}) | "
                 f"{real['ttft_p50_s']:.3f} / {real['ttft_p99_s']:.3f} s | {sim['ttft_p50_s']:.3f} / "
                 f"{sim['ttft_p99_s']:.3f} s | {cmp['same_replica']}/{cmp['n']} ({cmp['same_replica_relabelled']}) |")

@@ -184,7 +184,8 @@ def report(policies: dict, sims: dict, first: np.ndarray) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="router_check.py --out folders of the same trace")
-    ap.add_argument("--profile", type=Path, default=rc.ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
+    ap.add_argument("--profile", type=Path,
+                    default=rc.ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
     ap.add_argument("--model", type=Path, default=Path("~/.cache/kvtune/tiny-llama").expanduser())
     ap.add_argument("--fit-speed", action="store_true", help="fit each run's step times on its own round-robin run")
     ap.add_argument("--as-sent", action="store_true",
