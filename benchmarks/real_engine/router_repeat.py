@@ -39,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import router_check as rc  # noqa: E402
+from optimizer import add_latency_arguments, add_model_argument  # noqa: E402
 
 
 class RunsError(Exception):
@@ -184,15 +185,18 @@ def report(policies: dict, sims: dict, first: np.ndarray) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="router_check.py --out folders of the same trace")
-    ap.add_argument("--profile", type=Path,
-                    default=rc.ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/kvtune/tiny-llama").expanduser())
+    add_model_argument(ap, help="HF model folder simulated (default ~/.cache/kvtune/tiny-llama)")
+    add_latency_arguments(ap, coef=False, profile_help="latency profile YAML (default: "
+                                                       "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml)")
+    ap.set_defaults(model=Path("~/.cache/kvtune/tiny-llama").expanduser(),
+                    profile=rc.ROOT / "benchmarks/real_engine/profiles/tiny-llama-vllm-cpu.yaml")
     ap.add_argument("--fit-speed", action="store_true", help="fit each run's step times on its own round-robin run")
     ap.add_argument("--as-sent", action="store_true",
                     help="simulate each run with the requests arriving when its router placed them (router_check.py "
                          "--as-sent)")
     ap.add_argument("--router-seeds", type=int, default=1, help="tie-draw seeds simulated per run")
     args = ap.parse_args(argv)
+    args.model, args.profile = Path(args.model), Path(args.profile)
     if len(args.runs) < 2:
         print("router_repeat.py: error: give two or more run folders", file=sys.stderr)
         return 2
