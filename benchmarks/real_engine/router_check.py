@@ -284,6 +284,8 @@ def simulate(args, router: str, workload: Workload, step_scale: float = 1.0, see
             "replicas": [{"requests": int(reps["requests"][r]), "hit_rate": float(reps["prefix_hit_rate"][r])}
                          for r in range(len(reps))],
             "fleet_hit_rate": float(res.fleet["prefix_hit_rate"]),
+            "e2e_p50_s": float(res.requests["e2e_s"].quantile(0.5)),
+            "e2e_p90_s": float(res.requests["e2e_s"].quantile(0.9)),
             "ttft_p50_s": float(ttft.quantile(0.5)), "ttft_p99_s": float(ttft.quantile(0.99))}
 
 
@@ -350,6 +352,13 @@ def _router_keys(workload: Workload) -> list:
                         False).keys
 
 
+def _loads_at(sent: np.ndarray, end: np.ndarray, placed: np.ndarray, i: int) -> list[int]:
+    """Each of the two replicas' requests in flight when request ``i`` was sent: sent before it, not yet ended,
+    placed there (``placed``: a replica per request, -1 for none yet)."""
+    busy = (sent < sent[i]) & (end > sent[i])
+    return [int((busy & (placed == r)).sum()) for r in range(2)]
+
+
 def _place(model, workload: Workload, keys: list, i: int, at: float, loads: list[int]) -> int:
     """``model``'s replica for request ``i`` at ``at`` with these in-flight ``loads`` (two replicas)."""
     from sim.fleet import ReplicaView, RequestView
@@ -376,10 +385,9 @@ def rule_check(real: dict, router: str, workload: Workload) -> dict | None:
     for flip in (False, True):
         model = make_router(router, {}, 2)
         chosen = []
+        labels = np.where(real_of >= 0, 1 - real_of, real_of) if flip else real_of
         for i in np.argsort(sent, kind="stable"):
-            busy = (sent < sent[i]) & (end > sent[i])
-            loads = [int((busy & (real_of == (1 - r if flip else r))).sum()) for r in range(2)]
-            pick = _place(model, workload, keys, int(i), float(sent[i]), loads)
+            pick = _place(model, workload, keys, int(i), float(sent[i]), _loads_at(sent, end, labels, int(i)))
             chosen.append((int(i), 1 - pick if flip else pick))
         agree[flip] = sum(int(real_of[i] == r) for i, r in chosen)
     return {"router": router, "agree": agree[False], "agree_relabelled": max(agree.values()), "n": len(sent)}
@@ -393,9 +401,7 @@ def placed_counts(router: str, workload: Workload, sent: np.ndarray, spans: np.n
     model = make_router(router, {}, 2)
     end, placed = np.full(len(sent), np.inf), np.full(len(sent), -1)
     for i in np.argsort(sent, kind="stable"):
-        busy = (sent < sent[i]) & (end > sent[i])
-        placed[i] = _place(model, workload, keys, int(i), float(sent[i]), [int((busy & (placed == r)).sum())
-                                                                           for r in range(2)])
+        placed[i] = _place(model, workload, keys, int(i), float(sent[i]), _loads_at(sent, end, placed, int(i)))
         end[i] = sent[i] + spans[i]
     return np.bincount(placed, minlength=2).tolist()
 
@@ -414,7 +420,7 @@ def span_check(real: dict, router: str, workload: Workload, draws: int = 40, see
     rng = np.random.default_rng(seed)
     drawn = [placed_counts(router, workload, sent, rng.choice(spans, len(spans)), keys)[1] for _ in range(draws)]
     return {"router": router, "exact": placed_counts(router, workload, sent, spans, keys),
-            "median_span_s": float(np.median(spans)),
+            "median_span_s": float(np.median(spans)), "p90_span_s": float(np.quantile(spans, 0.9)),
             "median": placed_counts(router, workload, sent, np.full(len(spans), np.median(spans)), keys),
             "drawn_e1": (float(np.median(drawn)), float(np.quantile(drawn, 0.1)), float(np.quantile(drawn, 0.9))),
             "draws": draws}
@@ -443,8 +449,8 @@ def session_starts(real: dict, sim: dict, workload: Workload) -> dict | None:
     sim_of = np.array(sim["replica_of"])
     equal = 0
     for i in first:
-        busy = (sent < sent[i]) & (end > sent[i])
-        equal += int((busy & (real_of == 0)).sum() == (busy & (real_of == 1)).sum())
+        loads = _loads_at(sent, end, real_of, i)
+        equal += int(loads[0] == loads[1])
     return {"sessions": len(first), "measured": [int((real_of[first] == r).sum()) for r in range(2)],
             "simulated": [int((sim_of[first] == r).sum()) for r in range(2)], "equal_loads": equal,
             "largest_session_share": float(np.bincount(sess).max() / len(sess))}
@@ -521,13 +527,20 @@ def report(results: list[dict]) -> str:
             lines.append(f"\n{check['router']} fed the measured loads (each worker's requests in flight at each "
                          f"arrival, from the real run): {check['agree']}/{check['n']} decisions as the real router's "
                          f"({check['agree_relabelled']} relabelled)")
+        real = res["measured"]
+        if "send_lag_max_s" in real:
+            lines.append(f"{real['policy']}: the client placed requests behind the trace by p50 / p99 / max "
+                         f"{real['send_lag_p50_s'] * 1e3:.1f} ms / {real['send_lag_p99_s']:.3f} s / "
+                         f"{real['send_lag_max_s']:.3f} s")
         spans = res.get("span_check")
         if spans:
             lines.append(f"{spans['router']} placing the trace itself from the run's spans (e0 / e1): as measured "
                          f"{spans['exact'][0]} / {spans['exact'][1]}; every request in flight for the run's median "
                          f"{spans['median_span_s']:.3f} s {spans['median'][0]} / {spans['median'][1]}; spans drawn "
                          f"from the run's own ({spans['draws']} draws) e1 {spans['drawn_e1'][0]:.0f} "
-                         f"[{spans['drawn_e1'][1]:.0f}, {spans['drawn_e1'][2]:.0f}] (median [10%, 90%])")
+                         f"[{spans['drawn_e1'][1]:.0f}, {spans['drawn_e1'][2]:.0f}] (median [10%, 90%]); the run's "
+                         f"spans p50 / p90 {spans['median_span_s']:.3f} / {spans['p90_span_s']:.3f} s, the simulated "
+                         f"fleet's {res['simulated']['e2e_p50_s']:.3f} / {res['simulated']['e2e_p90_s']:.3f} s")
         starts = res.get("session_starts")
         if starts:
             lines.append(f"{res['measured']['policy']}: the {starts['sessions']} sessions' first requests went "
